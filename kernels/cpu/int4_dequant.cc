@@ -1,0 +1,49 @@
+// int4_dequant.cc: CPU reference INT4 dequantization and packing.
+#include "kernels/cpu/int4_dequant.h"
+
+namespace hsx {
+
+void DequantizeInt4Rows(const int32_t* packed, const uint16_t* scale, int64_t cols,
+                        int64_t group_size, int64_t row_begin, int64_t row_end, uint16_t* out) {
+  const int64_t words_per_row = cols / 8;
+  const int64_t groups_per_row = cols / group_size;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int32_t* packed_row = packed + r * words_per_row;
+    const uint16_t* scale_row = scale + r * groups_per_row;
+    uint16_t* out_row = out + (r - row_begin) * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      out_row[c] = DequantInt4Element(packed_row, scale_row, c, group_size);
+    }
+  }
+}
+
+void DequantizeInt4RowsToFloat(const int32_t* packed, const uint16_t* scale, int64_t cols,
+                               int64_t group_size, int64_t row_begin, int64_t row_end,
+                               float* out) {
+  const int64_t words_per_row = cols / 8;
+  const int64_t groups_per_row = cols / group_size;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int32_t* packed_row = packed + r * words_per_row;
+    const uint16_t* scale_row = scale + r * groups_per_row;
+    float* out_row = out + (r - row_begin) * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      out_row[c] = Bf16ToFloat(DequantInt4Element(packed_row, scale_row, c, group_size));
+    }
+  }
+}
+
+void PackInt4(const int8_t* values, int64_t rows, int64_t cols, int32_t* packed) {
+  const int64_t words_per_row = cols / 8;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t w = 0; w < words_per_row; ++w) {
+      uint32_t word = 0;
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t nibble = static_cast<uint32_t>(values[r * cols + w * 8 + i] + 8) & 0xFu;
+        word |= nibble << (4 * i);
+      }
+      packed[r * words_per_row + w] = static_cast<int32_t>(word);
+    }
+  }
+}
+
+}  // namespace hsx

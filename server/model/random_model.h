@@ -1,0 +1,45 @@
+// random_model.h: random-weight checkpoints in exactly the real Kimi format.
+//
+// Writes config.json (with the compressed-tensors quantization_config),
+// sharded safetensors with model.safetensors.index.json (or one
+// model.safetensors when everything fits in one shard), routed experts INT4
+// pack-quantized and the rest BF16. Every value is a pure function of
+// (seed, tensor name, element index), so the output is byte-identical for a
+// given seed whatever the thread count. Scales are chosen so the residual
+// stream stays O(1) through the layers and routing spreads over all experts.
+#ifndef HSX_SERVER_MODEL_RANDOM_MODEL_H_
+#define HSX_SERVER_MODEL_RANDOM_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/model/config.h"
+
+namespace hsx {
+
+// The presets of hsx-make-model: "tiny", "small", "kimi-k2".
+std::vector<std::string> PresetNames();
+absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
+
+// Switches a config to the K2 (flat) or K2.5 (nested) layout. For the kimi-k2
+// preset numbers this also applies K2.5's rms_norm_eps and YaRN betas.
+void ApplyLayout(CheckpointLayout layout, ModelConfig& config);
+
+struct GeneratorOptions {
+  uint64_t seed = 0;
+  int64_t shard_bytes = 5'000'000'000;  // a shard closes once it would exceed this
+  int threads = 0;                      // 0: all hardware threads
+};
+
+// Writes the checkpoint into `out_dir`, which must not exist or be empty.
+// A config without quantization_config gets the Kimi scheme.
+absl::Status WriteRandomCheckpoint(ModelConfig config, const std::string& out_dir,
+                                   const GeneratorOptions& options);
+
+}  // namespace hsx
+
+#endif  // HSX_SERVER_MODEL_RANDOM_MODEL_H_

@@ -1,0 +1,147 @@
+// safetensors_writer.cc: header layout and atomic file output.
+#include "server/model/safetensors_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace hsx {
+namespace {
+
+// An open temporary file that is removed unless Commit() renamed it.
+class TempFile {
+ public:
+  explicit TempFile(std::string final_path)
+      : final_path_(std::move(final_path)),
+        temp_path_(absl::StrCat(final_path_, ".tmp.", ::getpid())) {}
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(temp_path_.c_str());
+  }
+
+  absl::Status Open() {
+    fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) return Error("cannot create");
+    return absl::OkStatus();
+  }
+
+  absl::Status Append(std::span<const uint8_t> bytes) {
+    while (!bytes.empty()) {
+      const ssize_t written = ::write(fd_, bytes.data(), bytes.size());
+      if (written < 0) {
+        if (errno == EINTR) continue;
+        return Error("write failed");
+      }
+      bytes = bytes.subspan(static_cast<size_t>(written));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Commit() {
+    if (::fsync(fd_) != 0) return Error("fsync failed");
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      return Error("close failed");
+    }
+    fd_ = -1;
+    if (::rename(temp_path_.c_str(), final_path_.c_str()) != 0) return Error("rename failed");
+    committed_ = true;
+    const std::string dir = std::filesystem::path(final_path_).parent_path().string();
+    const int dir_fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd >= 0) {
+      ::fsync(dir_fd);
+      ::close(dir_fd);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Error(absl::string_view what) const {
+    return absl::InternalError(absl::StrCat(final_path_, ": ", what, ": ", std::strerror(errno)));
+  }
+
+  std::string final_path_;
+  std::string temp_path_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+void SafetensorsWriter::Add(std::string name, DType dtype, std::vector<int64_t> shape, Fill fill) {
+  uint64_t bytes = static_cast<uint64_t>(DTypeSize(dtype));
+  for (int64_t dim : shape) bytes *= static_cast<uint64_t>(dim);
+  entries_.push_back({std::move(name), dtype, std::move(shape), std::move(fill), bytes});
+}
+
+void SafetensorsWriter::AddBytes(std::string name, DType dtype, std::vector<int64_t> shape,
+                                 std::span<const uint8_t> bytes) {
+  std::vector<uint8_t> copy(bytes.begin(), bytes.end());
+  Add(std::move(name), dtype, std::move(shape),
+      [copy = std::move(copy)](std::span<uint8_t> out) {
+        std::memcpy(out.data(), copy.data(), std::min(out.size(), copy.size()));
+      });
+}
+
+uint64_t SafetensorsWriter::data_bytes() const {
+  uint64_t total = 0;
+  for (const Entry& entry : entries_) total += entry.bytes;
+  return total;
+}
+
+absl::Status SafetensorsWriter::Write(const std::string& path) const {
+  std::vector<const Entry*> order;
+  for (const Entry& entry : entries_) order.push_back(&entry);
+  std::stable_sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
+    return DTypeSize(a->dtype) > DTypeSize(b->dtype);
+  });
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  uint64_t offset = 0;
+  for (const Entry* entry : order) {
+    header[entry->name] = {{"dtype", DTypeName(entry->dtype)},
+                           {"shape", entry->shape},
+                           {"data_offsets", {offset, offset + entry->bytes}}};
+    offset += entry->bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(text.size() >> (8 * i));
+
+  TempFile file(path);
+  if (absl::Status s = file.Open(); !s.ok()) return s;
+  if (absl::Status s = file.Append(length); !s.ok()) return s;
+  if (absl::Status s = file.Append({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+      !s.ok()) {
+    return s;
+  }
+  std::vector<uint8_t> buffer;
+  for (const Entry* entry : order) {
+    buffer.assign(entry->bytes, 0);
+    entry->fill(buffer);
+    if (absl::Status s = file.Append(buffer); !s.ok()) return s;
+  }
+  return file.Commit();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
+  TempFile file(path);
+  if (absl::Status s = file.Open(); !s.ok()) return s;
+  if (absl::Status s = file.Append({reinterpret_cast<const uint8_t*>(contents.data()),
+                                    contents.size()});
+      !s.ok()) {
+    return s;
+  }
+  return file.Commit();
+}
+
+}  // namespace hsx

@@ -1,0 +1,61 @@
+// safetensors_writer.h: writes .safetensors files atomically.
+//
+// Tensors are laid out by descending element size, so every tensor's offset
+// is a multiple of its element size (readers can use the data in place), and
+// the header is padded with spaces to a multiple of 8 bytes, as the reference
+// implementation does. Data is produced tensor by tensor through a callback,
+// so writing a file needs memory for one tensor, not the whole file. The file
+// appears under its final name only once complete and fsynced.
+#ifndef HSX_SERVER_MODEL_SAFETENSORS_WRITER_H_
+#define HSX_SERVER_MODEL_SAFETENSORS_WRITER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "server/model/safetensors.h"
+
+namespace hsx {
+
+class SafetensorsWriter {
+ public:
+  // Fills the tensor's bytes (little-endian, row-major).
+  using Fill = std::function<void(std::span<uint8_t>)>;
+
+  void Add(std::string name, DType dtype, std::vector<int64_t> shape, Fill fill);
+  // Copies `bytes`, which must hold product(shape) * DTypeSize(dtype) bytes.
+  void AddBytes(std::string name, DType dtype, std::vector<int64_t> shape,
+                std::span<const uint8_t> bytes);
+  void SetMetadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
+
+  // Bytes of tensor data added so far.
+  uint64_t data_bytes() const;
+  size_t num_tensors() const { return entries_.size(); }
+
+  // Writes everything added to `path` (temporary file, fsync, rename).
+  absl::Status Write(const std::string& path) const;
+
+ private:
+  struct Entry {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    Fill fill;
+    uint64_t bytes;
+  };
+  std::vector<Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes `contents` to `path` atomically (temporary file in the same
+// directory, fsync, rename, fsync of the directory).
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
+
+}  // namespace hsx
+
+#endif  // HSX_SERVER_MODEL_SAFETENSORS_WRITER_H_

@@ -1,0 +1,161 @@
+// Tests config.json parsing: both layouts, HF defaults, and precise errors.
+#include "server/model/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/model/random_model.h"
+
+namespace hsx {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+ModelConfig Tiny() { return *PresetConfig("tiny"); }
+
+TEST(Config, FlatRoundTrip) {
+  const ModelConfig tiny = Tiny();
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig(ModelConfigToJson(tiny).dump(), "c.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->layout, CheckpointLayout::kFlat);
+  EXPECT_EQ(parsed->tensor_prefix(), "");
+  EXPECT_EQ(parsed->hidden_size, tiny.hidden_size);
+  EXPECT_EQ(parsed->q_lora_rank, tiny.q_lora_rank);
+  EXPECT_EQ(parsed->rope_scaling.type, "yarn");
+  EXPECT_EQ(parsed->rope_scaling.original_max_position_embeddings,
+            tiny.rope_scaling.original_max_position_embeddings);
+  ASSERT_TRUE(parsed->quantization.has_value());
+  EXPECT_EQ(parsed->quantization->group_size, 32);
+  EXPECT_EQ(parsed->quantization->ignore(), tiny.quantization->ignore());
+}
+
+TEST(Config, NestedK25Layout) {
+  ModelConfig tiny = Tiny();
+  ApplyLayout(CheckpointLayout::kNestedK25, tiny);
+  const json root = ModelConfigToJson(tiny);
+  EXPECT_EQ(root["model_type"], "kimi_k25");
+  EXPECT_TRUE(root.contains("text_config"));
+  EXPECT_TRUE(root.contains("quantization_config"));
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig(root.dump(), "c.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->layout, CheckpointLayout::kNestedK25);
+  EXPECT_EQ(parsed->tensor_prefix(), "language_model.");
+  EXPECT_EQ(parsed->num_hidden_layers, tiny.num_hidden_layers);
+}
+
+TEST(Config, NullQLoraMeansNoQLora) {
+  json root = ModelConfigToJson(Tiny());
+  root["q_lora_rank"] = nullptr;
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig(root.dump(), "c.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_FALSE(parsed->has_q_lora());
+}
+
+TEST(Config, AbsentOptionalFieldsTakeHfDefaults) {
+  json root = ModelConfigToJson(Tiny());
+  for (const char* key : {"n_group", "topk_group", "rms_norm_eps", "routed_scaling_factor",
+                          "first_k_dense_replace", "q_lora_rank"}) {
+    root.erase(key);
+  }
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig(root.dump(), "c.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->n_group, 8);
+  EXPECT_EQ(parsed->topk_group, 4);
+  EXPECT_EQ(parsed->rms_norm_eps, 1e-6);
+  EXPECT_EQ(parsed->routed_scaling_factor, 2.5);
+  EXPECT_EQ(parsed->first_k_dense_replace, 3);
+  EXPECT_EQ(parsed->q_lora_rank, 1536);
+}
+
+TEST(Config, MissingRequiredFieldNamesFileAndField) {
+  json root = ModelConfigToJson(Tiny());
+  root.erase("hidden_size");
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig(root.dump(), "dir/config.json");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(),
+              HasSubstr("dir/config.json: field 'hidden_size' is missing (required)"));
+}
+
+TEST(Config, MissingFieldInsideTextConfigSaysSo) {
+  ModelConfig tiny = Tiny();
+  ApplyLayout(CheckpointLayout::kNestedK25, tiny);
+  json root = ModelConfigToJson(tiny);
+  root["text_config"].erase("kv_lora_rank");
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig(root.dump(), "config.json");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(),
+              HasSubstr("config.json: text_config: field 'kv_lora_rank' is missing"));
+}
+
+TEST(Config, WrongTypeAndInconsistentValuesAreRejected) {
+  struct Case {
+    const char* key;
+    json value;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"hidden_size", "7168", "field 'hidden_size' must be an integer"},
+      {"num_hidden_layers", 0, "field 'num_hidden_layers' must be positive"},
+      {"qk_rope_head_dim", 15, "field 'qk_rope_head_dim' must be even"},
+      {"num_experts_per_tok", 99, "'num_experts_per_tok' exceeds 'n_routed_experts'"},
+      {"n_group", 3, "'n_routed_experts' must be a multiple of 'n_group'"},
+      {"scoring_func", "relu", "field 'scoring_func' is 'relu'"},
+      {"moe_layer_freq", 2, "field 'moe_layer_freq' is 2"},
+      {"hidden_size", 100, "not a multiple of the quantization group size 32"},
+  };
+  for (const Case& c : cases) {
+    json root = ModelConfigToJson(Tiny());
+    root[c.key] = c.value;
+    absl::StatusOr<ModelConfig> parsed = ParseModelConfig(root.dump(), "config.json");
+    ASSERT_FALSE(parsed.ok()) << c.key;
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.message)) << c.key;
+  }
+}
+
+TEST(Config, UnsupportedQuantizationIsRejected) {
+  json root = ModelConfigToJson(Tiny());
+  root["quantization_config"]["format"] = "float-quantized";
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig(root.dump(), "config.json");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(),
+              HasSubstr("quantization_config: 'format' is \"float-quantized\""));
+  root = ModelConfigToJson(Tiny());
+  root["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8;
+  parsed = ParseModelConfig(root.dump(), "config.json");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(), HasSubstr("'num_bits' is 8"));
+  root = ModelConfigToJson(Tiny());
+  root["quantization_config"]["ignore"] = {"re:(unclosed"};
+  parsed = ParseModelConfig(root.dump(), "config.json");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(), HasSubstr("not a valid regular expression"));
+}
+
+TEST(Config, NotJson) {
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig("{\"hidden_size\": ", "config.json");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(), HasSubstr("config.json: not valid JSON"));
+}
+
+TEST(Config, IgnoreListMatchesLikeCompressedTensors) {
+  const QuantizationConfig q = KimiQuantizationConfig();
+  EXPECT_TRUE(q.IsQuantized("model.layers.1.mlp.experts.0.gate_proj"));
+  EXPECT_TRUE(q.IsQuantized("language_model.model.layers.1.mlp.experts.383.down_proj"));
+  EXPECT_FALSE(q.IsQuantized("model.layers.1.mlp.shared_experts.up_proj"));
+  EXPECT_FALSE(q.IsQuantized("model.layers.0.mlp.down_proj"));
+  EXPECT_FALSE(q.IsQuantized("model.layers.3.self_attn.q_a_proj"));
+  EXPECT_FALSE(q.IsQuantized("lm_head"));
+}
+
+TEST(Config, Eagle3CaptureIds) {
+  ModelConfig c = Tiny();
+  c.num_hidden_layers = 61;
+  EXPECT_EQ(c.Eagle3CaptureIds(), (std::vector<int>{2, 30, 58, 61}));
+  c.num_hidden_layers = 4;  // {2, 2, 1, 4}: sorted, deduplicated
+  EXPECT_EQ(c.Eagle3CaptureIds(), (std::vector<int>{1, 2, 4}));
+}
+
+}  // namespace
+}  // namespace hsx
