@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs what hsx needs (idempotently), then configures and builds into build/.
+#
+#   scripts/setup.sh             Debian packages + build
+#   scripts/setup.sh --python    also the Python test tools (virtual environment)
+#
+# Environment: HSX_VENV (default ~/.cache/hsx/venv) for the Python tools,
+# HSX_BUILD_DIR (default build) for the build tree.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+with_python=0
+for arg in "$@"; do
+  case "$arg" in
+    --python) with_python=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg'" >&2; exit 2 ;;
+  esac
+done
+
+# Debian packages (bookworm): compilers, build tools and the libraries hsx links.
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libabsl-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  clang libclang-rt-14-dev python3-venv
+)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$package")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+if ((with_python)); then
+  venv="${HSX_VENV:-$HOME/.cache/hsx/venv}"
+  requirements=tests/python/requirements.txt
+  stamp="$venv/.hsx-requirements"
+  if [[ ! -x "$venv/bin/python" ]]; then
+    echo "setup: creating the Python test environment in $venv"
+    python3 -m venv "$venv"
+  fi
+  if ! cmp -s "$requirements" "$stamp"; then
+    echo "setup: installing Python test tools (pinned, $requirements)"
+    "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" install -q -r "$requirements"
+    cp "$requirements" "$stamp"
+  fi
+fi
+
+build="${HSX_BUILD_DIR:-build}"
+if [[ ! -f "$build/build.ninja" ]]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+fi
+jobs=$(nproc)
+cmake --build "$build" -j "$jobs"

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs every test of hsx. Works on a fresh machine: installs what is missing first.
+#
+#   1. unit tests (GoogleTest, via ctest); CUDA tests skip, saying why, without a GPU
+#   2. the same unit tests under AddressSanitizer + UndefinedBehaviorSanitizer
+#   3. the safetensors header fuzzer (libFuzzer) for HSX_FUZZ_SECONDS (default 60)
+#   4. the Python cross-checks against compressed-tensors and transformers (pytest)
+#
+# Environment: HSX_VENV, HSX_BUILD_DIR (see setup.sh), HSX_FUZZ_SECONDS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+build="${HSX_BUILD_DIR:-build}"
+fuzz_seconds="${HSX_FUZZ_SECONDS:-60}"
+venv="${HSX_VENV:-$HOME/.cache/hsx/venv}"
+jobs=$(nproc)
+
+stage() { printf '\n== %s\n' "$*"; }
+
+stage "setup and build"
+scripts/setup.sh --python
+
+if [[ -f "$build/kernels/cuda/libhsx_kernels_cuda.a" ]]; then
+  stage "CUDA kernels: nvcc targets"
+  ninja -C "$build" -t commands hsx_kernels_cuda | grep -o -- '-gencode=[^ ]*' | sort -u
+  echo "SASS in libhsx_kernels_cuda.a:" \
+    "$(strings "$build/kernels/cuda/libhsx_kernels_cuda.a" | grep -o -- '-arch sm_[0-9a-z]*' | sort -u | tr '\n' ' ')"
+fi
+
+stage "unit tests"
+ctest --test-dir "$build" --output-on-failure -j "$jobs"
+
+stage "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+asan_build="${build}-asan"
+if [[ ! -f "$asan_build/build.ninja" ]]; then
+  cmake -S . -B "$asan_build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DHSX_ENABLE_CUDA=OFF \
+    -DHSX_SANITIZE=address,undefined >/dev/null
+fi
+cmake --build "$asan_build" -j "$jobs" --target hsx_unit_tests
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  "$asan_build/bin/hsx_unit_tests" --gtest_brief=1
+
+stage "fuzzing the safetensors header parser for ${fuzz_seconds}s"
+fuzz_build="${build}-fuzz"
+if [[ ! -f "$fuzz_build/build.ninja" ]]; then
+  CC=clang CXX=clang++ cmake -S . -B "$fuzz_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DHSX_ENABLE_CUDA=OFF -DHSX_BUILD_FUZZERS=ON -DHSX_SANITIZE=address,undefined >/dev/null
+fi
+cmake --build "$fuzz_build" -j "$jobs" --target safetensors_header_fuzzer
+corpus=$(mktemp -d)
+trap 'rm -rf "$corpus"' EXIT
+cp tests/fuzz/seeds/* "$corpus/"
+"$fuzz_build/bin/safetensors_header_fuzzer" "$corpus" -max_total_time="$fuzz_seconds" \
+  -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 12
+
+stage "Python cross-checks (compressed-tensors, transformers)"
+HSX_BIN_DIR="$root/$build/bin" "$venv/bin/python" -m pytest tests/python -q
