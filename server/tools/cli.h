@@ -50,6 +50,19 @@ inline absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
   return value * factor;
 }
 
+// Lets every flag be spelled with dashes (--final-norm) as well as with the
+// underscores Abseil requires (--final_norm): rewrites "--a-b[=v]" in place.
+inline void AcceptDashedFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char* arg = argv[i];
+    if (arg[0] != '-' || arg[1] != '-') continue;
+    if (arg[2] == '\0') break;  // "--": the rest are positional
+    for (char* c = arg + 2; *c != '\0' && *c != '='; ++c) {
+      if (*c == '-') *c = '_';
+    }
+  }
+}
+
 }  // namespace hsx
 
 #endif  // HSX_SERVER_TOOLS_CLI_H_

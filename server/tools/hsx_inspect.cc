@@ -195,6 +195,7 @@ int main(int argc, char** argv) {
       "each tensor-parallel rank would hold. Every tensor is validated on the way.\n\n"
       "  hsx-inspect --model DIR [--tp 8] [--json]\n"
       "  hsx-inspect --model DIR --dequant model.layers.1.mlp.experts.0.up_proj --out w.safetensors");
+  hsx::AcceptDashedFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return hsx::ExitWithStatus("hsx-inspect", Run());
 }

@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
       "  hsx-make-model --preset tiny --out /tmp/tiny\n"
       "  hsx-make-model --preset kimi-k2 --layers 2 --layout k2.5 --out /data/k2-2layer\n"
       "  hsx-make-model --config my_config.json --out DIR --seed 7");
+  hsx::AcceptDashedFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return hsx::ExitWithStatus("hsx-make-model", Run());
 }

@@ -1,0 +1,41 @@
+// input.h: the JSON Lines input of hsx-dump, read and validated in full
+// before any work starts, so bad input never leaves partial output.
+//
+// One sample per line: {"input_ids": [...], "loss_mask": [...]?, "id": ...?}.
+// Blank lines are skipped but counted, so sample i is the i-th non-blank line
+// and errors say "FILE:LINE: what".
+#ifndef HSX_CLIENT_DUMP_INPUT_H_
+#define HSX_CLIENT_DUMP_INPUT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace hsx {
+
+struct InputSample {
+  int64_t index = 0;  // 0-based among samples: the i of hs_{i}.safetensors
+  int64_t line = 0;   // 1-based line in the file
+  std::string id;     // the "id" field, or the index as text
+  std::vector<int32_t> input_ids;
+  std::optional<std::vector<int64_t>> loss_mask;
+};
+
+struct InputLimits {
+  int64_t vocab_size = 0;             // ids must be in [0, vocab_size)
+  int64_t max_tokens_per_sample = 0;  // 0: no limit
+};
+
+// Reads and validates every line. The error names the file and line.
+absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path,
+                                                       const InputLimits& limits);
+
+// Parses one line (exposed for tests).
+absl::StatusOr<InputSample> ParseInputLine(const std::string& text, const InputLimits& limits);
+
+}  // namespace hsx
+
+#endif  // HSX_CLIENT_DUMP_INPUT_H_

@@ -1,0 +1,198 @@
+// gemm.cc: panel packing and the 4x16 FMA micro-kernel (AVX2 where the CPU has
+// it, a scalar std::fma kernel with the identical arithmetic otherwise).
+#include "kernels/cpu/gemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "kernels/bf16.h"
+#include "kernels/cpu/int4_dequant.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace hsx {
+namespace {
+
+constexpr int64_t kPanel = 16;        // B rows per packed panel (two AVX2 vectors)
+constexpr int64_t kRows = 4;          // A rows per micro-kernel call
+constexpr int64_t kPanelsPerTask = 4; // panels one task packs and sweeps A with
+
+// Packs B rows [n0, n0 + 16) into panel[k * 16 + j] = B[n0 + j][k]; rows past N are zero.
+void PackPanel(const GemmB& b, int64_t n0, float* panel) {
+  const int64_t rows = std::min(kPanel, b.n - n0);
+  const int64_t k_size = b.k;
+  if (rows < kPanel) std::memset(panel, 0, sizeof(float) * kPanel * k_size);
+  switch (b.kind) {
+    case GemmB::Kind::kBf16: {
+      const uint16_t* data = static_cast<const uint16_t*>(b.data);
+      for (int64_t j = 0; j < rows; ++j) {
+        const uint16_t* row = data + (n0 + j) * b.ld;
+        for (int64_t k = 0; k < k_size; ++k) panel[k * kPanel + j] = Bf16ToFloat(row[k]);
+      }
+      break;
+    }
+    case GemmB::Kind::kInt4: {
+      const int32_t* packed = static_cast<const int32_t*>(b.data);
+      std::vector<float> row(k_size);
+      for (int64_t j = 0; j < rows; ++j) {
+        DequantizeInt4RowsToFloat(packed, b.scale, k_size, b.group_size, n0 + j, n0 + j + 1,
+                                  row.data());
+        for (int64_t k = 0; k < k_size; ++k) panel[k * kPanel + j] = row[k];
+      }
+      break;
+    }
+    case GemmB::Kind::kF32: {
+      const float* data = static_cast<const float*>(b.data);
+      for (int64_t j = 0; j < rows; ++j) {
+        const float* row = data + (n0 + j) * b.ld;
+        for (int64_t k = 0; k < k_size; ++k) panel[k * kPanel + j] = row[k];
+      }
+      break;
+    }
+    case GemmB::Kind::kF32Transposed: {
+      const float* data = static_cast<const float*>(b.data);
+      for (int64_t k = 0; k < k_size; ++k) {
+        std::memcpy(panel + k * kPanel, data + k * b.ld + n0, sizeof(float) * rows);
+      }
+      break;
+    }
+  }
+}
+
+// acc[r][j] = sum_k a[r][k] * panel[k][j], k ascending, fused multiply-add.
+void MicroKernelScalar(const float* const* a, const float* panel, int64_t k_size,
+                       float acc[kRows][kPanel]) {
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t j = 0; j < kPanel; ++j) acc[r][j] = 0.0f;
+  }
+  for (int64_t k = 0; k < k_size; ++k) {
+    for (int64_t r = 0; r < kRows; ++r) {
+      const float x = a[r][k];
+      for (int64_t j = 0; j < kPanel; ++j) acc[r][j] = std::fma(x, panel[k * kPanel + j], acc[r][j]);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) void MicroKernelAvx2(const float* const* a, const float* panel,
+                                                         int64_t k_size,
+                                                         float acc[kRows][kPanel]) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
+  __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+  __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+  const float* a0 = a[0];
+  const float* a1 = a[1];
+  const float* a2 = a[2];
+  const float* a3 = a[3];
+  for (int64_t k = 0; k < k_size; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(panel + k * kPanel);
+    const __m256 b1 = _mm256_loadu_ps(panel + k * kPanel + 8);
+    __m256 x = _mm256_broadcast_ss(a0 + k);
+    c00 = _mm256_fmadd_ps(x, b0, c00);
+    c01 = _mm256_fmadd_ps(x, b1, c01);
+    x = _mm256_broadcast_ss(a1 + k);
+    c10 = _mm256_fmadd_ps(x, b0, c10);
+    c11 = _mm256_fmadd_ps(x, b1, c11);
+    x = _mm256_broadcast_ss(a2 + k);
+    c20 = _mm256_fmadd_ps(x, b0, c20);
+    c21 = _mm256_fmadd_ps(x, b1, c21);
+    x = _mm256_broadcast_ss(a3 + k);
+    c30 = _mm256_fmadd_ps(x, b0, c30);
+    c31 = _mm256_fmadd_ps(x, b1, c31);
+  }
+  _mm256_storeu_ps(acc[0], c00);
+  _mm256_storeu_ps(acc[0] + 8, c01);
+  _mm256_storeu_ps(acc[1], c10);
+  _mm256_storeu_ps(acc[1] + 8, c11);
+  _mm256_storeu_ps(acc[2], c20);
+  _mm256_storeu_ps(acc[2] + 8, c21);
+  _mm256_storeu_ps(acc[3], c30);
+  _mm256_storeu_ps(acc[3] + 8, c31);
+}
+#endif
+
+using MicroKernel = void (*)(const float* const*, const float*, int64_t, float[kRows][kPanel]);
+
+MicroKernel SelectMicroKernel() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return MicroKernelAvx2;
+#endif
+  return MicroKernelScalar;
+}
+
+const MicroKernel kMicroKernel = SelectMicroKernel();
+
+// Sweeps all rows of A against `panels` packed panels starting at column n0.
+void SweepRows(const float* a, int64_t lda, int64_t m, const float* panels, int64_t panel_count,
+               int64_t n0, int64_t n, int64_t k_size, float* c, int64_t ldc, bool round_bf16) {
+  std::vector<float> zero_row(k_size, 0.0f);
+  float acc[kRows][kPanel];
+  for (int64_t m0 = 0; m0 < m; m0 += kRows) {
+    const float* rows[kRows];
+    for (int64_t r = 0; r < kRows; ++r) {
+      rows[r] = m0 + r < m ? a + (m0 + r) * lda : zero_row.data();  // pad, same kernel
+    }
+    for (int64_t p = 0; p < panel_count; ++p) {
+      kMicroKernel(rows, panels + p * kPanel * k_size, k_size, acc);
+      const int64_t col0 = n0 + p * kPanel;
+      const int64_t cols = std::min(kPanel, n - col0);
+      for (int64_t r = 0; r < kRows && m0 + r < m; ++r) {
+        float* out = c + (m0 + r) * ldc + col0;
+        for (int64_t j = 0; j < cols; ++j) out[j] = round_bf16 ? RoundToBf16(acc[r][j]) : acc[r][j];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+float GemmBAt(const GemmB& b, int64_t n, int64_t k) {
+  switch (b.kind) {
+    case GemmB::Kind::kBf16: return Bf16ToFloat(static_cast<const uint16_t*>(b.data)[n * b.ld + k]);
+    case GemmB::Kind::kInt4: {
+      const int32_t* row = static_cast<const int32_t*>(b.data) + n * (b.k / 8);
+      return Bf16ToFloat(DequantInt4Element(row, b.scale + n * (b.k / b.group_size), k, b.group_size));
+    }
+    case GemmB::Kind::kF32: return static_cast<const float*>(b.data)[n * b.ld + k];
+    case GemmB::Kind::kF32Transposed: return static_cast<const float*>(b.data)[k * b.ld + n];
+  }
+  return 0.0f;
+}
+
+void GemmReference(const float* a, int64_t lda, int64_t m, const GemmB& b, float* c, int64_t ldc,
+                   bool round_bf16) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < b.n; ++j) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < b.k; ++k) acc = std::fma(a[i * lda + k], GemmBAt(b, j, k), acc);
+      c[i * ldc + j] = round_bf16 ? RoundToBf16(acc) : acc;
+    }
+  }
+}
+
+void Gemm(const float* a, int64_t lda, int64_t m, const GemmB& b, float* c, int64_t ldc,
+          bool round_bf16, ThreadPool* pool) {
+  if (m <= 0 || b.n <= 0) return;
+  const int64_t panels = (b.n + kPanel - 1) / kPanel;
+  const int64_t tasks = (panels + kPanelsPerTask - 1) / kPanelsPerTask;
+  auto task = [&](int64_t t) {
+    const int64_t first = t * kPanelsPerTask;
+    const int64_t count = std::min(kPanelsPerTask, panels - first);
+    std::vector<float> packed(static_cast<size_t>(count * kPanel * b.k));
+    for (int64_t p = 0; p < count; ++p) PackPanel(b, (first + p) * kPanel, packed.data() + p * kPanel * b.k);
+    SweepRows(a, lda, m, packed.data(), count, first * kPanel, b.n, b.k, c, ldc, round_bf16);
+  };
+  if (pool == nullptr) {
+    for (int64_t t = 0; t < tasks; ++t) task(t);
+  } else {
+    pool->ParallelFor(tasks, task);
+  }
+}
+
+}  // namespace hsx

@@ -1,0 +1,283 @@
+// forward.cc: embeddings, MLA attention, dense / MoE MLPs, capture.
+#include "server/model/forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "kernels/bf16.h"
+
+namespace hsx {
+namespace {
+
+// HF's yarn_get_mscale.
+double YarnMscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// The per-frequency inverse frequencies, float32, as HF's _compute_yarn_parameters.
+std::vector<float> InverseFrequencies(const ModelConfig& c, double* attention_factor) {
+  const int64_t dim = c.qk_rope_head_dim;
+  const float base = static_cast<float>(c.rope_theta);
+  std::vector<float> inv(dim / 2);
+  std::vector<float> pos_freqs(dim / 2);
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    pos_freqs[i] = std::pow(base, static_cast<float>(2 * i) / static_cast<float>(dim));
+  }
+  *attention_factor = 1.0;
+  const RopeScaling& r = c.rope_scaling;
+  if (r.type != "yarn") {
+    for (int64_t i = 0; i < dim / 2; ++i) inv[i] = 1.0f / pos_freqs[i];
+    return inv;
+  }
+  if (r.mscale != 0.0 && r.mscale_all_dim != 0.0) {
+    *attention_factor = YarnMscale(r.factor, r.mscale) / YarnMscale(r.factor, r.mscale_all_dim);
+  } else {
+    *attention_factor = YarnMscale(r.factor, 1.0);
+  }
+  const double beta_fast = r.beta_fast != 0.0 ? r.beta_fast : 32.0;
+  const double beta_slow = r.beta_slow != 0.0 ? r.beta_slow : 1.0;
+  auto correction_dim = [&](double rotations) {
+    return (dim * std::log(r.original_max_position_embeddings / (rotations * 2 * M_PI))) /
+           (2 * std::log(c.rope_theta));
+  };
+  double low = std::max(std::floor(correction_dim(beta_fast)), 0.0);
+  double high = std::min(std::ceil(correction_dim(beta_slow)), static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  const float factor = static_cast<float>(r.factor);
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const float extrapolation = 1.0f / pos_freqs[i];
+    const float interpolation = 1.0f / (factor * pos_freqs[i]);
+    const float ramp = std::clamp((static_cast<float>(i) - static_cast<float>(low)) /
+                                      static_cast<float>(high - low), 0.0f, 1.0f);
+    const float extrapolation_factor = 1.0f - ramp;
+    inv[i] = interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
+  }
+  return inv;
+}
+
+}  // namespace
+
+absl::StatusOr<CaptureSpec> ParseCaptureSpec(const std::string& text, const ModelConfig& config,
+                                             bool final_norm) {
+  const int n = static_cast<int>(config.num_hidden_layers);
+  CaptureSpec spec;
+  spec.final_norm = final_norm;
+  if (text == "eagle3") {
+    spec.ids = config.Eagle3CaptureIds();
+  } else if (text == "all") {
+    for (int i = 0; i <= n; ++i) spec.ids.push_back(i);
+  } else {
+    for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+      int id;
+      if (!absl::SimpleAtoi(part, &id)) {
+        return absl::InvalidArgumentError(absl::StrCat("capture id '", part, "' is not an integer"));
+      }
+      if (id < 0 || id > n) {
+        return absl::InvalidArgumentError(absl::StrCat("capture id ", id, " is outside 0..", n,
+                                                       " (the model has ", n, " layers)"));
+      }
+      spec.ids.push_back(id);
+    }
+    std::sort(spec.ids.begin(), spec.ids.end());
+    spec.ids.erase(std::unique(spec.ids.begin(), spec.ids.end()), spec.ids.end());
+  }
+  if (spec.ids.empty() && !final_norm) {
+    return absl::InvalidArgumentError("nothing to capture: give capture ids or the final norm");
+  }
+  return spec;
+}
+
+void Batch::AddSample(const std::vector<int32_t>& sample) {
+  tokens.insert(tokens.end(), sample.begin(), sample.end());
+  cu_seqlens.push_back(static_cast<int64_t>(tokens.size()));
+}
+
+float Model::SoftmaxScale(const ModelConfig& c) {
+  double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_head_dim()));
+  if (c.rope_scaling.type == "yarn" && c.rope_scaling.mscale_all_dim != 0.0) {
+    const double m = YarnMscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
+    scale *= m * m;
+  }
+  return static_cast<float>(scale);
+}
+
+RopeTable Model::MakeRopeTable(const ModelConfig& config, int64_t positions, Precision precision) {
+  double attention_factor;
+  const std::vector<float> inv = InverseFrequencies(config, &attention_factor);
+  RopeTable table;
+  table.half_dim = static_cast<int64_t>(inv.size());
+  table.cos.resize(positions * table.half_dim);
+  table.sin.resize(positions * table.half_dim);
+  const float factor = static_cast<float>(attention_factor);
+  for (int64_t p = 0; p < positions; ++p) {
+    for (int64_t i = 0; i < table.half_dim; ++i) {
+      const float angle = static_cast<float>(p) * inv[i];
+      float cos = std::cos(angle) * factor;
+      float sin = std::sin(angle) * factor;
+      if (precision == Precision::kBf16) {  // HF casts cos/sin to the activation dtype
+        cos = RoundToBf16(cos);
+        sin = RoundToBf16(sin);
+      }
+      table.cos[p * table.half_dim + i] = cos;
+      table.sin[p * table.half_dim + i] = sin;
+    }
+  }
+  return table;
+}
+
+Model::Model(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
+             Communicator* communicator)
+    : config_(config),
+      weights_(weights),
+      backend_(backend),
+      communicator_(communicator),
+      softmax_scale_(SoftmaxScale(config)) {}
+
+Matrix Model::Scratch(int64_t rows, int64_t cols) {
+  scratch_.push_back(backend_.Allocate(rows, cols));
+  return scratch_.back()->matrix();
+}
+
+void Model::AllReduce(const Matrix& partial) {
+  if (communicator_ != nullptr && communicator_->size() > 1) communicator_->AllReduceSum(partial);
+}
+
+absl::Status Model::CheckBatch(const Batch& batch) const {
+  if (batch.num_samples() < 1) return absl::InvalidArgumentError("empty batch");
+  for (int64_t s = 0; s < batch.num_samples(); ++s) {
+    const int64_t begin = batch.cu_seqlens[s];
+    const int64_t end = batch.cu_seqlens[s + 1];
+    if (end <= begin) return absl::InvalidArgumentError(absl::StrCat("sample ", s, " is empty"));
+    for (int64_t t = begin; t < end; ++t) {
+      if (batch.tokens[t] < 0 || batch.tokens[t] >= config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("sample ", s, " position ", t - begin,
+                                                       ": token id ", batch.tokens[t],
+                                                       " is outside [0, ", config_.vocab_size, ")"));
+      }
+    }
+  }
+  if (batch.cu_seqlens.back() != static_cast<int64_t>(batch.tokens.size())) {
+    return absl::InvalidArgumentError("cu_seqlens does not cover the batch's tokens");
+  }
+  return absl::OkStatus();
+}
+
+void Model::RunAttention(const LayerWeights& layer, const Matrix& x, const Batch& batch,
+                         const std::vector<int32_t>& positions, const Matrix& out) {
+  const ModelConfig& c = config_;
+  const AttentionWeights& a = layer.attention;
+  const int64_t tokens = x.rows;
+  const int64_t heads = weights_.local_heads;
+  Matrix q = Scratch(tokens, heads * c.qk_head_dim());
+  if (a.has_q_lora) {
+    Matrix q_latent = Scratch(tokens, c.q_lora_rank);
+    backend_.Linear(x, a.q_a, q_latent);
+    backend_.RmsNorm(q_latent, a.q_a_norm, 1e-6f, q_latent);  // HF builds it without eps: 1e-6
+    backend_.Linear(q_latent, a.q_b, q);
+  } else {
+    backend_.Linear(x, a.q_b, q);
+  }
+  Matrix compressed = Scratch(tokens, c.kv_lora_rank + c.qk_rope_head_dim);
+  backend_.Linear(x, a.kv_a, compressed);
+  Matrix latent = Scratch(tokens, c.kv_lora_rank);
+  backend_.RmsNorm(compressed.Cols(0, c.kv_lora_rank), a.kv_a_norm, 1e-6f, latent);
+  Matrix kv = Scratch(tokens, heads * (c.qk_nope_head_dim + c.v_head_dim));
+  backend_.Linear(latent, a.kv_b, kv);
+  backend_.Rope(q, heads, c.qk_head_dim(), c.qk_nope_head_dim, positions, rope_);
+  Matrix k_rope = compressed.Cols(c.kv_lora_rank, c.qk_rope_head_dim);
+  backend_.Rope(k_rope, 1, c.qk_rope_head_dim, 0, positions, rope_);
+  Matrix attention = Scratch(tokens, heads * c.v_head_dim);
+  backend_.Attention(q, kv, k_rope, heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
+                     batch.cu_seqlens, softmax_scale_, attention);
+  backend_.Linear(attention, a.o, out);
+  AllReduce(out);
+}
+
+void Model::RunMlp(const MlpWeights& mlp, const Matrix& x, const Matrix& out) {
+  Matrix gate = Scratch(x.rows, mlp.gate.out);
+  Matrix up = Scratch(x.rows, mlp.up.out);
+  backend_.Linear(x, mlp.gate, gate);
+  backend_.Linear(x, mlp.up, up);
+  backend_.SiluMul(gate, up, gate);
+  backend_.Linear(gate, mlp.down, out);
+}
+
+void Model::RunMoe(const LayerWeights& layer, const Matrix& x, const Matrix& out) {
+  Routing routing;
+  backend_.Route(x, layer.router, &routing);
+  backend_.MoeExperts(x, routing, layer.owned, out);
+  if (layer.has_shared) {
+    Matrix shared = Scratch(x.rows, x.cols);
+    RunMlp(layer.shared, x, shared);
+    backend_.Add(out, shared, out);  // HF: bf16(routed) + shared_experts(x)
+  }
+}
+
+absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& capture) {
+  if (absl::Status s = CheckBatch(batch); !s.ok()) return s;
+  const ModelConfig& c = config_;
+  const int64_t tokens = static_cast<int64_t>(batch.tokens.size());
+  const int64_t hidden = c.hidden_size;
+  const int64_t layers = c.num_hidden_layers;
+  std::vector<int32_t> positions(tokens);
+  int64_t longest = 0;
+  for (int64_t s = 0; s < batch.num_samples(); ++s) {
+    longest = std::max(longest, batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]);
+    for (int64_t t = batch.cu_seqlens[s]; t < batch.cu_seqlens[s + 1]; ++t) {
+      positions[t] = static_cast<int32_t>(t - batch.cu_seqlens[s]);
+    }
+  }
+  if (static_cast<int64_t>(rope_.cos.size()) < longest * rope_.half_dim || rope_.half_dim == 0) {
+    rope_ = MakeRopeTable(c, std::max<int64_t>(longest, 256), backend_.precision());
+  }
+  Captures result;
+  result.ids = capture.ids;
+  result.tokens = tokens;
+  result.hidden = hidden;
+  result.layers.resize(capture.ids.size() * tokens * hidden);
+  const int64_t last_layer =
+      capture.final_norm ? layers : (capture.ids.empty() ? 0 : capture.ids.back());
+
+  std::unique_ptr<Buffer> residual_buffer = backend_.Allocate(tokens, hidden);
+  const Matrix h = residual_buffer->matrix();
+  backend_.Embed(batch.tokens, weights_.embedding, 0, c.vocab_size, h);
+  auto capture_if_wanted = [&](int64_t id) {
+    auto it = std::find(capture.ids.begin(), capture.ids.end(), id);
+    if (it == capture.ids.end()) return;
+    backend_.CopyToHost(h, result.layers.data() + (it - capture.ids.begin()) * tokens * hidden);
+  };
+  for (int64_t l = 0; l < last_layer; ++l) {
+    capture_if_wanted(l);
+    scratch_.clear();
+    const LayerWeights& layer = weights_.layers[l];
+    Matrix x = Scratch(tokens, hidden);
+    Matrix update = Scratch(tokens, hidden);
+    backend_.RmsNorm(h, layer.input_norm, static_cast<float>(c.rms_norm_eps), x);
+    RunAttention(layer, x, batch, positions, update);
+    backend_.Add(h, update, h);
+    backend_.RmsNorm(h, layer.post_attention_norm, static_cast<float>(c.rms_norm_eps), x);
+    if (layer.is_moe) {
+      RunMoe(layer, x, update);
+    } else {
+      RunMlp(layer.dense, x, update);
+    }
+    AllReduce(update);
+    backend_.Add(h, update, h);
+  }
+  scratch_.clear();
+  capture_if_wanted(layers);
+  if (capture.final_norm) {
+    std::unique_ptr<Buffer> normed = backend_.Allocate(tokens, hidden);
+    backend_.RmsNorm(h, weights_.final_norm, static_cast<float>(c.rms_norm_eps), normed->matrix());
+    result.final_norm.resize(tokens * hidden);
+    backend_.CopyToHost(normed->matrix(), result.final_norm.data());
+  }
+  return result;
+}
+
+}  // namespace hsx

@@ -1,0 +1,119 @@
+"""The reference: Hugging Face transformers' DeepseekV3 on an hsx checkpoint.
+
+Routed experts are decompressed by the compressed-tensors package (not by our
+code), every other weight is read with the safetensors package, and the forward
+pass is transformers' own. Agreement with hsx therefore checks both the INT4
+format and the model math against implementations we did not write.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from compressed_tensors.compressors import BaseCompressor
+from compressed_tensors.quantization import QuantizationConfig
+from compressed_tensors.utils.match import match_quantizable_tensors
+from safetensors import safe_open
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+
+def read_config(model_dir: Path) -> dict:
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def text_config(config: dict) -> dict:
+    return config.get("text_config", config)
+
+
+def tensor_prefix(config: dict) -> str:
+    return "language_model." if "text_config" in config else ""
+
+
+def read_tensors(model_dir: Path) -> dict:
+    """Every tensor of the checkpoint, resolved through the index when there is one."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    files = (sorted(set(json.loads(index.read_text())["weight_map"].values()))
+             if index.exists() else ["model.safetensors"])
+    tensors = {}
+    for file in files:
+        with safe_open(str(model_dir / file), framework="pt") as f:
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+    return tensors
+
+
+def decompress_quantized(config: dict, tensors: dict) -> dict:
+    """module name -> bf16 weight, decompressed by compressed-tensors."""
+    qcfg = QuantizationConfig.model_validate(config["quantization_config"])
+    scheme = qcfg.config_groups["group_0"]
+    compressor = BaseCompressor.get_value_from_registry(qcfg.format)
+    names = compressor.compression_param_names(scheme)
+    out = {}
+    for module, _ in match_quantizable_tensors(
+            tensors, ignore=qcfg.ignore, targets=scheme.targets, param_targets=[names[0]]):
+        state = {p: tensors[f"{module}.{p}"] for p in names}
+        out[module] = compressor.decompress(state, scheme)["weight"]
+    return out
+
+
+def load_reference(model_dir: Path, dtype: torch.dtype) -> DeepseekV3ForCausalLM:
+    """transformers' DeepseekV3ForCausalLM holding the checkpoint's weights, in `dtype`
+    (router weight, correction bias and rotary frequencies stay float32, as
+    from_pretrained keeps them)."""
+    config = read_config(model_dir)
+    prefix = tensor_prefix(config)
+    hf_config = DeepseekV3Config.from_dict(text_config(config))
+    hf_config._attn_implementation = "eager"
+    model = DeepseekV3ForCausalLM(hf_config)
+    tensors = read_tensors(model_dir)
+    weights = {name: t for name, t in tensors.items()}
+    for module, w in decompress_quantized(config, tensors).items():
+        weights[f"{module}.weight"] = w
+    state = {}
+    for name, param in model.state_dict().items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            base = prefix + name.rsplit(".", 1)[0]
+            state[name] = torch.stack([
+                torch.cat([weights[f"{base}.{e}.gate_proj.weight"], weights[f"{base}.{e}.up_proj.weight"]])
+                for e in range(param.shape[0])])
+        elif name.endswith("mlp.experts.down_proj"):
+            base = prefix + name.rsplit(".", 1)[0]
+            state[name] = torch.stack([weights[f"{base}.{e}.down_proj.weight"]
+                                       for e in range(param.shape[0])])
+        else:
+            state[name] = weights[prefix + name]
+    model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
+    rotary = model.model.rotary_emb
+    inv_freq = rotary.inv_freq.clone()
+    model = model.to(dtype)
+    # from_pretrained(torch_dtype=...) keeps the rotary frequencies in float32;
+    # a plain .to(dtype) would round them to the activation dtype.
+    rotary.inv_freq = inv_freq
+    rotary.original_inv_freq = inv_freq.clone()
+    for layer in model.model.layers:  # _keep_in_fp32_modules_strict
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None:
+            gate.weight.data = gate.weight.data.to(torch.float32)
+            gate.e_score_correction_bias.data = gate.e_score_correction_bias.data.to(torch.float32)
+    return model.eval()
+
+
+@torch.no_grad()
+def reference_states(model: DeepseekV3ForCausalLM, input_ids: list) -> tuple:
+    """(R, final) for one sample: R[k] = residual stream entering layer k for
+    k = 0..N (R[N]: the last layer's raw output), final = post-final-norm state;
+    each [T, H] float32."""
+    captured = {}
+    last = model.model.layers[-1]
+    handle = last.register_forward_hook(lambda m, args, out: captured.__setitem__(
+        "last", out[0] if isinstance(out, tuple) else out))
+    try:
+        out = model.model(input_ids=torch.tensor([input_ids]), output_hidden_states=True)
+    finally:
+        handle.remove()
+    n = len(model.model.layers)
+    hs = out.hidden_states
+    assert len(hs) == n + 1, len(hs)
+    states = [hs[k][0].float() for k in range(n)] + [captured["last"][0].float()]
+    return states, out.last_hidden_state[0].float()
