@@ -111,8 +111,12 @@ class Backend {
   // tensor parallelism; the all-reduce completes them).
   virtual void Embed(std::span<const int32_t> tokens, const uint16_t* table, int64_t vocab_begin,
                      int64_t vocab_rows, const Matrix& out) = 0;
-  // y = x · Wᵀ.
-  virtual void Linear(const Matrix& x, const LinearWeight& w, const Matrix& y) = 0;
+  // y = x · Wᵀ. A `partial` output (one tensor-parallel rank's share, to be
+  // all-reduced) is left unrounded; Round() after the all-reduce rounds it
+  // once, as the unsplit GEMM would have.
+  virtual void Linear(const Matrix& x, const LinearWeight& w, const Matrix& y, bool partial) = 0;
+  // Rounds to the activation dtype in place (bfloat16 in kBf16, nothing in kFp32).
+  virtual void Round(const Matrix& x) = 0;
   // y = RMSNorm(x) * weight (bf16 [cols]).
   virtual void RmsNorm(const Matrix& x, const uint16_t* weight, float eps, const Matrix& y) = 0;
   // out = a + b.
@@ -140,8 +144,10 @@ class Backend {
   // entry in `experts`, indexed by global expert id) of weight * expert_e(x[t]),
   // accumulated in ascending expert id; experts not held contribute nothing
   // (expert-parallel ranks; the all-reduce completes the sum).
+  // `partial` as for Linear: the float32 sum is left unrounded.
   virtual void MoeExperts(const Matrix& x, const Routing& routing,
-                          std::span<const ExpertWeights* const> experts, const Matrix& out) = 0;
+                          std::span<const ExpertWeights* const> experts, const Matrix& out,
+                          bool partial) = 0;
 };
 
 // A CPU backend (the reference): `threads` <= 0 uses every hardware thread.

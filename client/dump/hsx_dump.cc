@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/dump/input.h"
 #include "client/dump/sample_file.h"
+#include "client/dump/dump_job.h"
+#include "client/dump/extractor.h"
 #include "kernels/backend.h"
 #include "server/model/checkpoint.h"
 #include "server/model/forward.h"
@@ -36,57 +38,12 @@ ABSL_FLAG(std::string, precision, "bf16", "Arithmetic: bf16 (rounds where the HF
 ABSL_FLAG(std::string, dtype, "bf16", "Output dtype: bf16, fp16 or fp32.");
 ABSL_FLAG(int64_t, max_batch_tokens, 8192, "Token budget of one forward batch.");
 ABSL_FLAG(int64_t, max_tokens_per_sample, 0, "Longest sample accepted (0: the model's "
-          "max_position_embeddings).");
-ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores).");
+          "max_position_embeddings); never more than --max-batch-tokens.");
+ABSL_FLAG(int, threads, 0, "CPU threads in all (0: all cores), shared among the ranks.");
+ABSL_FLAG(int, tp, 1, "Tensor-parallel ranks (threads here, each holding a slice of the weights).");
+ABSL_FLAG(int, concurrency, 64, "Samples in flight at once.");
 
 namespace {
-
-// Checks what a consumer relies on before the sample is written.
-absl::Status VerifySample(const hsx::InputSample& input, const hsx::SampleStates& states) {
-  const int64_t layers = static_cast<int64_t>(states.capture_ids.size());
-  if (states.tokens != static_cast<int64_t>(input.input_ids.size()) ||
-      static_cast<int64_t>(states.hidden_states.size()) != states.tokens * layers * states.hidden) {
-    return absl::InternalError(absl::StrCat("sample ", input.index, ": states shape does not match ",
-                                            input.input_ids.size(), " tokens"));
-  }
-  for (int64_t l = 0; l < layers; ++l) {
-    bool all_zero = true;
-    for (int64_t t = 0; t < states.tokens; ++t) {
-      const float* row = &states.hidden_states[(t * layers + l) * states.hidden];
-      for (int64_t i = 0; i < states.hidden; ++i) {
-        if (!std::isfinite(row[i])) {
-          return absl::InternalError(absl::StrCat("sample ", input.index, ": non-finite value in "
-                                                  "capture id ", states.capture_ids[l]));
-        }
-        all_zero &= row[i] == 0.0f;
-      }
-    }
-    if (all_zero) {
-      return absl::InternalError(absl::StrCat("sample ", input.index, ": capture id ",
-                                              states.capture_ids[l], " is all zeros"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Consecutive samples packed under the token budget (a longer sample runs alone).
-std::vector<std::pair<size_t, size_t>> PlanBatches(const std::vector<hsx::InputSample>& samples,
-                                                   int64_t budget) {
-  std::vector<std::pair<size_t, size_t>> batches;
-  size_t begin = 0;
-  int64_t tokens = 0;
-  for (size_t i = 0; i < samples.size(); ++i) {
-    const int64_t size = static_cast<int64_t>(samples[i].input_ids.size());
-    if (i > begin && tokens + size > budget) {
-      batches.push_back({begin, i});
-      begin = i;
-      tokens = 0;
-    }
-    tokens += size;
-  }
-  batches.push_back({begin, samples.size()});
-  return batches;
-}
 
 absl::Status Run() {
   const std::string model_dir = absl::GetFlag(FLAGS_model);
@@ -117,6 +74,9 @@ absl::Status Run() {
   limits.max_tokens_per_sample = absl::GetFlag(FLAGS_max_tokens_per_sample) > 0
                                      ? absl::GetFlag(FLAGS_max_tokens_per_sample)
                                      : config.max_position_embeddings;
+  if (limits.max_tokens_per_sample > absl::GetFlag(FLAGS_max_batch_tokens)) {
+    limits.max_tokens_per_sample = absl::GetFlag(FLAGS_max_batch_tokens);  // a sample must fit a batch
+  }
   absl::StatusOr<std::vector<hsx::InputSample>> samples = hsx::ReadInputFile(input_path, limits);
   if (!samples.ok()) return samples.status();
 
@@ -131,36 +91,26 @@ absl::Status Run() {
     }
   }
 
-  absl::StatusOr<hsx::ModelWeights> weights = hsx::LoadModelWeights(**checkpoint, 0, 1);
-  if (!weights.ok()) return weights.status();
-  std::unique_ptr<hsx::Backend> backend = hsx::MakeCpuBackend(precision, absl::GetFlag(FLAGS_threads));
-  hsx::Model model(config, *weights, *backend, nullptr);
-  const hsx::SampleFileInfo info{std::filesystem::path(model_dir).filename().string(),
-                                 config.num_hidden_layers};
-
-  const auto start = std::chrono::steady_clock::now();
-  int64_t total_tokens = 0;
-  for (const auto& [first, last] : PlanBatches(*samples, absl::GetFlag(FLAGS_max_batch_tokens))) {
-    hsx::Batch batch;
-    for (size_t i = first; i < last; ++i) batch.AddSample((*samples)[i].input_ids);
-    absl::StatusOr<hsx::Captures> captures = model.Run(batch, *capture);
-    if (!captures.ok()) return captures.status();
-    std::vector<hsx::SampleStates> states = hsx::SplitBySample(*captures, batch.cu_seqlens);
-    for (size_t i = first; i < last; ++i) {
-      const hsx::InputSample& sample = (*samples)[i];
-      if (absl::Status s = VerifySample(sample, states[i - first]); !s.ok()) return s;
-      const std::string path = (std::filesystem::path(out) / hsx::SampleFileName(sample.index)).string();
-      if (absl::Status s = hsx::WriteSampleFile(path, sample, states[i - first], *dtype, info); !s.ok()) return s;
-    }
-    total_tokens += static_cast<int64_t>(batch.tokens.size());
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(stderr, "hsx-dump: %zu/%zu samples, %lld tokens, %.1f tokens/s\n", last,
-                 samples->size(), static_cast<long long>(total_tokens), total_tokens / seconds);
-  }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("hsx-dump: wrote %zu samples (%lld tokens) to %s in %.2f s, %.1f tokens/s\n",
-              samples->size(), static_cast<long long>(total_tokens), out.c_str(), seconds,
-              total_tokens / seconds);
+  hsx::EngineOptions engine_options;
+  engine_options.tp = absl::GetFlag(FLAGS_tp);
+  engine_options.precision = precision;
+  engine_options.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<std::unique_ptr<hsx::Engine>> engine = hsx::Engine::Create(**checkpoint, engine_options);
+  if (!engine.ok()) return engine.status();
+  hsx::BatcherOptions batcher_options;
+  batcher_options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  hsx::InProcessExtractor extractor(**engine, batcher_options);
+  hsx::DumpOptions dump;
+  dump.out_dir = out;
+  dump.capture = *capture;
+  dump.dtype = *dtype;
+  dump.concurrency = absl::GetFlag(FLAGS_concurrency);
+  dump.info = {std::filesystem::path(model_dir).filename().string(), config.num_hidden_layers};
+  absl::StatusOr<hsx::DumpStats> stats = hsx::RunDump(*samples, extractor, dump);
+  if (!stats.ok()) return stats.status();
+  std::printf("hsx-dump: wrote %lld samples (%lld tokens) to %s in %.2f s, %.1f tokens/s\n",
+              static_cast<long long>(stats->samples), static_cast<long long>(stats->tokens),
+              out.c_str(), stats->seconds, stats->tokens / stats->seconds);
   return absl::OkStatus();
 }
 

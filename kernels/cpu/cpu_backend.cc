@@ -108,8 +108,16 @@ void CpuBackend::Embed(std::span<const int32_t> tokens, const uint16_t* table, i
   }
 }
 
-void CpuBackend::Linear(const Matrix& x, const LinearWeight& w, const Matrix& y) {
-  Gemm(x.data, x.ld, x.rows, ToGemmB(w), y.data, y.ld, precision_ == Precision::kBf16, &pool_);
+void CpuBackend::Linear(const Matrix& x, const LinearWeight& w, const Matrix& y, bool partial) {
+  Gemm(x.data, x.ld, x.rows, ToGemmB(w), y.data, y.ld, !partial && precision_ == Precision::kBf16,
+       &pool_);
+}
+
+void CpuBackend::Round(const Matrix& x) {
+  if (precision_ != Precision::kBf16) return;
+  for (int64_t r = 0; r < x.rows; ++r) {
+    for (int64_t i = 0; i < x.cols; ++i) x.row(r)[i] = RoundToBf16(x.row(r)[i]);
+  }
 }
 
 void CpuBackend::RmsNorm(const Matrix& x, const uint16_t* weight, float eps, const Matrix& y) {
@@ -255,7 +263,8 @@ void CpuBackend::RunExpert(const Matrix& x, const std::vector<int64_t>& rows,
 }
 
 void CpuBackend::MoeExperts(const Matrix& x, const Routing& routing,
-                            std::span<const ExpertWeights* const> experts, const Matrix& out) {
+                            std::span<const ExpertWeights* const> experts, const Matrix& out,
+                            bool partial) {
   const int64_t tokens = x.rows;
   const int64_t top_k = routing.top_k;
   // Rows per expert, in ascending token order.
@@ -286,7 +295,9 @@ void CpuBackend::MoeExperts(const Matrix& x, const Routing& routing,
       const float* y = results[e].data() + cursor[e]++ * out.cols;
       for (int64_t c = 0; c < out.cols; ++c) acc[c] += y[c] * w;
     }
-    for (int64_t c = 0; c < out.cols; ++c) acc[c] = R(acc[c]);
+    if (!partial) {
+      for (int64_t c = 0; c < out.cols; ++c) acc[c] = R(acc[c]);
+    }
   }
 }
 

@@ -23,7 +23,8 @@ class CpuBackend : public Backend {
   void CopyToHost(const Matrix& src, float* dst) override;
   void Embed(std::span<const int32_t> tokens, const uint16_t* table, int64_t vocab_begin,
              int64_t vocab_rows, const Matrix& out) override;
-  void Linear(const Matrix& x, const LinearWeight& w, const Matrix& y) override;
+  void Linear(const Matrix& x, const LinearWeight& w, const Matrix& y, bool partial) override;
+  void Round(const Matrix& x) override;
   void RmsNorm(const Matrix& x, const uint16_t* weight, float eps, const Matrix& y) override;
   void Add(const Matrix& a, const Matrix& b, const Matrix& out) override;
   void SiluMul(const Matrix& gate, const Matrix& up, const Matrix& out) override;
@@ -34,7 +35,8 @@ class CpuBackend : public Backend {
                  std::span<const int64_t> cu_seqlens, float scale, const Matrix& out) override;
   void Route(const Matrix& x, const RouterParams& router, Routing* routing) override;
   void MoeExperts(const Matrix& x, const Routing& routing,
-                  std::span<const ExpertWeights* const> experts, const Matrix& out) override;
+                  std::span<const ExpertWeights* const> experts, const Matrix& out,
+                  bool partial) override;
 
  private:
   // Rounds to bfloat16 in kBf16 mode, identity in kFp32.

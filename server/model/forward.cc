@@ -143,8 +143,12 @@ Matrix Model::Scratch(int64_t rows, int64_t cols) {
   return scratch_.back()->matrix();
 }
 
+bool Model::split() const { return communicator_ != nullptr && communicator_->size() > 1; }
+
 void Model::AllReduce(const Matrix& partial) {
-  if (communicator_ != nullptr && communicator_->size() > 1) communicator_->AllReduceSum(partial);
+  if (!split()) return;  // unsplit outputs were rounded by the op itself
+  communicator_->AllReduceSum(partial);
+  backend_.Round(partial);
 }
 
 absl::Status Model::CheckBatch(const Batch& batch) const {
@@ -176,46 +180,61 @@ void Model::RunAttention(const LayerWeights& layer, const Matrix& x, const Batch
   Matrix q = Scratch(tokens, heads * c.qk_head_dim());
   if (a.has_q_lora) {
     Matrix q_latent = Scratch(tokens, c.q_lora_rank);
-    backend_.Linear(x, a.q_a, q_latent);
+    backend_.Linear(x, a.q_a, q_latent, false);
     backend_.RmsNorm(q_latent, a.q_a_norm, 1e-6f, q_latent);  // HF builds it without eps: 1e-6
-    backend_.Linear(q_latent, a.q_b, q);
+    backend_.Linear(q_latent, a.q_b, q, false);
   } else {
-    backend_.Linear(x, a.q_b, q);
+    backend_.Linear(x, a.q_b, q, false);
   }
   Matrix compressed = Scratch(tokens, c.kv_lora_rank + c.qk_rope_head_dim);
-  backend_.Linear(x, a.kv_a, compressed);
+  backend_.Linear(x, a.kv_a, compressed, false);
   Matrix latent = Scratch(tokens, c.kv_lora_rank);
   backend_.RmsNorm(compressed.Cols(0, c.kv_lora_rank), a.kv_a_norm, 1e-6f, latent);
   Matrix kv = Scratch(tokens, heads * (c.qk_nope_head_dim + c.v_head_dim));
-  backend_.Linear(latent, a.kv_b, kv);
+  backend_.Linear(latent, a.kv_b, kv, false);
   backend_.Rope(q, heads, c.qk_head_dim(), c.qk_nope_head_dim, positions, rope_);
   Matrix k_rope = compressed.Cols(c.kv_lora_rank, c.qk_rope_head_dim);
   backend_.Rope(k_rope, 1, c.qk_rope_head_dim, 0, positions, rope_);
   Matrix attention = Scratch(tokens, heads * c.v_head_dim);
   backend_.Attention(q, kv, k_rope, heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
                      batch.cu_seqlens, softmax_scale_, attention);
-  backend_.Linear(attention, a.o, out);
+  backend_.Linear(attention, a.o, out, split());
   AllReduce(out);
 }
 
 void Model::RunMlp(const MlpWeights& mlp, const Matrix& x, const Matrix& out) {
   Matrix gate = Scratch(x.rows, mlp.gate.out);
   Matrix up = Scratch(x.rows, mlp.up.out);
-  backend_.Linear(x, mlp.gate, gate);
-  backend_.Linear(x, mlp.up, up);
+  backend_.Linear(x, mlp.gate, gate, false);
+  backend_.Linear(x, mlp.up, up, false);
   backend_.SiluMul(gate, up, gate);
-  backend_.Linear(gate, mlp.down, out);
+  backend_.Linear(gate, mlp.down, out, split());
+  AllReduce(out);
 }
 
 void Model::RunMoe(const LayerWeights& layer, const Matrix& x, const Matrix& out) {
   Routing routing;
   backend_.Route(x, layer.router, &routing);
-  backend_.MoeExperts(x, routing, layer.owned, out);
-  if (layer.has_shared) {
-    Matrix shared = Scratch(x.rows, x.cols);
-    RunMlp(layer.shared, x, shared);
-    backend_.Add(out, shared, out);  // HF: bf16(routed) + shared_experts(x)
+  if (!layer.has_shared) {
+    backend_.MoeExperts(x, routing, layer.owned, out, split());
+    AllReduce(out);
+    return;
   }
+  // HF: bf16(routed) + shared_experts(x). Both halves are reduced in one
+  // collective and rounded separately, so the split sum rounds where the
+  // unsplit one does.
+  Matrix both = Scratch(x.rows, 2 * x.cols);
+  Matrix routed = both.Cols(0, x.cols);
+  Matrix shared = both.Cols(x.cols, x.cols);
+  backend_.MoeExperts(x, routing, layer.owned, routed, split());
+  Matrix gate = Scratch(x.rows, layer.shared.gate.out);
+  Matrix up = Scratch(x.rows, layer.shared.up.out);
+  backend_.Linear(x, layer.shared.gate, gate, false);
+  backend_.Linear(x, layer.shared.up, up, false);
+  backend_.SiluMul(gate, up, gate);
+  backend_.Linear(gate, layer.shared.down, shared, split());
+  AllReduce(both);
+  backend_.Add(routed, shared, out);
 }
 
 absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& capture) {
@@ -235,11 +254,14 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   if (static_cast<int64_t>(rope_.cos.size()) < longest * rope_.half_dim || rope_.half_dim == 0) {
     rope_ = MakeRopeTable(c, std::max<int64_t>(longest, 256), backend_.precision());
   }
+  // With tensor parallelism every rank holds the same residual stream; only
+  // rank 0 copies it out.
+  const bool captures_here = communicator_ == nullptr || communicator_->rank() == 0;
   Captures result;
   result.ids = capture.ids;
   result.tokens = tokens;
   result.hidden = hidden;
-  result.layers.resize(capture.ids.size() * tokens * hidden);
+  if (captures_here) result.layers.resize(capture.ids.size() * tokens * hidden);
   const int64_t last_layer =
       capture.final_norm ? layers : (capture.ids.empty() ? 0 : capture.ids.back());
 
@@ -248,7 +270,7 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   backend_.Embed(batch.tokens, weights_.embedding, 0, c.vocab_size, h);
   auto capture_if_wanted = [&](int64_t id) {
     auto it = std::find(capture.ids.begin(), capture.ids.end(), id);
-    if (it == capture.ids.end()) return;
+    if (!captures_here || it == capture.ids.end()) return;
     backend_.CopyToHost(h, result.layers.data() + (it - capture.ids.begin()) * tokens * hidden);
   };
   for (int64_t l = 0; l < last_layer; ++l) {
@@ -266,12 +288,11 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
     } else {
       RunMlp(layer.dense, x, update);
     }
-    AllReduce(update);
     backend_.Add(h, update, h);
   }
   scratch_.clear();
   capture_if_wanted(layers);
-  if (capture.final_norm) {
+  if (capture.final_norm && captures_here) {
     std::unique_ptr<Buffer> normed = backend_.Allocate(tokens, hidden);
     backend_.RmsNorm(h, weights_.final_norm, static_cast<float>(c.rms_norm_eps), normed->matrix());
     result.final_norm.resize(tokens * hidden);

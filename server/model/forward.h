@@ -74,6 +74,9 @@ class Model {
                     const std::vector<int32_t>& positions, const Matrix& out);
   void RunMlp(const MlpWeights& mlp, const Matrix& x, const Matrix& out);
   void RunMoe(const LayerWeights& layer, const Matrix& x, const Matrix& out);
+  // True when this model is one rank of several: split blocks end in partial sums.
+  bool split() const;
+  // Sums a partial result over ranks, then rounds it as the unsplit op would.
   void AllReduce(const Matrix& partial);
   Matrix Scratch(int64_t rows, int64_t cols);
 

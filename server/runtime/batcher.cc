@@ -1,0 +1,194 @@
+// batcher.cc: the packing rule, the memory estimate and the batch loop.
+#include "server/runtime/batcher.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace hsx {
+
+int64_t EstimateBatchBytes(const ModelConfig& c, int tp, const std::vector<int64_t>& lengths,
+                           int64_t capture_layers, bool final_norm) {
+  int64_t tokens = 0, longest = 0;
+  for (int64_t n : lengths) {
+    tokens += n;
+    longest = std::max(longest, n);
+  }
+  const int64_t heads = c.num_attention_heads / tp;
+  const int64_t h = c.hidden_size;
+  const int64_t attention = heads * c.qk_head_dim() + c.q_lora_rank + 2 * c.kv_lora_rank +
+                            c.qk_rope_head_dim + heads * (c.qk_nope_head_dim + 2 * c.v_head_dim);
+  const int64_t dense = 2 * c.intermediate_size / tp;
+  const int64_t moe = c.n_routed_experts == 0
+                          ? 0
+                          : 2 * c.num_experts_per_tok * (h + c.moe_intermediate_size) +
+                                2 * c.moe_intermediate_size * c.n_shared_experts / tp + h;
+  const int64_t per_token = 3 * h + attention + std::max(dense, moe) + h * (capture_layers + final_norm);
+  // Attention score and key matrices, bounded by every local head at once.
+  const int64_t scores = heads * (longest * longest + longest * c.qk_head_dim());
+  return static_cast<int64_t>(sizeof(float)) * (tokens * per_token + scores);
+}
+
+std::vector<size_t> PackNext(const std::vector<int64_t>& lengths, int64_t max_batch_tokens,
+                             size_t lookahead,
+                             const std::function<bool(const std::vector<int64_t>&)>& fits) {
+  std::vector<size_t> chosen;
+  std::vector<int64_t> chosen_lengths;
+  int64_t tokens = 0;
+  const size_t scan = std::min(lengths.size(), std::max<size_t>(lookahead, 1));
+  for (size_t i = 0; i < scan && tokens < max_batch_tokens; ++i) {
+    const bool first = chosen.empty();  // the oldest sample always runs
+    if (!first && tokens + lengths[i] > max_batch_tokens) continue;
+    chosen_lengths.push_back(lengths[i]);
+    if (!first && fits && !fits(chosen_lengths)) {
+      chosen_lengths.pop_back();
+      continue;
+    }
+    chosen.push_back(i);
+    tokens += lengths[i];
+  }
+  return chosen;
+}
+
+CaptureSpec UnionCapture(const std::vector<const CaptureSpec*>& specs) {
+  CaptureSpec all;
+  for (const CaptureSpec* spec : specs) {
+    all.ids.insert(all.ids.end(), spec->ids.begin(), spec->ids.end());
+    all.final_norm |= spec->final_norm;
+  }
+  std::sort(all.ids.begin(), all.ids.end());
+  all.ids.erase(std::unique(all.ids.begin(), all.ids.end()), all.ids.end());
+  return all;
+}
+
+SampleStates SelectCaptures(SampleStates states, const CaptureSpec& wanted) {
+  if (states.capture_ids == wanted.ids) {
+    if (!wanted.final_norm) states.final_norm.clear();
+    return states;
+  }
+  SampleStates out;
+  out.capture_ids = wanted.ids;
+  out.tokens = states.tokens;
+  out.hidden = states.hidden;
+  const size_t have = states.capture_ids.size();
+  out.hidden_states.resize(out.tokens * wanted.ids.size() * out.hidden);
+  for (size_t w = 0; w < wanted.ids.size(); ++w) {
+    const size_t index = std::find(states.capture_ids.begin(), states.capture_ids.end(), wanted.ids[w]) -
+                         states.capture_ids.begin();
+    for (int64_t t = 0; t < out.tokens; ++t) {
+      std::copy_n(&states.hidden_states[(t * have + index) * out.hidden], out.hidden,
+                  &out.hidden_states[(t * wanted.ids.size() + w) * out.hidden]);
+    }
+  }
+  if (wanted.final_norm) out.final_norm = std::move(states.final_norm);
+  return out;
+}
+
+Batcher::Batcher(Engine& engine, const BatcherOptions& options)
+    : engine_(engine), options_(options), thread_([this] { Loop(); }) {}
+
+Batcher::~Batcher() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+absl::Status Batcher::Submit(WorkItem item) {
+  const int64_t length = static_cast<int64_t>(item.tokens.size());
+  if (length == 0) return absl::InvalidArgumentError("empty sample");
+  if (length > options_.max_batch_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("sample of ", length, " tokens exceeds the batch "
+                                                   "budget of ", options_.max_batch_tokens, " tokens"));
+  }
+  if (options_.max_batch_bytes > 0) {
+    const int64_t bytes = EstimateBatchBytes(engine_.config(), engine_.options().tp, {length},
+                                             static_cast<int64_t>(item.capture.ids.size()),
+                                             item.capture.final_norm);
+    if (bytes > options_.max_batch_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("sample of ", length, " tokens needs ", bytes,
+                                                       " bytes, over the batch memory limit of ",
+                                                       options_.max_batch_bytes));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queued_tokens_ += length;
+    queue_.push_back(std::move(item));
+  }
+  wake_.notify_one();
+  return absl::OkStatus();
+}
+
+int64_t Batcher::queued_tokens() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queued_tokens_;
+}
+
+double Batcher::fill() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return batches_ == 0 ? 0.0
+                       : static_cast<double>(tokens_run_) /
+                             static_cast<double>(batches_ * options_.max_batch_tokens);
+}
+
+int64_t Batcher::batches_run() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return batches_;
+}
+
+void Batcher::Loop() {
+  for (;;) {
+    std::vector<WorkItem> batch;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued has run
+      std::vector<int64_t> lengths;
+      const size_t scan = std::min(queue_.size(), options_.lookahead);
+      for (size_t i = 0; i < scan; ++i) lengths.push_back(static_cast<int64_t>(queue_[i].tokens.size()));
+      auto fits = [&](const std::vector<int64_t>& candidate) {
+        return options_.max_batch_bytes <= 0 ||
+               EstimateBatchBytes(engine_.config(), engine_.options().tp, candidate,
+                                  engine_.config().num_hidden_layers + 1, true) <= options_.max_batch_bytes;
+      };
+      std::vector<size_t> chosen = PackNext(lengths, options_.max_batch_tokens, options_.lookahead, fits);
+      for (auto it = chosen.rbegin(); it != chosen.rend(); ++it) {
+        batch.push_back(std::move(queue_[*it]));
+        queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(*it));
+      }
+      std::reverse(batch.begin(), batch.end());
+      for (const WorkItem& item : batch) queued_tokens_ -= static_cast<int64_t>(item.tokens.size());
+    }
+    RunBatch(std::move(batch));
+  }
+}
+
+void Batcher::RunBatch(std::vector<WorkItem> items) {
+  Batch batch;
+  std::vector<const CaptureSpec*> specs;
+  for (const WorkItem& item : items) {
+    batch.AddSample(item.tokens);
+    specs.push_back(&item.capture);
+  }
+  const CaptureSpec capture = UnionCapture(specs);
+  absl::StatusOr<Captures> captures = engine_.Run(batch, capture);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++batches_;
+    tokens_run_ += static_cast<int64_t>(batch.tokens.size());
+  }
+  if (!captures.ok()) {
+    for (WorkItem& item : items) item.done(captures.status());
+    return;
+  }
+  std::vector<SampleStates> states = SplitBySample(*captures, batch.cu_seqlens);
+  for (size_t i = 0; i < items.size(); ++i) {
+    items[i].done(SelectCaptures(std::move(states[i]), items[i].capture));
+  }
+}
+
+}  // namespace hsx

@@ -1,0 +1,95 @@
+// batcher.h: packs queued samples into ragged batches for the engine and hands
+// each sample its own states.
+//
+// Packing: the oldest queued sample always goes into the next batch (nothing
+// starves); then later samples are added in arrival order, skipping those that
+// do not fit, while the batch stays within max_batch_tokens and the memory
+// estimate within max_batch_bytes (when set). Nothing waits for a batch to
+// fill: the engine being busy is what lets the queue grow. The batch captures
+// the union of what its samples asked for; each sample's consumer receives
+// exactly its own rows (split by cu_seqlens) and its own capture ids.
+#ifndef HSX_SERVER_RUNTIME_BATCHER_H_
+#define HSX_SERVER_RUNTIME_BATCHER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/model/sample_states.h"
+#include "server/runtime/engine.h"
+
+namespace hsx {
+
+// One sample waiting to run.
+struct WorkItem {
+  std::vector<int32_t> tokens;
+  CaptureSpec capture;
+  // Called exactly once, on the batcher's thread, with the sample's states or
+  // the error that stopped its batch.
+  std::function<void(absl::StatusOr<SampleStates>)> done;
+};
+
+struct BatcherOptions {
+  int64_t max_batch_tokens = 8192;
+  int64_t max_batch_bytes = 0;  // 0: no memory limit beyond the token budget
+  size_t lookahead = 1024;      // queued samples scanned per batch
+};
+
+// Bytes of host/device memory one rank needs to run a batch of these sample
+// lengths, capturing `capture_layers` states (plus the final norm): the
+// residual stream, every per-layer activation alive at once, the attention
+// score matrices and the captured states.
+int64_t EstimateBatchBytes(const ModelConfig& config, int tp, const std::vector<int64_t>& lengths,
+                           int64_t capture_layers, bool final_norm);
+
+// The packing rule alone (for tests and the packing benchmark): indices into
+// `lengths` (a queue, oldest first) of the next batch. `fits`, when given, is
+// asked whether a candidate set of lengths stays within the memory budget.
+std::vector<size_t> PackNext(const std::vector<int64_t>& lengths, int64_t max_batch_tokens,
+                             size_t lookahead,
+                             const std::function<bool(const std::vector<int64_t>&)>& fits = nullptr);
+
+// The union of capture specs, and one sample's part of the union's states.
+CaptureSpec UnionCapture(const std::vector<const CaptureSpec*>& specs);
+SampleStates SelectCaptures(SampleStates states, const CaptureSpec& wanted);
+
+class Batcher {
+ public:
+  Batcher(Engine& engine, const BatcherOptions& options);
+  // Finishes every queued sample, then stops.
+  ~Batcher();
+
+  // Queues a sample. InvalidArgument / ResourceExhausted when it could never
+  // run (longer than max_batch_tokens, or over max_batch_bytes alone).
+  absl::Status Submit(WorkItem item);
+
+  // Tokens queued and not yet running.
+  int64_t queued_tokens() const;
+  // Real tokens over capacity, summed over every batch run so far.
+  double fill() const;
+  int64_t batches_run() const;
+
+ private:
+  void Loop();
+  void RunBatch(std::vector<WorkItem> items);
+
+  Engine& engine_;
+  BatcherOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<WorkItem> queue_;
+  int64_t queued_tokens_ = 0;
+  int64_t batches_ = 0;
+  int64_t tokens_run_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace hsx
+
+#endif  // HSX_SERVER_RUNTIME_BATCHER_H_
