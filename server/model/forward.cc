@@ -291,7 +291,7 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
     backend_.Add(h, update, h);
   }
   scratch_.clear();
-  capture_if_wanted(layers);
+  capture_if_wanted(last_layer);  // the stream after the last layer run (N, or the largest id)
   if (capture.final_norm && captures_here) {
     std::unique_ptr<Buffer> normed = backend_.Allocate(tokens, hidden);
     backend_.RmsNorm(h, weights_.final_norm, static_cast<float>(c.rms_norm_eps), normed->matrix());

@@ -115,3 +115,14 @@ def test_existing_output_is_never_overwritten(run, tiny, tmp_path):
     assert "already exists" in proc.stderr
     after = (out / "hs_0.safetensors").stat()
     assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
+
+
+def test_capture_subset_equals_the_same_columns_of_all(run, tiny, tmp_path):
+    """Ids below N stop the forward early; each must still be the state it names."""
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows([9, 30]))
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", tmp_path / "all", "--capture", "all")
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", tmp_path / "sub", "--capture", "3,1")
+    for i in range(2):
+        every = load_file(str(tmp_path / "all" / f"hs_{i}.safetensors"))["hidden_states"]
+        subset = load_file(str(tmp_path / "sub" / f"hs_{i}.safetensors"))["hidden_states"]
+        assert torch.equal(subset, every[:, [1, 3]])

@@ -1,0 +1,235 @@
+// Property tests: a sample's states do not depend on its batch, on the batch
+// budget or order, and (within float32 rounding) on the tensor-parallel degree.
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "server/model/random_model.h"
+#include "server/model/sample_states.h"
+#include "server/runtime/batcher.h"
+#include "server/runtime/engine.h"
+#include "tests/unit/test_util.h"
+
+namespace hsx {
+namespace {
+
+using ::hsx::testing::TempDir;
+
+std::vector<SampleStates> RunBatchFree(Engine& engine, const std::vector<std::vector<int32_t>>& samples,
+                                       const CaptureSpec& capture) {
+  Batch batch;
+  for (const auto& s : samples) batch.AddSample(s);
+  absl::StatusOr<Captures> captures = engine.Run(batch, capture);
+  EXPECT_TRUE(captures.ok()) << captures.status();
+  return SplitBySample(*captures, batch.cu_seqlens);
+}
+
+// A small model whose head and intermediate counts allow TP up to 8.
+class InvarianceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    ModelConfig config = *PresetConfig("tiny");
+    config.num_attention_heads = 8;
+    config.num_key_value_heads = 8;
+    config.num_hidden_layers = 4;
+    config.vocab_size = 512;
+    GeneratorOptions options;
+    options.seed = 9;
+    ASSERT_TRUE(WriteRandomCheckpoint(config, (*dir_) / "m", options).ok());
+    checkpoint_ = Checkpoint::Open((*dir_) / "m")->release();
+  }
+  static void TearDownTestSuite() {
+    delete checkpoint_;
+    delete dir_;
+  }
+
+  static Engine& GetEngine(int tp, Precision precision) {
+    static std::map<std::pair<int, Precision>, std::unique_ptr<Engine>> engines;
+    auto& engine = engines[{tp, precision}];
+    if (!engine) engine = *Engine::Create(*checkpoint_, {tp, precision, 2});
+    return *engine;
+  }
+
+  static CaptureSpec AllLayers() { return *ParseCaptureSpec("all", checkpoint_->config(), true); }
+
+  static std::vector<SampleStates> RunBatch(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
+    return RunBatchFree(engine, samples, AllLayers());
+  }
+
+  static TempDir* dir_;
+  static Checkpoint* checkpoint_;
+};
+
+TempDir* InvarianceTest::dir_ = nullptr;
+Checkpoint* InvarianceTest::checkpoint_ = nullptr;
+
+std::vector<int32_t> RandomTokens(std::mt19937& random, int64_t length, int64_t vocab) {
+  std::vector<int32_t> tokens(length);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(random() % vocab);
+  return tokens;
+}
+
+bool SameStates(const SampleStates& a, const SampleStates& b) {
+  return a.tokens == b.tokens && a.capture_ids == b.capture_ids && a.hidden_states == b.hidden_states &&
+         a.final_norm == b.final_norm;
+}
+
+double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// Indices of the samples whose batched states differ from their solo runs.
+std::vector<size_t> Mismatches(const std::vector<SampleStates>& batched, const std::vector<SampleStates>& solo) {
+  std::vector<size_t> bad;
+  for (size_t i = 0; i < solo.size(); ++i) {
+    if (i >= batched.size() || !SameStates(batched[i], solo[i])) bad.push_back(i);
+  }
+  return bad;
+}
+
+// Packs `samples` with random budgets through the batcher's packing rule and
+// returns each sample's states, in input order.
+std::vector<SampleStates> RunPacked(Engine& engine, const std::vector<std::vector<int32_t>>& samples,
+                                    int64_t budget, const CaptureSpec& capture) {
+  std::vector<size_t> pending(samples.size());
+  for (size_t i = 0; i < samples.size(); ++i) pending[i] = i;
+  std::vector<SampleStates> out(samples.size());
+  while (!pending.empty()) {
+    std::vector<int64_t> lengths;
+    for (size_t i : pending) lengths.push_back(static_cast<int64_t>(samples[i].size()));
+    std::vector<size_t> chosen = PackNext(lengths, budget, 64);
+    std::vector<std::vector<int32_t>> batch;
+    for (size_t c : chosen) batch.push_back(samples[pending[c]]);
+    std::vector<SampleStates> states = RunBatchFree(engine, batch, capture);
+    for (size_t k = 0; k < chosen.size(); ++k) out[pending[chosen[k]]] = std::move(states[k]);
+    for (auto it = chosen.rbegin(); it != chosen.rend(); ++it) pending.erase(pending.begin() + *it);
+  }
+  return out;
+}
+
+TEST_F(InvarianceTest, BatchedEqualsSoloBitForBitOverManySeeds) {
+  const int64_t vocab = checkpoint_->config().vocab_size;
+  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    for (int tp : {1, 2}) {
+      Engine& engine = GetEngine(tp, precision);
+      for (int seed = 0; seed < 20; ++seed) {
+        std::mt19937 random(seed * 31 + tp);
+        const int count = 2 + random() % 6;
+        std::vector<std::vector<int32_t>> samples;
+        for (int i = 0; i < count; ++i) samples.push_back(RandomTokens(random, 1 + random() % 48, vocab));
+        std::vector<SampleStates> solo;
+        for (const auto& s : samples) solo.push_back(RunBatch(engine, {s})[0]);
+        const int64_t budget = 48 + random() % 160;
+        std::vector<SampleStates> packed = RunPacked(engine, samples, budget, AllLayers());
+        EXPECT_TRUE(Mismatches(packed, solo).empty())
+            << "seed " << seed << " tp " << tp << " budget " << budget;
+        // Reversed order, all in one batch.
+        std::vector<std::vector<int32_t>> reversed(samples.rbegin(), samples.rend());
+        std::vector<SampleStates> together = RunBatch(engine, reversed);
+        std::reverse(together.begin(), together.end());
+        EXPECT_TRUE(Mismatches(together, solo).empty()) << "seed " << seed << " tp " << tp;
+      }
+    }
+  }
+}
+
+TEST_F(InvarianceTest, TensorParallelDegreesAgreeWithinFloat32Rounding) {
+  std::mt19937 random(77);
+  std::vector<std::vector<int32_t>> samples;
+  for (int64_t length : {1, 7, 33, 64}) samples.push_back(RandomTokens(random, length, checkpoint_->config().vocab_size));
+  std::vector<SampleStates> reference = RunBatch(GetEngine(1, Precision::kFp32), samples);
+  for (int tp : {2, 4, 8}) {
+    std::vector<SampleStates> split = RunBatch(GetEngine(tp, Precision::kFp32), samples);
+    for (size_t i = 0; i < samples.size(); ++i) {
+      EXPECT_LE(RelativeError(split[i].hidden_states, reference[i].hidden_states), 1e-5) << "tp " << tp;
+      EXPECT_LE(RelativeError(split[i].final_norm, reference[i].final_norm), 1e-5) << "tp " << tp;
+    }
+  }
+}
+
+// A split that puts one row of each sample into its neighbour: what a wrong
+// cu_seqlens would do. The invariance check must notice.
+std::vector<SampleStates> SplitOffByOne(const Captures& captures, std::vector<int64_t> cu_seqlens) {
+  for (size_t s = 1; s + 1 < cu_seqlens.size(); ++s) cu_seqlens[s] -= 1;
+  return SplitBySample(captures, cu_seqlens);
+}
+
+TEST_F(InvarianceTest, AnOffByOneSplitIsCaught) {
+  Engine& engine = GetEngine(1, Precision::kFp32);
+  std::mt19937 random(5);
+  std::vector<std::vector<int32_t>> samples;
+  for (int64_t length : {9, 4, 12}) samples.push_back(RandomTokens(random, length, checkpoint_->config().vocab_size));
+  std::vector<SampleStates> solo;
+  for (const auto& s : samples) solo.push_back(RunBatch(engine, {s})[0]);
+  Batch batch;
+  for (const auto& s : samples) batch.AddSample(s);
+  absl::StatusOr<Captures> captures = engine.Run(batch, AllLayers());
+  ASSERT_TRUE(captures.ok());
+  EXPECT_TRUE(Mismatches(SplitBySample(*captures, batch.cu_seqlens), solo).empty());
+  EXPECT_EQ(Mismatches(SplitOffByOne(*captures, batch.cu_seqlens), solo), (std::vector<size_t>{0, 1, 2}));
+}
+
+TEST_F(InvarianceTest, SamplesOf512And259TokensComeBackWhole) {
+  Engine& engine = GetEngine(1, Precision::kBf16);
+  std::mt19937 random(1);
+  const std::vector<std::vector<int32_t>> samples = {RandomTokens(random, 512, 512), RandomTokens(random, 259, 512)};
+  std::vector<SampleStates> states = RunBatch(engine, samples);
+  ASSERT_EQ(states.size(), 2u);
+  const int64_t layers = checkpoint_->config().num_hidden_layers + 1;
+  const int64_t hidden = checkpoint_->config().hidden_size;
+  EXPECT_EQ(states[0].tokens, 512);
+  EXPECT_EQ(states[1].tokens, 259);
+  EXPECT_EQ(states[0].hidden_states.size(), static_cast<size_t>(512 * layers * hidden));
+  EXPECT_EQ(states[1].hidden_states.size(), static_cast<size_t>(259 * layers * hidden));
+}
+
+TEST_F(InvarianceTest, BatcherDeliversEachSampleItsOwnCapture) {
+  Engine& engine = GetEngine(2, Precision::kBf16);
+  const ModelConfig& c = checkpoint_->config();
+  std::mt19937 random(12);
+  const std::vector<std::string> specs = {"0,2", "4", "eagle3", "all"};
+  std::vector<std::vector<int32_t>> samples;
+  std::vector<CaptureSpec> wanted;
+  for (int i = 0; i < 12; ++i) {
+    samples.push_back(RandomTokens(random, 1 + random() % 40, c.vocab_size));
+    wanted.push_back(*ParseCaptureSpec(specs[i % specs.size()], c, i % 3 == 0));
+  }
+  std::vector<absl::StatusOr<SampleStates>> got(samples.size(), absl::UnknownError("not delivered"));
+  {
+    BatcherOptions options;
+    options.max_batch_tokens = 64;
+    Batcher batcher(engine, options);
+    for (size_t i = 0; i < samples.size(); ++i) {
+      ASSERT_TRUE(batcher.Submit({samples[i], wanted[i], [&got, i](absl::StatusOr<SampleStates> s) {
+                                    got[i] = std::move(s);
+                                  }}).ok());
+    }
+  }  // the destructor finishes every queued sample
+  for (size_t i = 0; i < samples.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    const SampleStates solo = RunBatchFree(engine, {samples[i]}, wanted[i])[0];
+    EXPECT_TRUE(SameStates(*got[i], solo)) << "sample " << i;
+    EXPECT_EQ(got[i]->capture_ids, wanted[i].ids);
+    EXPECT_EQ(got[i]->final_norm.empty(), !wanted[i].final_norm);
+  }
+  BatcherOptions small;
+  small.max_batch_tokens = 8;
+  Batcher batcher(engine, small);
+  EXPECT_FALSE(batcher.Submit({std::vector<int32_t>(9, 1), wanted[0], [](auto) {}}).ok());
+}
+
+TEST(Packing, OldestAlwaysRunsAndBudgetHolds) {
+  EXPECT_EQ(PackNext({5000, 10, 20}, 4096, 8), (std::vector<size_t>{0}));  // oversized head runs alone
+  EXPECT_EQ(PackNext({100, 4000, 50, 46}, 200, 8), (std::vector<size_t>{0, 2, 3}));
+  EXPECT_EQ(PackNext({100, 4000, 50, 46}, 200, 2), (std::vector<size_t>{0}));  // lookahead bounds the scan
+}
+
+}  // namespace
+}  // namespace hsx
