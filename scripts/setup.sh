@@ -23,7 +23,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libabsl-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  clang libclang-rt-14-dev python3-venv
+  prometheus-cpp-dev grpc-proto clang libclang-rt-14-dev python3-venv
 )
 missing=()
 for package in "${packages[@]}"; do

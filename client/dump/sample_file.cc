@@ -2,58 +2,13 @@
 #include "client/dump/sample_file.h"
 
 #include <nlohmann/json.hpp>
-#include <xxhash.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kernels/bf16.h"
-#include "kernels/fp16.h"
 #include "server/model/safetensors_writer.h"
 
 namespace hsx {
-
-absl::StatusOr<OutputDType> ParseOutputDType(const std::string& name) {
-  if (name == "bf16" || name == "bfloat16") return OutputDType::kBf16;
-  if (name == "fp16" || name == "float16") return OutputDType::kFp16;
-  if (name == "fp32" || name == "float32") return OutputDType::kFp32;
-  return absl::InvalidArgumentError(absl::StrCat("dtype '", name, "': expected bf16, fp16 or fp32"));
-}
-
-std::string OutputDTypeName(OutputDType dtype) {
-  switch (dtype) {
-    case OutputDType::kBf16: return "bf16";
-    case OutputDType::kFp16: return "fp16";
-    case OutputDType::kFp32: return "fp32";
-  }
-  return "?";
-}
-
-DType ToSafetensorsDType(OutputDType dtype) {
-  switch (dtype) {
-    case OutputDType::kBf16: return DType::kBF16;
-    case OutputDType::kFp16: return DType::kF16;
-    case OutputDType::kFp32: return DType::kF32;
-  }
-  return DType::kF32;
-}
-
-std::vector<uint8_t> EncodeValues(const std::vector<float>& values, OutputDType dtype) {
-  if (dtype == OutputDType::kFp32) {
-    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(values.data());
-    return {bytes, bytes + values.size() * sizeof(float)};
-  }
-  std::vector<uint8_t> out(values.size() * 2);
-  uint16_t* half = reinterpret_cast<uint16_t*>(out.data());
-  for (size_t i = 0; i < values.size(); ++i) {
-    half[i] = dtype == OutputDType::kBf16 ? FloatToBf16(values[i]) : FloatToHalf(values[i]);
-  }
-  return out;
-}
-
-std::string Xxh64Hex(const void* data, size_t size) {
-  return absl::StrFormat("%016x", XXH64(data, size, 0));
-}
 
 std::string SampleFileName(int64_t index) { return absl::StrCat("hs_", index, ".safetensors"); }
 

@@ -17,27 +17,16 @@
 
 #include "absl/status/statusor.h"
 #include "client/dump/input.h"
+#include "server/model/encoding.h"
 #include "server/model/safetensors.h"
 #include "server/model/sample_states.h"
 
 namespace hsx {
 
-enum class OutputDType { kBf16, kFp16, kFp32 };
-
-absl::StatusOr<OutputDType> ParseOutputDType(const std::string& name);
-std::string OutputDTypeName(OutputDType dtype);
-DType ToSafetensorsDType(OutputDType dtype);
-
-// Converts float32 values to the output dtype's little-endian bytes.
-std::vector<uint8_t> EncodeValues(const std::vector<float>& values, OutputDType dtype);
-
 // The convention string recorded in every output.
 inline constexpr char kLayerConvention[] =
     "capture id k = residual stream entering decoder layer k (HF output_hidden_states[k] for k < N); "
     "k = N = last layer output before the final norm";
-
-// xxh64 of bytes, as 16 lowercase hex digits.
-std::string Xxh64Hex(const void* data, size_t size);
 
 struct SampleFileInfo {
   std::string model_name;

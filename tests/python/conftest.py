@@ -103,3 +103,20 @@ def make_model(run, tmp_path_factory):
         return out
 
     return _make
+
+
+@pytest.fixture(scope="session")
+def hsx_pb(tmp_path_factory):
+    """(hsx_pb2, hsx_pb2_grpc) generated from proto/hsx/v1/hsx.proto with grpcio-tools."""
+    import importlib
+    import sys
+
+    from grpc_tools import protoc
+
+    out = tmp_path_factory.mktemp("stubs")
+    proto_root = REPO_ROOT / "proto"
+    rc = protoc.main(["protoc", f"-I{proto_root}", f"--python_out={out}", f"--grpc_python_out={out}",
+                      str(proto_root / "hsx" / "v1" / "hsx.proto")])
+    assert rc == 0, "protoc failed on proto/hsx/v1/hsx.proto"
+    sys.path.insert(0, str(out))
+    return (importlib.import_module("hsx.v1.hsx_pb2"), importlib.import_module("hsx.v1.hsx_pb2_grpc"))

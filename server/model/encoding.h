@@ -1,0 +1,42 @@
+// encoding.h: how hidden states become bytes, and the hashes that prove a
+// sample arrived intact. Shared by the server (response chunks and trailer),
+// the clients (verification) and the file writer, so all agree by construction.
+//
+//   dtype bytes:   little-endian bf16 (round to nearest even), IEEE fp16, or fp32
+//   token hash:    XXH64 (seed 0) of the token ids as little-endian int64
+//   layer checksum: XXH64 (seed 0) of one captured layer's [T, H] bytes in the
+//                   output dtype, rows in order
+#ifndef HSX_SERVER_MODEL_ENCODING_H_
+#define HSX_SERVER_MODEL_ENCODING_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/model/safetensors.h"
+
+namespace hsx {
+
+enum class OutputDType { kBf16, kFp16, kFp32 };
+
+absl::StatusOr<OutputDType> ParseOutputDType(const std::string& name);
+std::string OutputDTypeName(OutputDType dtype);
+DType ToSafetensorsDType(OutputDType dtype);
+int64_t OutputDTypeSize(OutputDType dtype);
+
+// Appends float32 values converted to the output dtype's bytes.
+void AppendEncoded(std::span<const float> values, OutputDType dtype, std::string* out);
+std::vector<uint8_t> EncodeValues(const std::vector<float>& values, OutputDType dtype);
+// The inverse (exact for values that came from EncodeValues).
+std::vector<float> DecodeValues(std::span<const uint8_t> bytes, OutputDType dtype);
+
+uint64_t Xxh64(const void* data, size_t size);
+// xxh64 as 16 lowercase hex digits.
+std::string Xxh64Hex(const void* data, size_t size);
+uint64_t TokenIdsHash(std::span<const int32_t> token_ids);
+
+}  // namespace hsx
+
+#endif  // HSX_SERVER_MODEL_ENCODING_H_
