@@ -8,10 +8,11 @@ One run does the following:
    binary changes).
 2. Writes a seeded sample set as JSONL: --samples samples, lengths log-uniform in
    [--min-len, --max-len] (long-tailed: many short, a few long), random token ids.
-3. Runs hsx-dump over it, in fp32 and in bf16 arithmetic, with --threads T, into a temporary
+3. Runs hsx-dump over it (a private copy of build/bin/hsx-dump, so a concurrent relink
+   cannot mix binaries), in fp32 and in bf16 arithmetic, with --threads T, into a temporary
    directory that is removed afterwards. Two times per row: hsx-dump's own (printed by it;
-   from after weight loading to the last file written, so file writes are included) and this
-   script's wall clock around the whole process (model loading included).
+   from after weight loading to the last file written, so file writes are included) and
+   this script's wall clock around the whole process (model loading included).
 4. Runs transformers' DeepseekV3 (tests/python/hf_oracle.py load_reference) in float32 with
    torch.set_num_threads(T) on the same samples, one sample per forward (batch 1),
    output_hidden_states=True, use_cache=False, on the base model (no lm_head: hsx does not
@@ -19,20 +20,24 @@ One run does the following:
    experts implementation in --hf-experts; each combination gets one short warm-up forward,
    then only the forward calls are timed (not model loading). The fastest combination is the
    baseline "HF fp32".
-5. Prints a table (engine, tokens, seconds, tokens/s, ratio vs HF fp32) and the line
-   `ratio hsx_fp32/hf_fp32 = X`.
+5. Prints a table (engine, tokens, seconds, tokens/s, ratio vs HF fp32, other load) and the
+   line `ratio hsx_fp32/hf_fp32 = X`.
 
-Both sides use the same samples, the same thread count and float32 arithmetic; hsx writes
-every captured layer (--capture all by default, the same layers output_hidden_states
-returns) to disk as part of its timed work, transformers only returns them.
+Every row is the fastest of --repeat runs (default 2). Both sides use the same samples, the
+same thread count and float32 arithmetic; hsx writes every captured layer (--capture all by
+default, the layers output_hidden_states returns) to disk as part of its timed work,
+transformers only returns them. hsx batches the samples together (--max-batch-tokens), as
+its design intends; transformers runs them one at a time, as it is usually run.
 
 Run it with the project's venv (it needs torch, transformers, compressed-tensors):
 
     ~/.cache/hsx/venv/bin/python bench/cpu_forward.py [--threads T] [--samples N]
-        [--max-len L] [--seed S] [--keep]
+        [--max-len L] [--seed S] [--repeat R] [--keep]
 
-The machine should be otherwise idle: the 1-minute load average before and after each phase
-is printed, and a warning is given when other processes were competing for the cores.
+Timings are only meaningful on an otherwise idle machine: the script first waits (up to
+--wait-idle seconds) for one, and the "other load" column gives the cores that everything
+else on the machine kept busy (steal included) during each row; a warning names the rows
+where that exceeded 10% of the threads.
 """
 
 import argparse
@@ -75,16 +80,72 @@ def parse_args():
                         "from_pretrained picks; batched_mm gathers a weight copy per token and is "
                         "impractical on CPU)")
     p.add_argument("--bin-dir", type=Path, default=ROOT / "build" / "bin", help="where the hsx binaries are")
+    p.add_argument("--repeat", type=int, default=2, help="timed runs per row, the fastest counts (default 2)")
+    p.add_argument("--wait-idle", type=float, default=120,
+                   help="wait up to this many seconds for an idle machine before measuring (default 120; 0: no)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (samples, hsx outputs)")
     p.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = p.parse_args()
-    if args.threads < 1 or args.samples < 1 or not 1 <= args.min_len <= args.max_len:
+    if args.threads < 1 or args.samples < 1 or args.repeat < 1 or not 1 <= args.min_len <= args.max_len:
         p.error("need --threads >= 1, --samples >= 1 and 1 <= --min-len <= --max-len")
     return args
 
 
 def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def busy_seconds() -> float:
+    """CPU-seconds all CPUs of the machine spent busy so far (steal included: time the
+    hypervisor gave to someone else)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class Meter:
+    """Wall time, this process's (or its children's) CPU time, and the CPU time everything
+    else on the machine used meanwhile ("other": competition for the cores)."""
+
+    def __init__(self, children: bool):
+        self.children = children
+
+    def own(self) -> float:
+        if self.children:
+            r = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return r.ru_utime + r.ru_stime
+        return time.process_time()
+
+    def __enter__(self):
+        self.wall0, self.own0, self.busy0 = time.perf_counter(), self.own(), busy_seconds()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.wall0
+        self.cpu = self.own() - self.own0
+        # other cores busy on average; /proc/stat ticks are coarse (10 ms), so small values are noise
+        self.other = max(0.0, busy_seconds() - self.busy0 - self.cpu) / self.wall
+
+
+def wait_idle(limit: float):
+    """Waits (at most `limit` s) until the machine is idle over a 3 s window."""
+    deadline = time.monotonic() + limit
+    while True:
+        busy0 = busy_seconds()
+        time.sleep(3)
+        other = (busy_seconds() - busy0) / 3
+        if other < 0.1:
+            note(f"machine idle ({other:.2f} cores busy)")
+            return
+        if time.monotonic() > deadline:
+            note(f"warning: machine still busy ({other:.2f} cores) after {limit:.0f} s; measuring anyway")
+            return
+        note(f"waiting for an idle machine ({other:.2f} cores busy)")
+
+
+def contended(args, row) -> bool:
+    """Whether other processes kept more than 10% of the benchmark's threads busy."""
+    return row is not None and row["other_load"] > 0.1 * args.threads
 
 
 def note(msg: str):
@@ -128,10 +189,14 @@ def checkpoint(args) -> Path:
 
 
 def sample_lengths(args) -> list:
-    """Log-uniform lengths in [min_len, max_len]: a long tail of a few long samples."""
+    """Log-uniform lengths in [min_len, max_len] (many short samples, a long tail of long
+    ones), stratified so that every run covers the whole range, in shuffled order."""
     rng = random.Random(f"lengths-{args.seed}")
     lo, hi = math.log(args.min_len), math.log(args.max_len)
-    return [int(round(math.exp(rng.uniform(lo, hi)))) for _ in range(args.samples)]
+    n = args.samples
+    lengths = [int(round(math.exp(lo + (i + rng.random()) / n * (hi - lo)))) for i in range(n)]
+    rng.shuffle(lengths)
+    return lengths
 
 
 def make_samples(args, vocab: int) -> list:
@@ -139,78 +204,125 @@ def make_samples(args, vocab: int) -> list:
     return [[rng.randrange(vocab) for _ in range(n)] for n in sample_lengths(args)]
 
 
-def run_hsx(args, model: Path, inputs: Path, work: Path, precision: str) -> dict:
-    out = work / f"hsx_{precision}"
-    dtype = "fp32" if precision == "fp32" else "bf16"
-    cmd = [str(args.bin_dir / "hsx-dump"), "--model", str(model), "--input", str(inputs), "--out", str(out),
-           "--precision", precision, "--dtype", dtype, "--capture", args.capture,
-           "--max-batch-tokens", str(args.max_batch_tokens), "--threads", str(args.threads)]
-    note(" ".join(cmd))
-    load = loadavg()
-    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
-    if proc.returncode != 0:
-        sys.exit(f"hsx-dump failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
-    match = DUMP_LINE.search(proc.stdout)
-    if not match:
-        sys.exit(f"hsx-dump: no timing line in its output:\n{proc.stdout}")
-    samples, tokens = int(match[1]), int(match[2])
-    seconds = tokens / float(match[4])  # its printed seconds have only two decimals
-    note(proc.stdout.strip() + f" (process wall {wall:.2f} s, "
-         f"cpu {cpu:.2f} s = {cpu / wall:.2f} cores busy; load {load:.2f} -> {loadavg():.2f})")
-    if not args.keep:
-        shutil.rmtree(out, ignore_errors=True)
-    return {"engine": f"hsx-dump {precision}", "tokens": tokens, "samples": samples,
-            "seconds": seconds, "wall_seconds": wall, "cpu_seconds": cpu}
+class HsxRow:
+    """hsx-dump over the samples file, one process per run."""
+
+    def __init__(self, args, dump: Path, model: Path, inputs: Path, work: Path, precision: str):
+        self.args, self.dump, self.model, self.inputs, self.work = args, dump, model, inputs, work
+        self.precision = precision
+        self.name = f"hsx-dump {precision}"
+        self.runs = 0
+
+    def run(self) -> dict:
+        args = self.args
+        out = self.work / f"hsx_{self.precision}_{self.runs}"
+        cmd = [str(self.dump), "--model", str(self.model), "--input", str(self.inputs), "--out", str(out),
+               "--precision", self.precision, "--dtype", "fp32" if self.precision == "fp32" else "bf16",
+               "--capture", args.capture, "--max-batch-tokens", str(args.max_batch_tokens),
+               "--threads", str(args.threads)]
+        if self.runs == 0:
+            note(" ".join(cmd))
+        self.runs += 1
+        time.sleep(1)  # lets the OpenMP workers of a preceding transformers run stop spinning
+        with Meter(children=True) as m:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"hsx-dump failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+        match = DUMP_LINE.search(proc.stdout)
+        if not match:
+            sys.exit(f"hsx-dump: no timing line in its output:\n{proc.stdout}")
+        tokens = int(match[2])
+        seconds = tokens / float(match[4])  # its printed seconds have only two decimals
+        if not args.keep:
+            shutil.rmtree(out, ignore_errors=True)
+        note(f"{self.name} run {self.runs}: {seconds:.2f} s by its own clock, {tokens / seconds:.1f} "
+             f"tokens/s; process {m.wall:.2f} s wall, {m.cpu / m.wall:.2f} cores busy; "
+             f"other load {m.other:.2f} cores")
+        return {"engine": self.name, "tokens": tokens, "samples": int(match[1]), "seconds": seconds,
+                "wall_seconds": m.wall, "cpu_seconds": m.cpu, "other_load": m.other}
 
 
-def run_hf(args, model_dir: Path, samples: list) -> list:
+class HfRow:
+    """transformers in float32, one sample per forward, with one attention and one experts
+    implementation."""
+
+    def __init__(self, args, model, samples: list, attn: str, experts: str):
+        import torch
+        self.torch, self.model, self.attn, self.experts = torch, model, attn, experts
+        self.name = f"HF fp32 attn={attn} experts={experts}"
+        self.inputs = [torch.tensor([ids]) for ids in samples]
+        self.tokens = sum(len(ids) for ids in samples)
+        self.warm = torch.tensor([samples[0][:64]])
+        self.runs = 0
+
+    def select(self) -> bool:
+        """Switches the model to this row's implementations and warms them up (one short
+        forward, not timed); False when they cannot run here."""
+        try:
+            self.model.set_attn_implementation(self.attn)
+            self.model.set_experts_implementation(self.experts)
+            with self.torch.inference_mode():
+                self.model.model(input_ids=self.warm, output_hidden_states=True, use_cache=False)
+        except Exception as e:  # an implementation this torch/transformers cannot run here
+            note(f"{self.name}: skipped ({type(e).__name__}: {e})")
+            return False
+        return True
+
+    def run(self) -> dict:
+        self.select()
+        self.runs += 1
+        layers = len(self.model.model.layers)
+        seconds = 0.0
+        with Meter(children=False) as m, self.torch.inference_mode():
+            for x in self.inputs:
+                start = time.perf_counter()
+                out = self.model.model(input_ids=x, output_hidden_states=True, use_cache=False)
+                seconds += time.perf_counter() - start
+                assert len(out.hidden_states) == layers + 1
+                del out
+        note(f"{self.name} run {self.runs}: {self.tokens} tokens in {seconds:.2f} s, "
+             f"{self.tokens / seconds:.1f} tokens/s; {m.cpu / m.wall:.2f} cores busy; "
+             f"other load {m.other:.2f} cores")
+        return {"engine": self.name, "tokens": self.tokens, "samples": len(self.inputs), "seconds": seconds,
+                "cpu_seconds": m.cpu, "other_load": m.other}
+
+
+def hf_rows(args, model_dir: Path, samples: list) -> list:
     import torch
     sys.path.insert(0, str(ROOT / "tests" / "python"))
     from hf_oracle import load_reference
 
     torch.set_num_threads(args.threads)
-    note(f"loading transformers reference (float32, torch {torch.__version__}, {torch.get_num_threads()} threads)")
+    note(f"loading transformers reference (float32, torch {torch.__version__}, "
+         f"{torch.get_num_threads()} threads)")
     start = time.perf_counter()
     model = load_reference(model_dir, torch.float32)
     note(f"loaded in {time.perf_counter() - start:.1f} s (not timed)")
-    tokens = sum(len(s) for s in samples)
-    warm = torch.tensor([samples[0][:min(len(samples[0]), 64)]])
-    rows = []
-    for attn in args.hf_attn.split(","):
-        for experts in args.hf_experts.split(","):
-            name = f"HF fp32 attn={attn} experts={experts}"
-            try:
-                model.set_attn_implementation(attn)
-                model.set_experts_implementation(experts)
-                with torch.inference_mode():
-                    model.model(input_ids=warm, output_hidden_states=True, use_cache=False)
-            except Exception as e:  # an implementation this torch/transformers cannot run here
-                note(f"{name}: skipped ({type(e).__name__}: {e})")
-                continue
-            load = loadavg()
-            seconds = cpu = 0.0
-            with torch.inference_mode():
-                for ids in samples:
-                    x = torch.tensor([ids])
-                    cpu0 = time.process_time()
-                    start = time.perf_counter()
-                    out = model.model(input_ids=x, output_hidden_states=True, use_cache=False)
-                    seconds += time.perf_counter() - start
-                    cpu += time.process_time() - cpu0
-                    assert len(out.hidden_states) == len(model.model.layers) + 1
-                    del out
-            note(f"{name}: {tokens} tokens in {seconds:.2f} s, {tokens / seconds:.1f} tokens/s "
-                 f"(cpu {cpu / seconds:.2f} cores busy; load {load:.2f} -> {loadavg():.2f})")
-            rows.append({"engine": name, "tokens": tokens, "samples": len(samples), "seconds": seconds,
-                         "cpu_seconds": cpu})
+    rows = [HfRow(args, model, samples, attn, experts)
+            for attn in args.hf_attn.split(",") for experts in args.hf_experts.split(",")]
+    rows = [r for r in rows if r.select()]
     if not rows:
         sys.exit("no transformers configuration could run")
     return rows
+
+
+def measure(args, rows: list) -> list:
+    """Interleaved rounds (every row once per round, so that a slow drift of the machine
+    affects all rows alike); each row keeps its fastest run. Rows whose fastest run was
+    contended get up to --repeat extra runs."""
+    best = {}
+    for round_ in range(2 * args.repeat):
+        todo = [r for r in rows if round_ < args.repeat or contended(args, best[r.name])]
+        if not todo:
+            break
+        if round_ >= args.repeat:
+            note(f"contended: {', '.join(r.name for r in todo)}; one more run each")
+            wait_idle(min(args.wait_idle, 30))
+        for row in todo:
+            result = row.run()
+            if row.name not in best or result["seconds"] < best[row.name]["seconds"]:
+                best[row.name] = result
+    return [best[r.name] for r in rows]
 
 
 def main():
@@ -229,40 +341,53 @@ def main():
 
     work = Path(tempfile.mkdtemp(prefix="hsx-bench-"))
     try:
+        # A private copy: every hsx run uses the same binary even if build/ is relinked meanwhile.
+        dump = work / "hsx-dump"
+        shutil.copy2(args.bin_dir / "hsx-dump", dump)
+        digest = file_sha256(dump)[:12]
+        note(f"hsx-dump sha256 {digest}, built "
+             f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(dump.stat().st_mtime))}")
         inputs = work / "samples.jsonl"
         inputs.write_text("".join(json.dumps({"input_ids": s}) + "\n" for s in samples))
-        hsx_rows = [run_hsx(args, model, inputs, work, p) for p in args.hsx_precisions.split(",") if p]
-        hf_rows = run_hf(args, model, samples)
+        rows = [HsxRow(args, dump, model, inputs, work, p) for p in args.hsx_precisions.split(",") if p]
+        rows += hf_rows(args, model, samples)  # loaded once, before any timing
+        if args.wait_idle > 0:
+            wait_idle(args.wait_idle)
+        results = measure(args, rows)
     finally:
         if args.keep:
             note(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
 
-    base = max(hf_rows, key=lambda r: r["tokens"] / r["seconds"])
+    hf = [r for r in results if r["engine"].startswith("HF")]
+    base = max(hf, key=lambda r: r["tokens"] / r["seconds"])
     base_tps = base["tokens"] / base["seconds"]
     print()
-    print(f"baseline HF fp32 = {base['engine']} (fastest transformers configuration)")
-    print(f"{'engine':<44} {'tokens':>7} {'seconds':>8} {'tokens/s':>9} {'vs HF fp32':>10}")
+    print(f"threads {args.threads}; fastest of {args.repeat} interleaved runs per row (more when contended); "
+          f"baseline HF fp32 = {base['engine']} (the fastest transformers configuration)")
+    print(f"{'engine':<46} {'tokens':>6} {'seconds':>8} {'tokens/s':>9} {'vs HF fp32':>10} {'other load':>10}")
     table = []
-    for r in hsx_rows + hf_rows:
-        table.append((r["engine"], r["tokens"], r["seconds"]))
+    for r in results:
+        table.append((r["engine"], r["tokens"], r["seconds"], r["other_load"]))
         if "wall_seconds" in r:
-            table.append((r["engine"] + " (process wall, incl. load)", r["tokens"], r["wall_seconds"]))
-    for engine, tokens, seconds in table:
+            table.append((r["engine"] + " (process wall, incl. load)", r["tokens"], r["wall_seconds"],
+                          r["other_load"]))
+    for engine, tokens, seconds, other in table:
         tps = tokens / seconds
-        print(f"{engine:<44} {tokens:>7} {seconds:>8.2f} {tps:>9.1f} {tps / base_tps:>9.2f}x")
-    fp32 = next((r for r in hsx_rows if r["engine"] == "hsx-dump fp32"), None)
+        print(f"{engine:<46} {tokens:>6} {seconds:>8.2f} {tps:>9.1f} {tps / base_tps:>9.2f}x {other:>10.2f}")
+    fp32 = next((r for r in results if r["engine"] == "hsx-dump fp32"), None)
     if fp32:
         ratio = (fp32["tokens"] / fp32["seconds"]) / base_tps
         print(f"ratio hsx_fp32/hf_fp32 = {ratio:.2f}")
-    if loadavg() > args.threads + 0.5 or cores > args.threads and loadavg() > cores:
-        print(f"warning: load average {loadavg():.2f} on {cores} cores; other processes may have "
-              f"competed for the CPUs, rerun on an idle machine")
+    busy = [r["engine"] for r in results if contended(args, r)]
+    if busy:
+        print(f"warning: other processes used the CPUs during {', '.join(busy)} "
+              f"(see 'other load', in cores); rerun on an idle machine")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "lengths": lengths, "rows": hsx_rows + hf_rows,
-                                         "baseline": base["engine"]}, indent=1))
+                                         "hsx_dump_sha256": digest, "lengths": lengths,
+                                         "rows": results, "baseline": base["engine"]}, indent=1))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
     missing+=("$package")
 done
+# kubectl renders the Kubernetes manifests in the tests; Debian's kubernetes-client
+# provides it unless another kubectl is already installed (it would conflict).
+command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   sudo_cmd=()
@@ -53,6 +56,8 @@ if ((with_python)); then
     "$venv/bin/pip" install -q -r "$requirements"
     cp "$requirements" "$stamp"
   fi
+  # The Python package itself (client/python), rebuilt each time: its stubs come from proto/.
+  "$venv/bin/pip" install -q ./client/python
 fi
 
 build="${HSX_BUILD_DIR:-build}"

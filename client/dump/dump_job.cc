@@ -1,21 +1,83 @@
-// dump_job.cc: the in-flight window, verification and writes.
+// dump_job.cc: the journal check, the in-flight window, verification, writes.
 #include "client/dump/dump_job.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
+#include <deque>
 #include <filesystem>
 #include <mutex>
+#include <set>
+#include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 
 namespace hsx {
+namespace {
+
+std::string Where(const InputSample& input) {
+  return absl::StrCat("sample ", input.index, " (id ", input.id, ")");
+}
+
+std::string IdsText(const std::vector<int>& ids) { return nlohmann::json(ids).dump(); }
+
+std::string TokenHashHex(const InputSample& input) {
+  return absl::StrFormat("%016x", TokenIdsHash(input.input_ids));
+}
+
+std::string LossMaskHashHex(const InputSample& input) {
+  return input.loss_mask ? Int64Xxh64Hex(*input.loss_mask) : std::string();
+}
+
+// Removes temporary files that an earlier, killed hsx-dump left for the
+// samples this run is about to write: "hs_{i}.safetensors.partial.{pid}" and
+// the writer's "...tmp.{pid}", when {pid} is not a live process here. (This
+// listing only tidies up; what is done is decided by the journal alone.)
+void RemoveStaleTemporaries(const std::string& dir, const std::vector<const InputSample*>& todo) {
+  std::set<std::string> prefixes;
+  for (const InputSample* sample : todo) prefixes.insert(SampleFileName(sample->index) + ".");
+  std::error_code error;
+  for (const auto& item : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = item.path().filename().string();
+    const size_t dot = name.find(".safetensors.");
+    if (dot == std::string::npos || !prefixes.count(name.substr(0, dot + 13))) continue;
+    if (name.find(".partial.") == std::string::npos && name.find(".tmp.") == std::string::npos) continue;
+    int pid = 0;
+    if (!absl::SimpleAtoi(name.substr(name.rfind('.') + 1), &pid) || pid <= 0) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // its writer may still be running
+    std::filesystem::remove(item.path(), error);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ShardSpec> ParseShard(const std::string& text) {
+  std::vector<std::string> parts = absl::StrSplit(text, '/');
+  ShardSpec shard;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &shard.index) ||
+      !absl::SimpleAtoi(parts[1], &shard.count) || shard.count < 1 || shard.index < 0 ||
+      shard.index >= shard.count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is not I/N with 0 <= I < N (e.g. 0/4: samples 0, 4, 8, ...)"));
+  }
+  return shard;
+}
 
 absl::Status VerifySample(const InputSample& input, const CaptureSpec& capture,
                           const SampleStates& states) {
   const int64_t layers = static_cast<int64_t>(states.capture_ids.size());
-  const std::string where = absl::StrCat("sample ", input.index, " (id ", input.id, ")");
+  const std::string where = Where(input);
   if (states.capture_ids != capture.ids) {
     return absl::DataLossError(absl::StrCat(where, ": received other capture ids than requested"));
   }
@@ -47,46 +109,346 @@ absl::Status VerifySample(const InputSample& input, const CaptureSpec& capture,
   return absl::OkStatus();
 }
 
-absl::StatusOr<DumpStats> RunDump(const std::vector<InputSample>& samples, Extractor& extractor,
-                                  const DumpOptions& options) {
-  std::mutex mutex;
-  std::condition_variable changed;
-  int in_flight = 0;
-  absl::Status failure;
-  DumpStats stats;
+absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
+                          const EncodedSample& sample) {
+  const std::string where = Where(input);
+  const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());
+  const int64_t size = OutputDTypeSize(sample.dtype);
+  const int64_t tokens = static_cast<int64_t>(input.input_ids.size());
+  if (sample.capture_ids != spec.capture.ids) {
+    return absl::DataLossError(absl::StrCat(where, ": received capture ids ", IdsText(sample.capture_ids),
+                                            ", requested ", IdsText(spec.capture.ids)));
+  }
+  if (sample.dtype != spec.dtype) {
+    return absl::DataLossError(absl::StrCat(where, ": received ", OutputDTypeName(sample.dtype),
+                                            " states, requested ", OutputDTypeName(spec.dtype)));
+  }
+  if (sample.tokens != tokens) {
+    return absl::DataLossError(absl::StrCat(where, ": ", sample.tokens, " rows of states for ", tokens, " tokens"));
+  }
+  if (sample.hidden < 1 ||
+      static_cast<int64_t>(sample.hidden_states.size()) != tokens * layers * sample.hidden * size) {
+    return absl::DataLossError(absl::StrCat(where, ": ", sample.hidden_states.size(), " bytes of states for [",
+                                            tokens, ", ", layers, ", ", sample.hidden, "] ",
+                                            OutputDTypeName(sample.dtype)));
+  }
+  if (sample.has_final_norm != spec.capture.final_norm ||
+      (sample.has_final_norm && static_cast<int64_t>(sample.final_norm.size()) != tokens * sample.hidden * size)) {
+    return absl::DataLossError(absl::StrCat(where, ": final norm state ",
+                                            spec.capture.final_norm ? "missing or misshapen" : "not requested"));
+  }
+  std::vector<std::string> names;
+  for (int id : sample.capture_ids) names.push_back(absl::StrCat("capture id ", id));
+  const auto bytes = [](const std::string& s) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  };
+  if (absl::Status s = CheckEncodedValues(bytes(sample.hidden_states), sample.dtype, tokens, layers,
+                                          sample.hidden, names);
+      !s.ok()) {
+    return absl::DataLossError(absl::StrCat(where, ": ", s.message()));
+  }
+  if (sample.has_final_norm) {
+    if (absl::Status s = CheckEncodedValues(bytes(sample.final_norm), sample.dtype, tokens, 1, sample.hidden,
+                                            {"the final-norm state"});
+        !s.ok()) {
+      return absl::DataLossError(absl::StrCat(where, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+JournalEntry MakeJournalEntry(const InputSample& input, const EncodedSample& sample,
+                              const DumpOptions& options, const FileDigest& digest) {
+  JournalEntry e;
+  e.index = input.index;
+  e.id = input.id;
+  e.file = SampleFileName(input.index);
+  e.tokens = sample.tokens;
+  e.bytes = digest.bytes;
+  e.xxh64 = digest.xxh64;
+  e.capture_ids = sample.capture_ids;
+  e.final_norm = sample.has_final_norm;
+  e.dtype = OutputDTypeName(sample.dtype);
+  e.model = options.info.model_name;
+  e.model_revision = options.info.model_revision;
+  e.compute_precision = options.info.compute_precision;
+  e.token_ids_xxh64 = TokenHashHex(input);
+  e.loss_mask_xxh64 = LossMaskHashHex(input);
+  e.input_xxh64 = options.input_xxh64;
+  return e;
+}
+
+absl::Status CheckJournalEntry(const JournalEntry& e, int64_t line,
+                               const std::vector<InputSample>& samples, const DumpOptions& options) {
+  const std::string where = absl::StrCat(
+      (std::filesystem::path(options.out_dir) / kJournalFileName).string(), ":", line, " (sample ", e.index, ")");
+  const std::string advice = "; resume with the same settings and input, or use a new --out directory";
+  auto differs = [&](absl::string_view what, const std::string& journal, const std::string& now) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot resume: ", where, ": the journal records ", what,
+                                                      " ", journal, ", this run has ", now, advice));
+  };
+  if (e.capture_ids != options.capture.ids) {
+    return differs("capture ids", IdsText(e.capture_ids), IdsText(options.capture.ids));
+  }
+  if (e.final_norm != options.capture.final_norm) {
+    return differs("final_norm", e.final_norm ? "true" : "false", options.capture.final_norm ? "true" : "false");
+  }
+  if (e.dtype != OutputDTypeName(options.dtype)) return differs("dtype", e.dtype, OutputDTypeName(options.dtype));
+  if (e.model != options.info.model_name) {
+    return differs("model", absl::StrCat("'", e.model, "'"), absl::StrCat("'", options.info.model_name, "'"));
+  }
+  if (!e.model_revision.empty() && !options.info.model_revision.empty() &&
+      e.model_revision != options.info.model_revision) {
+    return differs("model revision", e.model_revision, options.info.model_revision);
+  }
+  if (!e.compute_precision.empty() && !options.info.compute_precision.empty() &&
+      e.compute_precision != options.info.compute_precision) {
+    return differs("compute precision", e.compute_precision, options.info.compute_precision);
+  }
+  if (e.index >= static_cast<int64_t>(samples.size())) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot resume: ", where, ": the input has only ",
+                                                      samples.size(), " samples", advice));
+  }
+  const InputSample& input = samples[static_cast<size_t>(e.index)];
+  if (e.file != SampleFileName(e.index)) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot resume: ", where, ": file '", e.file,
+                                                      "' is not ", SampleFileName(e.index)));
+  }
+  if (e.token_ids_xxh64 != TokenHashHex(input) || e.tokens != static_cast<int64_t>(input.input_ids.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot resume: ", where, ": token ids differ from line ", input.line, " of the input (journal: ",
+        e.tokens, " tokens, xxh64 ", e.token_ids_xxh64, "; input: ", input.input_ids.size(),
+        " tokens, xxh64 ", TokenHashHex(input), ")", advice));
+  }
+  if (e.loss_mask_xxh64 != LossMaskHashHex(input)) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot resume: ", where, ": loss_mask differs from line ",
+                                                      input.line, " of the input", advice));
+  }
+  if (e.id != input.id) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot resume: ", where, ": id '", e.id,
+                                                      "' differs from '", input.id, "' on line ", input.line,
+                                                      " of the input", advice));
+  }
+  return absl::OkStatus();
+}
+
+int64_t SampleStateBytes(const InputSample& input, const DumpOptions& options) {
+  const int64_t tensors = static_cast<int64_t>(options.capture.ids.size()) + (options.capture.final_norm ? 1 : 0);
+  return static_cast<int64_t>(input.input_ids.size()) * tensors * options.hidden_size * OutputDTypeSize(options.dtype);
+}
+
+absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extractor,
+                     const DumpOptions& options, DumpStats* stats) {
+  *stats = DumpStats();
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  std::error_code error;
+  std::filesystem::create_directories(options.out_dir, error);
+  if (error) return absl::InternalError(absl::StrCat(options.out_dir, ": cannot create: ", error.message()));
+  absl::StatusOr<std::unique_ptr<Journal>> opened = Journal::Open(options.out_dir);
+  if (!opened.ok()) return opened.status();
+  Journal& journal = **opened;
+  if (journal.repaired_torn_bytes() > 0) {
+    std::fprintf(stderr, "hsx-dump: %s: removed a torn last line (%llu bytes) left by an interrupted run\n",
+                 journal.path().c_str(), static_cast<unsigned long long>(journal.repaired_torn_bytes()));
+  }
+  for (const JournalScan::Line& line : journal.initial().lines) {
+    if (absl::Status s = CheckJournalEntry(line.entry, line.number, samples, options); !s.ok()) return s;
+  }
+  std::vector<const InputSample*> todo;
+  int64_t todo_tokens = 0;
   for (const InputSample& sample : samples) {
+    if (!options.shard.Contains(sample.index)) continue;
+    if (journal.IsJournaled(sample.index)) {
+      ++stats->skipped;
+      continue;
+    }
+    todo.push_back(&sample);
+    todo_tokens += static_cast<int64_t>(sample.input_ids.size());
+  }
+  if (todo.empty()) {
+    stats->seconds = elapsed();
+    return absl::OkStatus();
+  }
+  RemoveStaleTemporaries(options.out_dir, todo);
+
+  const ExtractSpec spec{options.capture, options.dtype};
+  Progress::Options progress_options;
+  progress_options.total_samples = static_cast<int64_t>(todo.size());
+  progress_options.total_tokens = todo_tokens;
+  progress_options.mode = options.progress;
+  progress_options.interval_seconds = options.progress_interval_seconds;
+  Progress progress(progress_options);
+  progress.Start();
+
+  struct Result {
+    const InputSample* sample;
+    absl::StatusOr<EncodedSample> states;
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<Result> ready;
+  int in_flight = 0;
+  int64_t in_flight_bytes = 0;
+  bool closing = false;
+  bool cancelled = false;  // CancelAll was called
+  absl::Status failure;
+  const std::string pid = std::to_string(::getpid());
+  const auto check_entry = [&](const JournalEntry& entry, int64_t line) {
+    return CheckJournalEntry(entry, line, samples, options);
+  };
+
+  // Must be called without `mutex` held.
+  auto cancel_all = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (cancelled) return;
+      cancelled = true;
+    }
+    extractor.CancelAll();
+  };
+
+  // Verifies, writes under a staging name, then renames and journals under
+  // the journal's lock. Sets *written = false when another process journaled
+  // the sample meanwhile.
+  auto persist = [&](const InputSample& input, const EncodedSample& sample, int64_t* bytes,
+                     bool* written) -> absl::Status {
+    if (absl::Status s = VerifySample(input, spec, sample); !s.ok()) return s;
+    const std::filesystem::path dir(options.out_dir);
+    const std::string final_path = (dir / SampleFileName(input.index)).string();
+    const std::string staging = absl::StrCat(final_path, ".partial.", pid);
+    if (absl::Status s = WriteSampleFile(staging, input, sample, options.info); !s.ok()) return s;
+    absl::StatusOr<FileDigest> digest = DigestFile(staging);
+    if (!digest.ok()) {
+      ::unlink(staging.c_str());
+      return digest.status();
+    }
+    const JournalEntry entry = MakeJournalEntry(input, sample, options, *digest);
+    absl::StatusOr<bool> committed = journal.Commit(
+        entry,
+        [&]() -> absl::Status {
+          if (::rename(staging.c_str(), final_path.c_str()) != 0) {
+            return absl::InternalError(absl::StrCat(final_path, ": rename failed: ", std::strerror(errno)));
+          }
+          return SyncDirectory(options.out_dir);
+        },
+        check_entry);
+    if (!committed.ok() || !*committed) ::unlink(staging.c_str());
+    if (!committed.ok()) return committed.status();
+    *written = *committed;
+    *bytes = digest->bytes;
+    return absl::OkStatus();
+  };
+
+  auto writer = [&] {
+    while (true) {
+      Result result{nullptr, absl::CancelledError()};
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        changed.wait(lock, [&] { return !ready.empty() || closing; });
+        if (ready.empty()) return;
+        result = std::move(ready.front());
+        ready.pop_front();
+      }
+      const InputSample& input = *result.sample;
+      absl::Status status = result.states.status();
+      int64_t bytes = 0;
+      bool written = false;
+      if (status.ok()) status = persist(input, *result.states, &bytes, &written);
+      result.states = absl::CancelledError();  // frees the states before waiting for the lock
+      bool first_failure = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (status.ok()) {
+          if (written) {
+            ++stats->samples;
+            stats->tokens += static_cast<int64_t>(input.input_ids.size());
+            stats->bytes += bytes;
+          } else {
+            ++stats->skipped;
+          }
+        } else if (!(cancelled && absl::IsCancelled(status))) {
+          ++stats->failed;
+          if (failure.ok()) {
+            failure = status.message().find(absl::StrCat("sample ", input.index, " ")) == 0
+                          ? status
+                          : absl::Status(status.code(), absl::StrCat(Where(input), ": ", status.message()));
+            first_failure = true;
+          }
+        }
+        --in_flight;
+        in_flight_bytes -= SampleStateBytes(input, options);
+      }
+      changed.notify_all();
+      if (status.ok() && written) progress.Add(1, static_cast<int64_t>(input.input_ids.size()), bytes);
+      if (first_failure) cancel_all();
+    }
+  };
+  std::vector<std::thread> writers;
+  for (int i = 0; i < std::max(1, options.writer_threads); ++i) writers.emplace_back(writer);
+
+  auto interrupted = [&] { return options.interrupted != nullptr && options.interrupted->load(); };
+  auto note_interrupt = [&](std::unique_lock<std::mutex>& lock) {
+    if (!interrupted() || cancelled) return;
+    if (failure.ok()) {
+      failure = absl::CancelledError("interrupted by a signal; the samples written are journaled, "
+                                     "rerun the same command to resume");
+    }
+    lock.unlock();
+    cancel_all();
+    lock.lock();
+  };
+
+  for (const InputSample* sample : todo) {
+    const int64_t bytes = SampleStateBytes(*sample, options);
     {
       std::unique_lock<std::mutex> lock(mutex);
-      changed.wait(lock, [&] { return in_flight < options.concurrency || !failure.ok(); });
+      const auto full = [&] {
+        return in_flight >= options.concurrency ||
+               (options.max_in_flight_bytes > 0 && in_flight > 0 &&
+                in_flight_bytes + bytes > options.max_in_flight_bytes);
+      };
+      while (full() && failure.ok() && !interrupted()) changed.wait_for(lock, std::chrono::milliseconds(100));
+      note_interrupt(lock);
       if (!failure.ok()) break;
       ++in_flight;
+      in_flight_bytes += bytes;
     }
-    extractor.Extract(sample, options.capture, [&, sample_ptr = &sample](absl::StatusOr<SampleStates> states) {
-      absl::Status status = states.status();
-      if (status.ok()) status = VerifySample(*sample_ptr, options.capture, *states);
-      if (status.ok()) {
-        const std::string path =
-            (std::filesystem::path(options.out_dir) / SampleFileName(sample_ptr->index)).string();
-        status = WriteSampleFile(path, *sample_ptr, *states, options.dtype, options.info);
-      }
+    extractor.Extract(*sample, spec, [&, sample](absl::StatusOr<EncodedSample> states) {
       std::lock_guard<std::mutex> lock(mutex);
-      if (status.ok()) {
-        ++stats.samples;
-        stats.tokens += static_cast<int64_t>(sample_ptr->input_ids.size());
-      } else if (failure.ok()) {
-        failure = status;
-      }
-      --in_flight;
-      changed.notify_all();
+      ready.push_back({sample, std::move(states)});
+      changed.notify_all();  // under the lock: RunDump may return as soon as this is written
     });
   }
-  std::unique_lock<std::mutex> lock(mutex);
-  changed.wait(lock, [&] { return in_flight == 0; });
-  stats.seconds = elapsed();
-  if (!failure.ok()) return failure;
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (in_flight > 0) {
+      changed.wait_for(lock, std::chrono::milliseconds(100));
+      note_interrupt(lock);
+    }
+    closing = true;
+  }
+  changed.notify_all();
+  for (std::thread& thread : writers) thread.join();
+  progress.Stop();
+  stats->seconds = elapsed();
+  return failure;
+}
+
+absl::StatusOr<DumpStats> RunDump(const std::vector<InputSample>& samples, Extractor& extractor,
+                                  const DumpOptions& options) {
+  DumpStats stats;
+  if (absl::Status s = RunDump(samples, extractor, options, &stats); !s.ok()) return s;
   return stats;
+}
+
+std::string FormatDumpSummary(const DumpStats& stats, const std::string& out_dir) {
+  const double seconds = std::max(stats.seconds, 1e-9);
+  return absl::StrFormat(
+      "hsx-dump: wrote %d samples, skipped %d already done, failed %d; %d tokens, %d bytes "
+      "(%.1f MB) in %.2f s, %.1f tokens/s, %.1f MB/s -> %s",
+      stats.samples, stats.skipped, stats.failed, stats.tokens, stats.bytes, stats.bytes / 1e6,
+      stats.seconds, stats.tokens / seconds, stats.bytes / 1e6 / seconds, out_dir);
 }
 
 }  // namespace hsx

@@ -1,30 +1,59 @@
-// dump_job.h: the part of hsx-dump after the transport: keeps up to
-// `concurrency` samples in flight, verifies every sample before writing it
-// atomically, and stops at the first failure without leaving a partial file.
+// dump_job.h: the part of hsx-dump after the transport, shared by the
+// in-process and remote modes: reads the journal (manifest.jsonl) to skip what
+// is done, keeps up to `concurrency` samples in flight, verifies every sample
+// before writing it atomically, declares it done in the journal, reports
+// progress, and stops at the first failure without leaving a partial file or
+// a journaled file that does not verify.
 #ifndef HSX_CLIENT_DUMP_DUMP_JOB_H_
 #define HSX_CLIENT_DUMP_DUMP_JOB_H_
 
+#include <atomic>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "client/dump/extractor.h"
 #include "client/dump/input.h"
+#include "client/dump/journal.h"
+#include "client/dump/progress.h"
 #include "client/dump/sample_file.h"
 
 namespace hsx {
+
+// --shard I/N: the samples whose index % N == I.
+struct ShardSpec {
+  int64_t index = 0;
+  int64_t count = 1;
+  bool Contains(int64_t sample_index) const { return sample_index % count == index; }
+};
+absl::StatusOr<ShardSpec> ParseShard(const std::string& text);
 
 struct DumpOptions {
   std::string out_dir;
   CaptureSpec capture;
   OutputDType dtype = OutputDType::kBf16;
   int concurrency = 64;
+  // Bytes of states in flight at once (0: no limit beyond `concurrency`); a
+  // sample larger than the budget alone still runs, by itself.
+  int64_t max_in_flight_bytes = 0;
+  int64_t hidden_size = 0;  // to size samples for max_in_flight_bytes
+  int writer_threads = 2;  // threads that verify, write and journal
+  ShardSpec shard;
   SampleFileInfo info;
+  std::string input_xxh64;  // of the whole input file, recorded in the journal
+  ProgressMode progress = ProgressMode::kAuto;
+  double progress_interval_seconds = 10.0;
+  // When it becomes true (a signal), nothing new starts, what is in flight is
+  // cancelled, and RunDump returns Cancelled once the journal is consistent.
+  const std::atomic<bool>* interrupted = nullptr;
 };
 
 struct DumpStats {
-  int64_t samples = 0;
-  int64_t tokens = 0;
+  int64_t samples = 0;  // written (and journaled) by this run
+  int64_t skipped = 0;  // already journaled (by an earlier run or another shard)
+  int64_t failed = 0;
+  int64_t tokens = 0;   // of the samples written
+  int64_t bytes = 0;    // of the files written
   double seconds = 0.0;
 };
 
@@ -32,9 +61,30 @@ struct DumpStats {
 // requested capture ids, finite values, no all-zero layer.
 absl::Status VerifySample(const InputSample& input, const CaptureSpec& capture,
                           const SampleStates& states);
+// The same on the bytes that will be written (also the dtype and final norm).
+absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
+                          const EncodedSample& sample);
 
+// The journal entry of a verified sample whose file has `digest`.
+JournalEntry MakeJournalEntry(const InputSample& input, const EncodedSample& sample,
+                              const DumpOptions& options, const FileDigest& digest);
+
+// Whether line `line` of the journal agrees with this run (settings, and the
+// input's sample at that index); the error says what differs.
+absl::Status CheckJournalEntry(const JournalEntry& entry, int64_t line,
+                               const std::vector<InputSample>& samples, const DumpOptions& options);
+
+// Bytes of one sample's states in the output dtype.
+int64_t SampleStateBytes(const InputSample& input, const DumpOptions& options);
+
+// Runs the dump; `stats` is filled in whether or not it succeeds.
+absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extractor,
+                     const DumpOptions& options, DumpStats* stats);
 absl::StatusOr<DumpStats> RunDump(const std::vector<InputSample>& samples, Extractor& extractor,
                                   const DumpOptions& options);
+
+// The one-line summary hsx-dump prints on stdout.
+std::string FormatDumpSummary(const DumpStats& stats, const std::string& out_dir);
 
 }  // namespace hsx
 

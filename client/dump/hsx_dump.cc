@@ -1,57 +1,229 @@
 // hsx-dump: extracts hidden states for every sample of a JSONL file and writes
-// one verified hs_{i}.safetensors per sample. This is the in-process mode
-// (--model): the engine runs inside the tool, no server needed.
-#include <chrono>
-#include <cmath>
+// one verified hs_{i}.safetensors per sample, plus the journal manifest.jsonl.
+// Two transports, one code path after them (dump_job.h):
+//   --model DIR       the engine runs inside the tool, no server needed
+//   --server ADDR,... remote hsx-server(s), round-robin, with retries
+// A rerun with the same arguments resumes: journaled samples are skipped.
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "client/dump/input.h"
-#include "client/dump/sample_file.h"
+#include "absl/strings/str_split.h"
 #include "client/dump/dump_job.h"
 #include "client/dump/extractor.h"
+#include "client/dump/input.h"
+#include "client/dump/journal.h"
+#include "client/dump/remote_extractor.h"
+#include "client/dump/sample_file.h"
 #include "kernels/backend.h"
 #include "server/model/checkpoint.h"
+#include "server/model/config.h"
 #include "server/model/forward.h"
-#include "server/model/model_weights.h"
-#include "server/model/sample_states.h"
 #include "server/tools/cli.h"
 
-ABSL_FLAG(std::string, model, "", "Checkpoint directory to run in-process.");
+ABSL_FLAG(std::string, model, "", "Checkpoint directory to run in-process (instead of --server).");
+ABSL_FLAG(std::string, server, "", "hsx-server address(es), comma-separated (host:port, dns:///name:port, "
+          "unix:path); samples go round-robin over them (instead of --model).");
 ABSL_FLAG(std::string, input, "", "JSON Lines input: {\"input_ids\": [...], \"loss_mask\": [...]?, "
           "\"id\": ...?} per line.");
 ABSL_FLAG(std::string, out, "", "Output directory; sample i (0-based line among samples) goes to "
-          "hs_{i}.safetensors.");
+          "hs_{i}.safetensors, and manifest.jsonl records what is complete. Rerunning resumes.");
 ABSL_FLAG(std::string, capture, "eagle3", "Capture ids: eagle3 ({2, N/2, N-3, N}), all (0..N) or a "
           "list like 2,30,58,61. Id k is the residual stream entering layer k; N is the last "
           "layer's output before the final norm.");
 ABSL_FLAG(bool, final_norm, false, "Also write final_norm_hidden_states, the post-norm state "
           "(lm_head input).");
 ABSL_FLAG(std::string, precision, "bf16", "Arithmetic: bf16 (rounds where the HF BF16 reference "
-          "rounds) or fp32.");
+          "rounds) or fp32. With --server the server's precision is used (a value other than the default "
+          "must match it).");
 ABSL_FLAG(std::string, dtype, "bf16", "Output dtype: bf16, fp16 or fp32.");
-ABSL_FLAG(int64_t, max_batch_tokens, 8192, "Token budget of one forward batch.");
+ABSL_FLAG(int64_t, max_batch_tokens, 8192, "Token budget of one forward batch (--model).");
 ABSL_FLAG(int64_t, max_tokens_per_sample, 0, "Longest sample accepted (0: the model's "
-          "max_position_embeddings); never more than --max-batch-tokens.");
-ABSL_FLAG(int, threads, 0, "CPU threads in all (0: all cores), shared among the ranks.");
-ABSL_FLAG(int, tp, 1, "Tensor-parallel ranks (threads here, each holding a slice of the weights).");
+          "max_position_embeddings, or the server's limit); never more than --max-batch-tokens "
+          "in-process.");
+ABSL_FLAG(int, threads, 0, "CPU threads in all (0: all cores), shared among the ranks (--model).");
+ABSL_FLAG(int, tp, 1, "Tensor-parallel ranks (--model: threads here, each holding a slice of the "
+          "weights).");
 ABSL_FLAG(int, concurrency, 64, "Samples in flight at once.");
+ABSL_FLAG(std::string, max_in_flight_bytes, "4GiB", "Bytes of hidden states in flight at once (received "
+          "or being written; e.g. 500MB, 8GiB); fewer samples are started when they are long.");
+ABSL_FLAG(std::string, shard, "0/1", "I/N: process only the samples whose index % N == I (several "
+          "processes may share one --out directory).");
+ABSL_FLAG(double, deadline, 600, "--server: seconds one attempt of one sample may take.");
+ABSL_FLAG(int, retries, 8, "--server: retries of a sample after UNAVAILABLE, DEADLINE_EXCEEDED or "
+          "RESOURCE_EXHAUSTED (exponential backoff with jitter); other errors fail the run.");
+ABSL_FLAG(std::string, auth_token_file, "", "--server: file holding a token sent as "
+          "'authorization: Bearer <token>'.");
+ABSL_FLAG(std::string, tls_ca, "", "--server: PEM file of the CA that signed the server's "
+          "certificate; turns TLS on.");
+ABSL_FLAG(std::string, tls_cert, "", "--server: PEM client certificate chain for mTLS (with "
+          "--tls-key); turns TLS on.");
+ABSL_FLAG(std::string, tls_key, "", "--server: PEM private key of --tls-cert.");
+ABSL_FLAG(std::string, tls_server_name, "", "--server: the name to check the server's certificate "
+          "against, when the address is not that name.");
+ABSL_FLAG(std::string, progress, "auto", "auto (a bar on a terminal, else a line every "
+          "--progress-interval seconds), bar, plain or none.");
+ABSL_FLAG(double, progress_interval, 10, "Seconds between plain progress lines.");
+ABSL_FLAG(int, writer_threads, 2, "Threads that verify, write and journal samples.");
 
 namespace {
 
+std::atomic<bool> g_interrupted{false};
+
+void OnSignal(int sig) {
+  if (g_interrupted.exchange(true)) {  // a second signal: stop now
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
+}
+
+// Whether a flag was set to something other than its default (this Abseil
+// keeps IsSpecifiedOnCommandLine private).
+bool Specified(absl::string_view name) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  return flag != nullptr && flag->CurrentValue() != flag->DefaultValue();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, " ", path, ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The name a model directory goes by: its last path component (exactly as
+// hsx-server's ModelNameOf names it, so that files are identical across modes).
+std::string ModelName(const std::string& dir) {
+  std::filesystem::path path(dir);
+  if (!path.has_filename()) path = path.parent_path();  // trailing slash
+  const std::string name = path.filename().string();
+  return name.empty() ? dir : name;
+}
+
+struct Transport {
+  std::unique_ptr<hsx::Checkpoint> checkpoint;
+  std::unique_ptr<hsx::Engine> engine;
+  std::unique_ptr<hsx::Extractor> extractor;
+  hsx::ModelConfig config;  // what capture ids and input limits are checked against
+  hsx::SampleFileInfo info;
+  int64_t max_tokens_per_sample = 0;
+};
+
+absl::StatusOr<Transport> MakeInProcess(const std::string& model_dir, hsx::Precision precision,
+                                        const std::string& precision_name) {
+  for (absl::string_view flag : {"deadline", "retries", "auth_token_file", "tls_ca", "tls_cert", "tls_key",
+                                 "tls_server_name"}) {
+    if (Specified(flag)) return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs --server"));
+  }
+  Transport t;
+  absl::StatusOr<std::unique_ptr<hsx::Checkpoint>> checkpoint = hsx::Checkpoint::Open(model_dir);
+  if (!checkpoint.ok()) return checkpoint.status();
+  t.checkpoint = *std::move(checkpoint);
+  t.config = t.checkpoint->config();
+  absl::StatusOr<hsx::FileDigest> config_digest =
+      hsx::DigestFile((std::filesystem::path(model_dir) / "config.json").string());
+  if (!config_digest.ok()) return config_digest.status();
+  t.info = {ModelName(model_dir), t.config.num_hidden_layers, config_digest->xxh64, precision_name};
+  t.max_tokens_per_sample = absl::GetFlag(FLAGS_max_tokens_per_sample) > 0 ? absl::GetFlag(FLAGS_max_tokens_per_sample)
+                                                                         : t.config.max_position_embeddings;
+  t.max_tokens_per_sample = std::min(t.max_tokens_per_sample, absl::GetFlag(FLAGS_max_batch_tokens));
+  hsx::EngineOptions engine_options;
+  engine_options.tp = absl::GetFlag(FLAGS_tp);
+  engine_options.precision = precision;
+  engine_options.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<std::unique_ptr<hsx::Engine>> engine = hsx::Engine::Create(*t.checkpoint, engine_options);
+  if (!engine.ok()) return engine.status();
+  t.engine = *std::move(engine);
+  hsx::BatcherOptions batcher_options;
+  batcher_options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  t.extractor = std::make_unique<hsx::InProcessExtractor>(*t.engine, batcher_options);
+  return t;
+}
+
+absl::StatusOr<Transport> MakeRemote(const std::string& servers, const std::string& precision_name) {
+  for (absl::string_view flag : {"max_batch_tokens", "threads", "tp"}) {
+    if (Specified(flag)) return absl::InvalidArgumentError(absl::StrCat("--", flag, " applies to --model only"));
+  }
+  hsx::RemoteOptions options;
+  for (absl::string_view address : absl::StrSplit(servers, ',', absl::SkipWhitespace())) {
+    options.servers.emplace_back(absl::StripAsciiWhitespace(address));
+  }
+  if (options.servers.empty()) return absl::InvalidArgumentError("--server: no address");
+  options.deadline_seconds = absl::GetFlag(FLAGS_deadline);
+  if (!(options.deadline_seconds > 0)) return absl::InvalidArgumentError("--deadline must be positive");
+  options.retries = absl::GetFlag(FLAGS_retries);
+  if (options.retries < 0) return absl::InvalidArgumentError("--retries must be at least 0");
+  if (const std::string file = absl::GetFlag(FLAGS_auth_token_file); !file.empty()) {
+    absl::StatusOr<std::string> token = ReadFile(file, "auth-token-file");
+    if (!token.ok()) return token.status();
+    options.auth_token = std::string(absl::StripAsciiWhitespace(*token));
+    if (options.auth_token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--auth-token-file ", file, ": empty"));
+    }
+  }
+  const std::string ca = absl::GetFlag(FLAGS_tls_ca);
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert);
+  const std::string key = absl::GetFlag(FLAGS_tls_key);
+  if (cert.empty() != key.empty()) return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  options.tls = !ca.empty() || !cert.empty();
+  for (auto [path, flag, out] : {std::tuple{&ca, "tls-ca", &options.tls_ca_pem},
+                                 std::tuple{&cert, "tls-cert", &options.tls_cert_pem},
+                                 std::tuple{&key, "tls-key", &options.tls_key_pem}}) {
+    if (path->empty()) continue;
+    absl::StatusOr<std::string> pem = ReadFile(*path, flag);
+    if (!pem.ok()) return pem.status();
+    *out = *std::move(pem);
+  }
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  options.log = [tty](const std::string& line) {
+    std::fprintf(stderr, "%s%s\n", tty ? "\r\033[K" : "", line.c_str());
+  };
+
+  absl::StatusOr<std::unique_ptr<hsx::RemoteExtractor>> remote = hsx::RemoteExtractor::Create(options);
+  if (!remote.ok()) return remote.status();
+  absl::StatusOr<hsx::RemoteModelInfo> model = (*remote)->FetchModelInfo();
+  if (!model.ok()) return model.status();
+  if (Specified("precision") && model->compute_precision != precision_name) {
+    return absl::FailedPreconditionError(absl::StrCat("--precision ", precision_name, ": the server computes in ",
+                                                      model->compute_precision));
+  }
+  Transport t;
+  t.config.num_hidden_layers = model->num_layers;
+  t.config.hidden_size = model->hidden_size;
+  t.config.vocab_size = model->vocab_size;
+  t.info = {model->model_name, model->num_layers, model->model_revision, model->compute_precision};
+  t.max_tokens_per_sample = model->max_tokens_per_sample;
+  if (absl::GetFlag(FLAGS_max_tokens_per_sample) > 0 &&
+      (t.max_tokens_per_sample == 0 || absl::GetFlag(FLAGS_max_tokens_per_sample) < t.max_tokens_per_sample)) {
+    t.max_tokens_per_sample = absl::GetFlag(FLAGS_max_tokens_per_sample);
+  }
+  t.extractor = *std::move(remote);
+  return t;
+}
+
 absl::Status Run() {
   const std::string model_dir = absl::GetFlag(FLAGS_model);
+  const std::string servers = absl::GetFlag(FLAGS_server);
   const std::string input_path = absl::GetFlag(FLAGS_input);
   const std::string out = absl::GetFlag(FLAGS_out);
-  if (model_dir.empty() || input_path.empty() || out.empty()) {
-    return absl::InvalidArgumentError("--model, --input and --out are required (see --help)");
+  if (model_dir.empty() == servers.empty()) {
+    return absl::InvalidArgumentError("give exactly one of --model (in-process) and --server (see --help)");
   }
+  if (input_path.empty() || out.empty()) return absl::InvalidArgumentError("--input and --out are required (see --help)");
   absl::StatusOr<hsx::OutputDType> dtype = hsx::ParseOutputDType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
   const std::string precision_name = absl::GetFlag(FLAGS_precision);
@@ -62,56 +234,66 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_max_batch_tokens) < 1) {
     return absl::InvalidArgumentError("--max_batch_tokens must be at least 1");
   }
-
-  absl::StatusOr<std::unique_ptr<hsx::Checkpoint>> checkpoint = hsx::Checkpoint::Open(model_dir);
-  if (!checkpoint.ok()) return checkpoint.status();
-  const hsx::ModelConfig& config = (*checkpoint)->config();
-  absl::StatusOr<hsx::CaptureSpec> capture =
-      hsx::ParseCaptureSpec(absl::GetFlag(FLAGS_capture), config, absl::GetFlag(FLAGS_final_norm));
-  if (!capture.ok()) return absl::InvalidArgumentError(absl::StrCat("--capture: ", capture.status().message()));
-  hsx::InputLimits limits;
-  limits.vocab_size = config.vocab_size;
-  limits.max_tokens_per_sample = absl::GetFlag(FLAGS_max_tokens_per_sample) > 0
-                                     ? absl::GetFlag(FLAGS_max_tokens_per_sample)
-                                     : config.max_position_embeddings;
-  if (limits.max_tokens_per_sample > absl::GetFlag(FLAGS_max_batch_tokens)) {
-    limits.max_tokens_per_sample = absl::GetFlag(FLAGS_max_batch_tokens);  // a sample must fit a batch
+  if (absl::GetFlag(FLAGS_concurrency) < 1) return absl::InvalidArgumentError("--concurrency must be at least 1");
+  if (absl::GetFlag(FLAGS_writer_threads) < 1) return absl::InvalidArgumentError("--writer-threads must be at least 1");
+  absl::StatusOr<int64_t> max_in_flight_bytes = hsx::ParseByteSize(absl::GetFlag(FLAGS_max_in_flight_bytes));
+  if (!max_in_flight_bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-in-flight-bytes: ", max_in_flight_bytes.status().message()));
   }
+  absl::StatusOr<hsx::ShardSpec> shard = hsx::ParseShard(absl::GetFlag(FLAGS_shard));
+  if (!shard.ok()) return absl::InvalidArgumentError(absl::StrCat("--shard: ", shard.status().message()));
+  hsx::ProgressMode progress;
+  const std::string progress_name = absl::GetFlag(FLAGS_progress);
+  if (progress_name == "auto") {
+    progress = hsx::ProgressMode::kAuto;
+  } else if (progress_name == "bar") {
+    progress = hsx::ProgressMode::kBar;
+  } else if (progress_name == "plain") {
+    progress = hsx::ProgressMode::kPlain;
+  } else if (progress_name == "none") {
+    progress = hsx::ProgressMode::kNone;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--progress '", progress_name, "': expected auto, bar, plain or none"));
+  }
+
+  absl::StatusOr<Transport> transport =
+      servers.empty() ? MakeInProcess(model_dir, precision, precision_name) : MakeRemote(servers, precision_name);
+  if (!transport.ok()) return transport.status();
+  absl::StatusOr<hsx::CaptureSpec> capture =
+      hsx::ParseCaptureSpec(absl::GetFlag(FLAGS_capture), transport->config, absl::GetFlag(FLAGS_final_norm));
+  if (!capture.ok()) return absl::InvalidArgumentError(absl::StrCat("--capture: ", capture.status().message()));
+  if (!servers.empty() && capture->ids.empty()) {
+    return absl::InvalidArgumentError("--capture: --server needs at least one capture id");
+  }
+  hsx::InputLimits limits;
+  limits.vocab_size = transport->config.vocab_size;
+  limits.max_tokens_per_sample = transport->max_tokens_per_sample;
   absl::StatusOr<std::vector<hsx::InputSample>> samples = hsx::ReadInputFile(input_path, limits);
   if (!samples.ok()) return samples.status();
+  absl::StatusOr<hsx::FileDigest> input_digest = hsx::DigestFile(input_path);
+  if (!input_digest.ok()) return input_digest.status();
 
-  std::error_code error;
-  std::filesystem::create_directories(out, error);
-  if (error) return absl::InternalError(absl::StrCat(out, ": cannot create: ", error.message()));
-  for (const hsx::InputSample& sample : *samples) {
-    const std::string path = (std::filesystem::path(out) / hsx::SampleFileName(sample.index)).string();
-    if (std::filesystem::exists(path)) {
-      return absl::AlreadyExistsError(absl::StrCat(path, " already exists; refusing to overwrite "
-                                                   "(use a new --out directory)"));
-    }
-  }
-
-  hsx::EngineOptions engine_options;
-  engine_options.tp = absl::GetFlag(FLAGS_tp);
-  engine_options.precision = precision;
-  engine_options.threads = absl::GetFlag(FLAGS_threads);
-  absl::StatusOr<std::unique_ptr<hsx::Engine>> engine = hsx::Engine::Create(**checkpoint, engine_options);
-  if (!engine.ok()) return engine.status();
-  hsx::BatcherOptions batcher_options;
-  batcher_options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  hsx::InProcessExtractor extractor(**engine, batcher_options);
   hsx::DumpOptions dump;
   dump.out_dir = out;
   dump.capture = *capture;
   dump.dtype = *dtype;
   dump.concurrency = absl::GetFlag(FLAGS_concurrency);
-  dump.info = {std::filesystem::path(model_dir).filename().string(), config.num_hidden_layers};
-  absl::StatusOr<hsx::DumpStats> stats = hsx::RunDump(*samples, extractor, dump);
-  if (!stats.ok()) return stats.status();
-  std::printf("hsx-dump: wrote %lld samples (%lld tokens) to %s in %.2f s, %.1f tokens/s\n",
-              static_cast<long long>(stats->samples), static_cast<long long>(stats->tokens),
-              out.c_str(), stats->seconds, stats->tokens / stats->seconds);
-  return absl::OkStatus();
+  dump.max_in_flight_bytes = *max_in_flight_bytes;
+  dump.hidden_size = transport->config.hidden_size;
+  dump.writer_threads = absl::GetFlag(FLAGS_writer_threads);
+  dump.shard = *shard;
+  dump.info = transport->info;
+  dump.input_xxh64 = input_digest->xxh64;
+  dump.progress = progress;
+  dump.progress_interval_seconds = absl::GetFlag(FLAGS_progress_interval);
+  dump.interrupted = &g_interrupted;
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  hsx::DumpStats stats;
+  const absl::Status status = hsx::RunDump(*samples, *transport->extractor, dump, &stats);
+  std::printf("%s\n", hsx::FormatDumpSummary(stats, out).c_str());
+  std::fflush(stdout);
+  return status;
 }
 
 }  // namespace
@@ -119,9 +301,12 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Extracts hidden states for every sample of a JSONL file into one hs_{i}.safetensors each\n"
-      "(hidden_states [T, L, H], token_ids [T] int64, loss_mask when given). Flags accept - or _.\n\n"
-      "  hsx-dump --model DIR --input samples.jsonl --out OUT [--capture eagle3|all|2,30,58,61]\n"
-      "           [--final-norm] [--precision bf16|fp32] [--dtype bf16|fp16|fp32]");
+      "(hidden_states [T, L, H], token_ids [T] int64, loss_mask when given) and records each\n"
+      "completed sample in OUT/manifest.jsonl; a rerun resumes. Flags accept - or _.\n\n"
+      "  hsx-dump (--model DIR | --server HOST:PORT[,HOST:PORT...]) --input samples.jsonl --out OUT\n"
+      "           [--capture eagle3|all|2,30,58,61] [--final-norm] [--precision bf16|fp32]\n"
+      "           [--dtype bf16|fp16|fp32] [--concurrency N] [--shard I/N]\n"
+      "           [--deadline S] [--retries N] [--auth-token-file F] [--tls-ca F] [--tls-cert F --tls-key F]");
   hsx::AcceptDashedFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return hsx::ExitWithStatus("hsx-dump", Run());

@@ -1,6 +1,9 @@
 // sample_file.cc: encoding, checksums and the atomic write of one sample.
 #include "client/dump/sample_file.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
@@ -9,51 +12,142 @@
 #include "server/model/safetensors_writer.h"
 
 namespace hsx {
+namespace {
+
+std::span<const uint8_t> AsBytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+std::span<const uint8_t> AsBytes(const std::vector<int64_t>& v) {
+  return {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(int64_t)};
+}
+
+// Bits of one value: exponent all ones = non-finite; magnitude bits zero = +-0.
+struct ValueBits {
+  uint32_t exponent_mask;
+  uint32_t magnitude_mask;
+};
+
+ValueBits BitsOf(OutputDType dtype) {
+  switch (dtype) {
+    case OutputDType::kBf16: return {0x7f80u, 0x7fffu};
+    case OutputDType::kFp16: return {0x7c00u, 0x7fffu};
+    case OutputDType::kFp32: return {0x7f800000u, 0x7fffffffu};
+  }
+  return {0, 0};
+}
+
+}  // namespace
 
 std::string SampleFileName(int64_t index) { return absl::StrCat("hs_", index, ".safetensors"); }
+
+std::string Int64Xxh64Hex(std::span<const int64_t> values) {
+  return Xxh64Hex(values.data(), values.size() * sizeof(int64_t));
+}
+
+EncodedSample EncodeSampleStates(const SampleStates& states, OutputDType dtype) {
+  EncodedSample sample;
+  sample.capture_ids = states.capture_ids;
+  sample.tokens = states.tokens;
+  sample.hidden = states.hidden;
+  sample.dtype = dtype;
+  AppendEncoded(states.hidden_states, dtype, &sample.hidden_states);
+  sample.has_final_norm = !states.final_norm.empty();
+  if (sample.has_final_norm) AppendEncoded(states.final_norm, dtype, &sample.final_norm);
+  return sample;
+}
+
+absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtype, int64_t tokens,
+                                int64_t layers, int64_t hidden,
+                                const std::vector<std::string>& names) {
+  const int64_t size = OutputDTypeSize(dtype);
+  if (static_cast<int64_t>(bytes.size()) != tokens * layers * hidden * size) {
+    return absl::DataLossError(absl::StrCat(bytes.size(), " bytes for [", tokens, ", ", layers, ", ",
+                                            hidden, "] values of ", OutputDTypeName(dtype)));
+  }
+  const ValueBits bits = BitsOf(dtype);
+  std::vector<char> nonzero(static_cast<size_t>(layers), 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t l = 0; l < layers; ++l) {
+      const uint8_t* row = bytes.data() + ((t * layers + l) * hidden) * size;
+      uint32_t any = 0;
+      for (int64_t i = 0; i < hidden; ++i) {
+        uint32_t v;
+        if (size == 2) {
+          uint16_t h;
+          std::memcpy(&h, row + 2 * i, 2);
+          v = h;
+        } else {
+          std::memcpy(&v, row + 4 * i, 4);
+        }
+        if ((v & bits.exponent_mask) == bits.exponent_mask) {
+          const float value = DecodeValues(std::span<const uint8_t>(row + size * i, size), dtype)[0];
+          return absl::DataLossError(absl::StrCat("non-finite value (", value, ") in ",
+                                                  names[l], " row ", t, " column ", i));
+        }
+        any |= v & bits.magnitude_mask;
+      }
+      nonzero[l] |= any != 0;
+    }
+  }
+  for (int64_t l = 0; l < layers; ++l) {
+    if (!nonzero[l]) return absl::DataLossError(absl::StrCat(names[l], " is all zeros"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
                              const SampleStates& states, OutputDType dtype,
                              const SampleFileInfo& info) {
-  const int64_t tokens = states.tokens;
-  if (tokens != static_cast<int64_t>(input.input_ids.size())) {
+  return WriteSampleFile(path, input, EncodeSampleStates(states, dtype), info);
+}
+
+absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
+                             const EncodedSample& sample, const SampleFileInfo& info) {
+  const int64_t tokens = sample.tokens;
+  const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());
+  const int64_t size = OutputDTypeSize(sample.dtype);
+  if (tokens != static_cast<int64_t>(input.input_ids.size()) ||
+      static_cast<int64_t>(sample.hidden_states.size()) != tokens * layers * sample.hidden * size ||
+      (sample.has_final_norm &&
+       static_cast<int64_t>(sample.final_norm.size()) != tokens * sample.hidden * size)) {
     return absl::InternalError(absl::StrCat("sample ", input.index, ": ", tokens,
                                             " rows of states for ", input.input_ids.size(),
-                                            " tokens"));
+                                            " tokens, or misshapen states"));
   }
-  const int64_t layers = static_cast<int64_t>(states.capture_ids.size());
   SafetensorsWriter writer;
   nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
+  // The writer copies through these spans when it writes; `sample`, `ids` and
+  // `input` outlive writer.Write below.
   auto add = [&](const std::string& name, DType type, std::vector<int64_t> shape,
-                 const std::vector<uint8_t>& bytes) {
+                 std::span<const uint8_t> bytes) {
     checksums[name] = Xxh64Hex(bytes.data(), bytes.size());
-    writer.AddBytes(name, type, std::move(shape), bytes);
+    writer.Add(name, type, std::move(shape), [bytes](std::span<uint8_t> out) {
+      std::memcpy(out.data(), bytes.data(), std::min(out.size(), bytes.size()));
+    });
   };
-  add("hidden_states", ToSafetensorsDType(dtype), {tokens, layers, states.hidden},
-      EncodeValues(states.hidden_states, dtype));
-  std::vector<int64_t> ids(input.input_ids.begin(), input.input_ids.end());
-  const auto as_bytes = [](const std::vector<int64_t>& v) {
-    const uint8_t* b = reinterpret_cast<const uint8_t*>(v.data());
-    return std::vector<uint8_t>(b, b + v.size() * sizeof(int64_t));
-  };
-  add("token_ids", DType::kI64, {tokens}, as_bytes(ids));
-  if (input.loss_mask) add("loss_mask", DType::kI64, {tokens}, as_bytes(*input.loss_mask));
-  if (!states.final_norm.empty()) {
-    add("final_norm_hidden_states", ToSafetensorsDType(dtype), {tokens, states.hidden},
-        EncodeValues(states.final_norm, dtype));
+  const DType type = ToSafetensorsDType(sample.dtype);
+  add("hidden_states", type, {tokens, layers, sample.hidden}, AsBytes(sample.hidden_states));
+  const std::vector<int64_t> ids(input.input_ids.begin(), input.input_ids.end());
+  add("token_ids", DType::kI64, {tokens}, AsBytes(ids));
+  if (input.loss_mask) add("loss_mask", DType::kI64, {tokens}, AsBytes(*input.loss_mask));
+  if (sample.has_final_norm) {
+    add("final_norm_hidden_states", type, {tokens, sample.hidden}, AsBytes(sample.final_norm));
   }
-  const bool has_last = !states.capture_ids.empty() && states.capture_ids.back() == info.num_layers;
+  const bool has_last = !sample.capture_ids.empty() && sample.capture_ids.back() == info.num_layers;
   writer.SetMetadata("format", "pt");
   writer.SetMetadata("hsx_format", "1");
   writer.SetMetadata("sample_id", input.id);
   writer.SetMetadata("sample_index", std::to_string(input.index));
-  writer.SetMetadata("capture_ids", nlohmann::json(states.capture_ids).dump());
+  writer.SetMetadata("capture_ids", nlohmann::json(sample.capture_ids).dump());
   writer.SetMetadata("layer_convention", kLayerConvention);
   writer.SetMetadata("last_layer_state", has_last ? "pre-norm" : "not captured");
-  writer.SetMetadata("final_norm", states.final_norm.empty() ? "absent" : "post-norm (lm_head input)");
+  writer.SetMetadata("final_norm", sample.has_final_norm ? "post-norm (lm_head input)" : "absent");
   writer.SetMetadata("model", info.model_name);
+  if (!info.model_revision.empty()) writer.SetMetadata("model_revision", info.model_revision);
+  if (!info.compute_precision.empty()) writer.SetMetadata("compute_precision", info.compute_precision);
   writer.SetMetadata("num_layers", std::to_string(info.num_layers));
-  writer.SetMetadata("dtype", OutputDTypeName(dtype));
+  writer.SetMetadata("dtype", OutputDTypeName(sample.dtype));
   writer.SetMetadata("checksums_xxh64", checksums.dump());
   return writer.Write(path);
 }

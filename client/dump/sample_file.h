@@ -5,13 +5,17 @@
 //   loss_mask                [T]        int64, when the input line has one
 //   final_norm_hidden_states [T, H]     when the post-norm state was asked for
 // and string metadata: sample id and index, capture ids, the layer convention,
-// pre/post-norm, model name, dtype, xxh64 checksums of each tensor's bytes.
-// Written atomically (temporary file, fsync, rename).
+// pre/post-norm, model name (and, when known, model_revision: xxh64 of the
+// checkpoint's config.json, and compute_precision), dtype, xxh64 checksums of
+// each tensor's bytes. Written atomically (temporary file, fsync, rename).
+// The bytes depend only on the sample, the states and SampleFileInfo, so the
+// in-process and remote modes write identical files.
 #ifndef HSX_CLIENT_DUMP_SAMPLE_FILE_H_
 #define HSX_CLIENT_DUMP_SAMPLE_FILE_H_
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,7 +35,33 @@ inline constexpr char kLayerConvention[] =
 struct SampleFileInfo {
   std::string model_name;
   int64_t num_layers = 0;
+  // Recorded in the metadata when set (both modes set them the same way, so
+  // that in-process and remote files are byte-identical).
+  std::string model_revision;     // xxh64 of the checkpoint's config.json, 16 hex digits
+  std::string compute_precision;  // "bf16" or "fp32"
 };
+
+// One sample's states already in the output dtype: what an Extractor
+// delivers, so that remote bytes go to disk without a decode/encode round trip.
+struct EncodedSample {
+  std::vector<int> capture_ids;  // ascending
+  int64_t tokens = 0;
+  int64_t hidden = 0;
+  OutputDType dtype = OutputDType::kBf16;
+  std::string hidden_states;      // [tokens, capture_ids.size(), hidden], little-endian dtype
+  bool has_final_norm = false;
+  std::string final_norm;         // [tokens, hidden] when has_final_norm
+};
+
+// Encodes float32 states (the in-process engine's output) into `dtype`.
+EncodedSample EncodeSampleStates(const SampleStates& states, OutputDType dtype);
+
+// Checks the values of `layers` interleaved [tokens, layers, hidden] tensors
+// in `dtype`: every value finite, no layer all zeros. `names[l]` names layer l
+// in errors (e.g. "capture id 30").
+absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtype, int64_t tokens,
+                                int64_t layers, int64_t hidden,
+                                const std::vector<std::string>& names);
 
 // File name of sample `index`: hs_{index}.safetensors.
 std::string SampleFileName(int64_t index);
@@ -39,6 +69,13 @@ std::string SampleFileName(int64_t index);
 absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
                              const SampleStates& states, OutputDType dtype,
                              const SampleFileInfo& info);
+// The same file from already encoded states (identical bytes for the same values).
+absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
+                             const EncodedSample& sample, const SampleFileInfo& info);
+
+// XXH64 (seed 0) of little-endian int64 values, 16 hex digits: the token_ids
+// and loss_mask checksums of the file metadata and the journal.
+std::string Int64Xxh64Hex(std::span<const int64_t> values);
 
 }  // namespace hsx
 

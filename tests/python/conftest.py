@@ -14,7 +14,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BIN_DIR = REPO_ROOT / "build" / "bin"
-BINARIES = ("hsx-make-model", "hsx-inspect", "hsx-dump")
+BINARIES = ("hsx-make-model", "hsx-inspect", "hsx-dump", "hsx-server", "hsx-verify")
 LAYOUTS = ("k2", "k2.5")
 
 

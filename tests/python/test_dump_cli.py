@@ -40,7 +40,8 @@ def test_default_output_is_eagle3_per_sample(run, tiny, tmp_path):
     inputs = write_jsonl(tmp_path / "in.jsonl", rows)
     out = tmp_path / "out"
     run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, "--max-batch-tokens", "1000")
-    assert sorted(p.name for p in out.iterdir()) == sorted(f"hs_{i}.safetensors" for i in range(4))
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [f"hs_{i}.safetensors" for i in range(4)] + ["manifest.jsonl"])
     for i, row in enumerate(rows):
         path = out / f"hs_{i}.safetensors"
         data = load_file(str(path))
@@ -106,13 +107,13 @@ def test_capture_id_above_n_is_rejected(run, tiny, tmp_path):
     assert not out.exists() or not any(out.iterdir())
 
 
-def test_existing_output_is_never_overwritten(run, tiny, tmp_path):
+def test_rerun_never_rewrites_a_finished_sample(run, tiny, tmp_path):
     inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows([3]))
     out = tmp_path / "out"
     run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)
     before = (out / "hs_0.safetensors").stat()
-    proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, expect_ok=False)
-    assert "already exists" in proc.stderr
+    proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)
+    assert "skipped 1 already done" in proc.stdout, proc.stdout
     after = (out / "hs_0.safetensors").stat()
     assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
 

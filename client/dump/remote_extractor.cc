@@ -1,0 +1,689 @@
+// remote_extractor.cc: gRPC callback client, reassembly and checks, retries.
+#include "client/dump/remote_extractor.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <xxhash.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "hsx/v1/hsx.grpc.pb.h"
+
+namespace hsx {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kMaxReceiveMessageBytes = 64 << 20;
+constexpr double kModelInfoDeadlineSeconds = 10.0;
+
+bool Retryable(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         code == grpc::StatusCode::RESOURCE_EXHAUSTED;
+}
+
+v1::DType ToProto(OutputDType dtype) {
+  switch (dtype) {
+    case OutputDType::kBf16: return v1::DTYPE_BF16;
+    case OutputDType::kFp16: return v1::DTYPE_FP16;
+    case OutputDType::kFp32: return v1::DTYPE_FP32;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+std::string IdsText(const std::vector<int>& ids) { return absl::StrCat("[", absl::StrJoin(ids, ","), "]"); }
+
+std::string TensorName(int capture_id) {
+  return capture_id < 0 ? std::string("the final-norm state") : absl::StrCat("capture id ", capture_id);
+}
+
+// Runs callbacks at given times on one thread (retry backoffs must not sleep
+// in gRPC's reaction threads).
+class Scheduler {
+ public:
+  Scheduler() : thread_([this] { Loop(); }) {}
+  ~Scheduler() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  void At(Clock::time_point when, std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.emplace(when, std::move(fn));
+    }
+    wake_.notify_all();
+  }
+  // Runs everything queued now (after a cancellation).
+  void FlushNow() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      flush_ = true;
+    }
+    wake_.notify_all();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      if (queue_.empty()) {
+        if (stop_) return;
+        wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        continue;
+      }
+      auto first = queue_.begin();
+      if (!flush_ && !stop_ && first->first > Clock::now()) {
+        wake_.wait_until(lock, first->first);
+        continue;
+      }
+      std::function<void()> fn = std::move(first->second);
+      queue_.erase(first);
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::multimap<Clock::time_point, std::function<void()>> queue_;
+  bool stop_ = false;
+  bool flush_ = false;
+  std::thread thread_;
+};
+
+struct SampleCall {
+  const InputSample* input = nullptr;
+  ExtractSpec spec;
+  Extractor::Done done;
+  v1::ExtractRequest request;
+  uint64_t token_hash = 0;
+  int attempts = 0;
+};
+
+}  // namespace
+
+std::string StatusCodeName(int code) {
+  static const char* const kNames[] = {
+      "OK",        "CANCELLED",         "UNKNOWN",          "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS",    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+      "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",     "UNIMPLEMENTED",    "INTERNAL",
+      "UNAVAILABLE", "DATA_LOSS",       "UNAUTHENTICATED"};
+  if (code >= 0 && code < static_cast<int>(std::size(kNames))) return kNames[code];
+  return absl::StrCat("code ", code);
+}
+
+class Attempt;
+
+class RemoteExtractor::Impl {
+ public:
+  struct Server {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::HiddenStates::Stub> stub;
+  };
+
+  explicit Impl(const RemoteOptions& options) : options_(options), rng_(std::random_device()()) {
+    if (!options_.log) {
+      options_.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+    }
+  }
+  ~Impl();
+
+  absl::Status Connect();
+  absl::StatusOr<RemoteModelInfo> FetchModelInfo();
+  void Extract(const InputSample& sample, const ExtractSpec& spec, Done done);
+  void CancelAll();
+
+  // Called by an attempt from OnDone, after it has deleted itself.
+  void AttemptDone(std::shared_ptr<SampleCall> call, absl::StatusOr<EncodedSample> result,
+                   grpc::StatusCode code);
+  // Removes a finished attempt; true when the caller may delete it.
+  bool Release(Attempt* attempt);
+
+  const RemoteOptions& options() const { return options_; }
+  const Server& server(size_t i) const { return servers_[i]; }
+  // What responses must agree with (0 / empty: not known).
+  int64_t expected_hidden() const { return hidden_; }
+  int64_t expected_layers() const { return layers_; }
+  const std::string& expected_model() const { return model_; }
+  void AddAuth(grpc::ClientContext* context) const {
+    if (!options_.auth_token.empty()) context->AddMetadata("authorization", "Bearer " + options_.auth_token);
+  }
+  std::atomic<int64_t> attempts_{0};
+  std::atomic<int64_t> retries_{0};
+
+ private:
+  void StartAttempt(std::shared_ptr<SampleCall> call);
+  void Complete(const std::shared_ptr<SampleCall>& call, absl::StatusOr<EncodedSample> result);
+  size_t PickServer();
+  double Backoff(int attempt);
+
+  RemoteOptions options_;
+  std::vector<Server> servers_;
+  std::atomic<uint64_t> next_{0};
+  int64_t hidden_ = 0;
+  int64_t layers_ = 0;
+  std::string model_;
+
+  std::mutex mutex_;
+  std::condition_variable idle_;
+  std::map<Attempt*, int> active_;  // running attempts -> pins held by CancelAll
+  std::set<Attempt*> finished_pinned_;  // finished while pinned: CancelAll deletes them
+  int64_t outstanding_ = 0;  // samples whose `done` has not been called yet
+  bool cancelled_ = false;
+  std::mt19937_64 rng_;
+  Scheduler scheduler_;
+};
+
+// One attempt of one sample: an Extract call and the reassembly of its stream.
+class Attempt : public grpc::ClientReadReactor<v1::ExtractResponse> {
+ public:
+  Attempt(RemoteExtractor::Impl* impl, std::shared_ptr<SampleCall> call, size_t server)
+      : impl_(impl), call_(std::move(call)), server_(server), hash_(XXH64_createState()) {}
+  ~Attempt() override { XXH64_freeState(hash_); }
+
+  void Start() {
+    const auto deadline = std::chrono::system_clock::now() +
+                          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                              std::chrono::duration<double>(impl_->options().deadline_seconds));
+    context_.set_deadline(deadline);
+    impl_->AddAuth(&context_);
+    impl_->server(server_).stub->async()->Extract(&context_, &call_->request, this);
+    StartRead(&response_);
+    StartCall();  // may finish (and delete this) before returning: nothing after it
+  }
+
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone follows
+    if (error_.ok()) {
+      error_ = Consume(response_);
+      if (!error_.ok()) context_.TryCancel();
+    }
+    StartRead(&response_);  // after a cancel this completes with ok = false
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    const std::string where = absl::StrCat("server ", impl_->server(server_).address);
+    absl::StatusOr<EncodedSample> result;
+    grpc::StatusCode code = status.error_code();
+    if (!error_.ok()) {
+      result = absl::Status(error_.code(), absl::StrCat(where, ": ", error_.message()));
+      code = grpc::StatusCode::DATA_LOSS;
+    } else if (!status.ok()) {
+      result = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                            absl::StrCat(where, ": ", StatusCodeName(status.error_code()), ": ",
+                                         status.error_message()));
+    } else if (!trailer_) {
+      result = absl::DataLossError(absl::StrCat(
+          where, ": the stream ended without a trailer (", current_, " of ", tensors_.size(),
+          " tensors complete)"));
+      code = grpc::StatusCode::DATA_LOSS;
+    } else {
+      result = std::move(sample_);
+    }
+    RemoteExtractor::Impl* impl = impl_;
+    std::shared_ptr<SampleCall> call = std::move(call_);
+    if (impl->Release(this)) delete this;
+    impl->AttemptDone(std::move(call), std::move(result), code);
+  }
+
+ private:
+  absl::Status Consume(const v1::ExtractResponse& response) {
+    if (trailer_) return absl::DataLossError("a message after the trailer");
+    switch (response.part_case()) {
+      case v1::ExtractResponse::kHeader: return OnHeader(response.header());
+      case v1::ExtractResponse::kChunk: return OnChunk(response.chunk());
+      case v1::ExtractResponse::kTrailer: return OnTrailer(response.trailer());
+      case v1::ExtractResponse::kSummary: return absl::DataLossError("a summary, which was not requested");
+      default: return absl::DataLossError("an empty response message");
+    }
+  }
+
+  absl::Status OnHeader(const v1::Header& h) {
+    if (header_) return absl::DataLossError("a second header");
+    const v1::ExtractRequest& request = call_->request;
+    const int64_t tokens = request.token_ids_size();
+    const std::vector<int> ids(h.capture_ids().begin(), h.capture_ids().end());
+    if (h.sample_id() != request.sample_id()) {
+      return absl::DataLossError(absl::StrCat("the header is for sample_id '", h.sample_id(), "', requested '",
+                                              request.sample_id(), "'"));
+    }
+    if (h.num_tokens() != tokens) {
+      return absl::DataLossError(absl::StrCat("the header has ", h.num_tokens(), " tokens, the request ", tokens));
+    }
+    if (h.token_ids_xxh64() != call_->token_hash) {
+      return absl::DataLossError(absl::StrFormat(
+          "the header's token-id hash %016x differs from the request's %016x (states of other tokens)",
+          h.token_ids_xxh64(), call_->token_hash));
+    }
+    if (ids != call_->spec.capture.ids) {
+      return absl::DataLossError(absl::StrCat("the header has capture ids ", IdsText(ids), ", requested ",
+                                              IdsText(call_->spec.capture.ids)));
+    }
+    if (h.final_norm() != call_->spec.capture.final_norm) {
+      return absl::DataLossError(absl::StrCat("the header has final_norm ", h.final_norm() ? "true" : "false",
+                                              ", requested the opposite"));
+    }
+    if (h.dtype() != ToProto(call_->spec.dtype)) {
+      return absl::DataLossError(absl::StrCat("the header has dtype ", v1::DType_Name(h.dtype()), ", requested ",
+                                              v1::DType_Name(ToProto(call_->spec.dtype))));
+    }
+    const int64_t expected_hidden = impl_->expected_hidden();
+    if (h.hidden_size() < 1 || h.hidden_size() > (1 << 20) ||
+        (expected_hidden > 0 && h.hidden_size() != expected_hidden)) {
+      return absl::DataLossError(absl::StrCat("the header has hidden size ", h.hidden_size(),
+                                              expected_hidden > 0 ? absl::StrCat(", the model ", expected_hidden) : ""));
+    }
+    if (impl_->expected_layers() > 0 && h.num_layers() != 0 && h.num_layers() != impl_->expected_layers()) {
+      return absl::DataLossError(absl::StrCat("the header has ", h.num_layers(), " layers, the model ",
+                                              impl_->expected_layers()));
+    }
+    if (!impl_->expected_model().empty() && !h.model_name().empty() && h.model_name() != impl_->expected_model()) {
+      return absl::DataLossError(absl::StrCat("the header is from model '", h.model_name(), "', expected '",
+                                              impl_->expected_model(), "'"));
+    }
+    header_ = true;
+    sample_.capture_ids = ids;
+    sample_.tokens = tokens;
+    sample_.hidden = h.hidden_size();
+    sample_.dtype = call_->spec.dtype;
+    sample_.has_final_norm = h.final_norm();
+    row_bytes_ = sample_.hidden * OutputDTypeSize(sample_.dtype);
+    sample_.hidden_states.resize(static_cast<size_t>(tokens * static_cast<int64_t>(ids.size()) * row_bytes_));
+    if (sample_.has_final_norm) sample_.final_norm.resize(static_cast<size_t>(tokens * row_bytes_));
+    tensors_ = ids;
+    if (sample_.has_final_norm) tensors_.push_back(-1);
+    XXH64_reset(hash_, 0);
+    return absl::OkStatus();
+  }
+
+  absl::Status OnChunk(const v1::Chunk& c) {
+    if (!header_) return absl::DataLossError("a chunk before the header");
+    if (current_ >= tensors_.size()) {
+      return absl::DataLossError(absl::StrCat("a chunk of ", TensorName(c.capture_id()),
+                                              " after every tensor was complete"));
+    }
+    const int want = tensors_[current_];
+    const int64_t tokens = sample_.tokens;
+    if (c.capture_id() != want) {
+      return absl::DataLossError(absl::StrCat(
+          "a chunk of ", TensorName(c.capture_id()), " while ", TensorName(want), " has ", rows_, " of ", tokens,
+          " rows (expected layer after layer: capture ids ascending, then the final norm)"));
+    }
+    if (c.first_row() != rows_) {
+      return absl::DataLossError(absl::StrCat("chunk rows [", c.first_row(), ", ", c.first_row() + c.num_rows(),
+                                              ") of ", TensorName(want), ": expected first row ", rows_,
+                                              c.first_row() > rows_ ? " (a gap)" : " (an overlap)"));
+    }
+    if (c.num_rows() < 1 || c.num_rows() > tokens - rows_) {
+      return absl::DataLossError(absl::StrCat("chunk rows [", c.first_row(), ", ", c.first_row() + c.num_rows(),
+                                              ") of ", TensorName(want), " are outside [0, ", tokens, ")"));
+    }
+    const std::string& data = c.data();
+    if (static_cast<int64_t>(data.size()) != c.num_rows() * row_bytes_) {
+      return absl::DataLossError(absl::StrCat("a chunk of ", c.num_rows(), " rows of ", TensorName(want), " holds ",
+                                              data.size(), " bytes, expected ", c.num_rows() * row_bytes_,
+                                              " (whole rows of ", sample_.hidden, " values)"));
+    }
+    if (want < 0) {
+      std::memcpy(sample_.final_norm.data() + rows_ * row_bytes_, data.data(), data.size());
+    } else {
+      const int64_t layers = static_cast<int64_t>(sample_.capture_ids.size());
+      const int64_t layer = static_cast<int64_t>(current_);
+      for (int64_t r = 0; r < c.num_rows(); ++r) {
+        std::memcpy(sample_.hidden_states.data() + ((rows_ + r) * layers + layer) * row_bytes_,
+                    data.data() + r * row_bytes_, static_cast<size_t>(row_bytes_));
+      }
+    }
+    XXH64_update(hash_, data.data(), data.size());
+    rows_ += c.num_rows();
+    if (rows_ == tokens) {
+      digests_.push_back(XXH64_digest(hash_));
+      XXH64_reset(hash_, 0);
+      ++current_;
+      rows_ = 0;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status OnTrailer(const v1::Trailer& t) {
+    if (!header_) return absl::DataLossError("a trailer before the header");
+    if (current_ < tensors_.size()) {
+      return absl::DataLossError(absl::StrCat("the trailer came while ", TensorName(tensors_[current_]), " had ",
+                                              rows_, " of ", sample_.tokens, " rows"));
+    }
+    if (t.token_ids_xxh64() != call_->token_hash) {
+      return absl::DataLossError(absl::StrFormat("the trailer's token-id hash %016x differs from the request's %016x",
+                                                 t.token_ids_xxh64(), call_->token_hash));
+    }
+    std::vector<int> seen(tensors_.size(), 0);
+    for (const v1::TensorChecksum& checksum : t.checksums()) {
+      const auto it = std::find(tensors_.begin(), tensors_.end(), checksum.capture_id());
+      if (it == tensors_.end()) {
+        return absl::DataLossError(absl::StrCat("the trailer has a checksum for ", TensorName(checksum.capture_id()),
+                                                ", which was not sent"));
+      }
+      const size_t i = static_cast<size_t>(it - tensors_.begin());
+      if (seen[i]++) {
+        return absl::DataLossError(absl::StrCat("the trailer has two checksums for ", TensorName(tensors_[i])));
+      }
+      if (checksum.xxh64() != digests_[i]) {
+        return absl::DataLossError(absl::StrFormat(
+            "%s: the received bytes hash to %016x, the trailer says %016x (corrupted in transit or assembled wrongly)",
+            TensorName(tensors_[i]), digests_[i], checksum.xxh64()));
+      }
+    }
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (!seen[i]) return absl::DataLossError(absl::StrCat("the trailer has no checksum for ", TensorName(tensors_[i])));
+    }
+    trailer_ = true;
+    return absl::OkStatus();
+  }
+
+  RemoteExtractor::Impl* impl_;
+  std::shared_ptr<SampleCall> call_;
+  size_t server_;
+  grpc::ClientContext context_;
+  v1::ExtractResponse response_;
+  absl::Status error_;
+  bool header_ = false;
+  bool trailer_ = false;
+  EncodedSample sample_;
+  int64_t row_bytes_ = 0;
+  std::vector<int> tensors_;  // capture ids in order, then -1 for the final norm
+  size_t current_ = 0;        // the tensor being received
+  int64_t rows_ = 0;          // rows of it received
+  XXH64_state_t* hash_;
+  std::vector<uint64_t> digests_;
+};
+
+absl::Status RemoteExtractor::Impl::Connect() {
+  if (options_.servers.empty()) return absl::InvalidArgumentError("no server address");
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (options_.tls) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options_.tls_ca_pem;
+    ssl.pem_cert_chain = options_.tls_cert_pem;
+    ssl.pem_private_key = options_.tls_key_pem;
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  for (size_t i = 0; i < options_.servers.size(); ++i) {
+    const std::string& address = options_.servers[i];
+    if (address.empty()) return absl::InvalidArgumentError("an empty server address");
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+    // A name resolving to several replicas (a headless Service) spreads too.
+    args.SetLoadBalancingPolicyName("round_robin");
+    // A connection of its own, even when two addresses are the same.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt("hsx.channel_index", static_cast<int>(i));
+    // Find a restarted server within a couple of seconds.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    // Detect dead connections; every 5 min is what servers accept by default.
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 300000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+    if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
+    Server server;
+    server.address = address;
+    server.channel = grpc::CreateCustomChannel(address, credentials, args);
+    server.stub = v1::HiddenStates::NewStub(server.channel);
+    servers_.push_back(std::move(server));
+  }
+  return absl::OkStatus();
+}
+
+double RemoteExtractor::Impl::Backoff(int attempt) {
+  const double base = std::min(options_.backoff_max_seconds,
+                               options_.backoff_initial_seconds * std::pow(2.0, std::max(0, attempt - 1)));
+  std::lock_guard<std::mutex> lock(mutex_);
+  return base * std::uniform_real_distribution<double>(0.5, 1.0)(rng_);
+}
+
+absl::StatusOr<RemoteModelInfo> RemoteExtractor::Impl::FetchModelInfo() {
+  std::vector<v1::ModelInfo> infos;
+  for (const Server& server : servers_) {
+    v1::ModelInfo info;
+    for (int attempt = 1;; ++attempt) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::milliseconds(static_cast<int64_t>(kModelInfoDeadlineSeconds * 1000)));
+      AddAuth(&context);
+      const grpc::Status status = server.stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
+      if (status.ok()) break;
+      const std::string what = absl::StrCat("server ", server.address, ": GetModelInfo: ",
+                                            StatusCodeName(status.error_code()), ": ", status.error_message());
+      if (!Retryable(status.error_code()) || attempt > options_.retries) {
+        return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                            Retryable(status.error_code())
+                                ? absl::StrCat(what, " (gave up after ", attempt, " attempts)")
+                                : what);
+      }
+      const double delay = Backoff(attempt);
+      options_.log(absl::StrFormat("hsx-dump: %s; retry %d/%d in %.1f s", what, attempt, options_.retries, delay));
+      std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+    }
+    infos.push_back(std::move(info));
+  }
+  const auto describe = [&](size_t i) {
+    const v1::ModelInfo& m = infos[i];
+    return absl::StrCat(servers_[i].address, " serves '", m.model_name(), "' (revision ", m.model_revision(), ", ",
+                        m.num_layers(), " layers, hidden ", m.hidden_size(), ", vocabulary ", m.vocab_size(), ", ",
+                        m.compute_precision(), ")");
+  };
+  for (size_t i = 1; i < infos.size(); ++i) {
+    const v1::ModelInfo& a = infos[0];
+    const v1::ModelInfo& b = infos[i];
+    if (a.model_name() != b.model_name() || a.model_revision() != b.model_revision() ||
+        a.num_layers() != b.num_layers() || a.hidden_size() != b.hidden_size() ||
+        a.vocab_size() != b.vocab_size() || a.compute_precision() != b.compute_precision()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the servers run different models: ", describe(0), "; ", describe(i)));
+    }
+  }
+  const v1::ModelInfo& m = infos[0];
+  if (m.num_layers() < 1 || m.hidden_size() < 1 || m.vocab_size() < 1) {
+    return absl::FailedPreconditionError(absl::StrCat("implausible model info: ", describe(0)));
+  }
+  RemoteModelInfo info;
+  info.model_name = m.model_name();
+  info.model_revision = m.model_revision();
+  info.compute_precision = m.compute_precision();
+  info.device = m.device();
+  info.server_version = m.server_version();
+  info.num_layers = m.num_layers();
+  info.hidden_size = m.hidden_size();
+  info.vocab_size = m.vocab_size();
+  info.default_capture_ids.assign(m.default_capture_ids().begin(), m.default_capture_ids().end());
+  for (const v1::ModelInfo& each : infos) {
+    if (each.max_tokens_per_sample() > 0 &&
+        (info.max_tokens_per_sample == 0 || each.max_tokens_per_sample() < info.max_tokens_per_sample)) {
+      info.max_tokens_per_sample = each.max_tokens_per_sample();
+    }
+  }
+  hidden_ = info.hidden_size;
+  layers_ = info.num_layers;
+  model_ = info.model_name;
+  return info;
+}
+
+size_t RemoteExtractor::Impl::PickServer() {
+  const size_t n = servers_.size();
+  const size_t first = static_cast<size_t>(next_.fetch_add(1) % n);
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = (first + k) % n;
+    if (servers_[i].channel->GetState(false) != GRPC_CHANNEL_TRANSIENT_FAILURE) return i;
+  }
+  return first;  // all failing: let the attempt fail and back off
+}
+
+void RemoteExtractor::Impl::Extract(const InputSample& sample, const ExtractSpec& spec, Done done) {
+  auto call = std::make_shared<SampleCall>();
+  call->input = &sample;
+  call->spec = spec;
+  call->done = std::move(done);
+  call->request.set_sample_id(std::to_string(sample.index));
+  call->request.mutable_token_ids()->Add(sample.input_ids.begin(), sample.input_ids.end());
+  call->request.mutable_capture_ids()->Add(spec.capture.ids.begin(), spec.capture.ids.end());
+  call->request.set_dtype(ToProto(spec.dtype));
+  call->request.set_final_norm(spec.capture.final_norm);
+  call->token_hash = TokenIdsHash(sample.input_ids);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++outstanding_;
+  }
+  StartAttempt(std::move(call));
+}
+
+void RemoteExtractor::Impl::StartAttempt(std::shared_ptr<SampleCall> call) {
+  const size_t server = PickServer();  // not under mutex_: gRPC may run reactions inline
+  Attempt* attempt = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!cancelled_) {
+      ++call->attempts;
+      attempt = new Attempt(this, call, server);
+      active_.emplace(attempt, 0);
+    }
+  }
+  if (attempt == nullptr) {
+    Complete(call, absl::CancelledError("cancelled"));
+    return;
+  }
+  ++attempts_;
+  attempt->Start();
+}
+
+bool RemoteExtractor::Impl::Release(Attempt* attempt) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = active_.find(attempt);
+  const bool pinned = it != active_.end() && it->second > 0;
+  if (it != active_.end()) active_.erase(it);
+  if (pinned) finished_pinned_.insert(attempt);
+  return !pinned;
+}
+
+void RemoteExtractor::Impl::AttemptDone(std::shared_ptr<SampleCall> call, absl::StatusOr<EncodedSample> result,
+                                        grpc::StatusCode code) {
+  if (result.ok()) {
+    Complete(call, std::move(result));
+    return;
+  }
+  bool cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancelled = cancelled_;
+  }
+  if (cancelled) {
+    Complete(call, absl::CancelledError(absl::StrCat("cancelled (", result.status().message(), ")")));
+    return;
+  }
+  if (Retryable(code) && call->attempts <= options_.retries) {
+    const double delay = Backoff(call->attempts);
+    ++retries_;
+    options_.log(absl::StrFormat("hsx-dump: sample %d (id %s): %s; retry %d/%d in %.1f s", call->input->index,
+                                 call->input->id, result.status().message(), call->attempts, options_.retries,
+                                 delay));
+    scheduler_.At(Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay)),
+                  [this, call] { StartAttempt(call); });
+    return;
+  }
+  if (Retryable(code)) {
+    Complete(call, absl::Status(result.status().code(),
+                                absl::StrCat("gave up after ", call->attempts, call->attempts == 1 ? " attempt" : " attempts", "; the last: ",
+                                             result.status().message())));
+    return;
+  }
+  Complete(call, result.status());
+}
+
+void RemoteExtractor::Impl::Complete(const std::shared_ptr<SampleCall>& call, absl::StatusOr<EncodedSample> result) {
+  Extractor::Done done = std::move(call->done);
+  done(std::move(result));
+  std::lock_guard<std::mutex> lock(mutex_);
+  --outstanding_;
+  idle_.notify_all();  // under the lock: the destructor may free idle_ as soon as it sees 0
+}
+
+void RemoteExtractor::Impl::CancelAll() {
+  std::vector<Attempt*> pinned;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancelled_ = true;
+    for (auto& [attempt, pins] : active_) {
+      ++pins;
+      pinned.push_back(attempt);
+    }
+  }
+  scheduler_.FlushNow();
+  // Outside the lock: a cancel may run the attempt's OnDone on this thread.
+  for (Attempt* attempt : pinned) attempt->Cancel();
+  std::vector<Attempt*> to_delete;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Attempt* attempt : pinned) {
+      auto it = active_.find(attempt);
+      if (it != active_.end()) {
+        --it->second;
+      } else if (finished_pinned_.erase(attempt) > 0) {
+        to_delete.push_back(attempt);
+      }
+    }
+  }
+  for (Attempt* attempt : to_delete) delete attempt;
+}
+
+RemoteExtractor::Impl::~Impl() {
+  CancelAll();
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_.wait(lock, [&] { return outstanding_ == 0; });
+}
+
+RemoteExtractor::RemoteExtractor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RemoteExtractor::~RemoteExtractor() = default;
+
+absl::StatusOr<std::unique_ptr<RemoteExtractor>> RemoteExtractor::Create(const RemoteOptions& options) {
+  // Without an RPC in progress, nothing polls a connection attempt but gRPC's
+  // backup poller, every 5 s by default: a restarted server would be noticed
+  // only that late, while our retries fail fast. Poll every 100 ms instead
+  // (read once, when gRPC initializes; a value set by the user wins).
+  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100", /*overwrite=*/0);
+  auto impl = std::make_unique<Impl>(options);
+  if (absl::Status s = impl->Connect(); !s.ok()) return s;
+  return std::unique_ptr<RemoteExtractor>(new RemoteExtractor(std::move(impl)));
+}
+
+absl::StatusOr<RemoteModelInfo> RemoteExtractor::FetchModelInfo() { return impl_->FetchModelInfo(); }
+void RemoteExtractor::Extract(const InputSample& sample, const ExtractSpec& spec, Done done) {
+  impl_->Extract(sample, spec, std::move(done));
+}
+void RemoteExtractor::CancelAll() { impl_->CancelAll(); }
+int64_t RemoteExtractor::attempts() const { return impl_->attempts_.load(); }
+int64_t RemoteExtractor::retries() const { return impl_->retries_.load(); }
+
+}  // namespace hsx

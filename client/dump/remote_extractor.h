@@ -1,0 +1,92 @@
+// remote_extractor.h: the Extractor that asks hsx-server(s) over gRPC.
+//
+// One channel (one connection) per server address; each attempt of a sample
+// goes to the next server in round-robin order, skipping servers whose
+// channel is failing while another one is not. One Extract RPC per sample
+// (gRPC callback API, ClientReadReactor), with a per-attempt deadline. An
+// attempt that ends in UNAVAILABLE, DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED
+// is retried from scratch after an exponential backoff with jitter, at most
+// `retries` times; any other status fails the sample with the server's
+// message.
+//
+// The response stream is reassembled into the bytes of the output file
+// ([T, L, H] interleaved) and checked before it is handed on: the header
+// echoes the request (sample id, token count, token-id hash, capture ids,
+// dtype, final norm, hidden size); chunks hold whole rows, layer after layer
+// in the header's order, each layer's rows in order without gaps or overlaps;
+// every tensor's XXH64 equals the trailer's; the trailer's token hash equals
+// the request's. Values (finite, no all-zero layer) are checked after the
+// transport by the shared VerifySample.
+#ifndef HSX_CLIENT_DUMP_REMOTE_EXTRACTOR_H_
+#define HSX_CLIENT_DUMP_REMOTE_EXTRACTOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/dump/extractor.h"
+
+namespace hsx {
+
+struct RemoteOptions {
+  std::vector<std::string> servers;  // gRPC target addresses (host:port, dns:///..., unix:...)
+  double deadline_seconds = 600.0;   // per attempt of one sample
+  int retries = 8;                   // further attempts after the first
+  double backoff_initial_seconds = 0.1;
+  double backoff_max_seconds = 10.0;
+  std::string auth_token;            // sent as "authorization: Bearer <token>" when set
+  bool tls = false;
+  std::string tls_ca_pem;            // trusted roots (empty: the system's)
+  std::string tls_cert_pem;          // client certificate chain (mTLS)
+  std::string tls_key_pem;
+  std::string tls_server_name;       // name to check the server certificate against (optional)
+  std::function<void(const std::string&)> log;  // notes about retries (default: stderr)
+};
+
+// What the servers run (all of them must agree).
+struct RemoteModelInfo {
+  std::string model_name;
+  std::string model_revision;
+  std::string compute_precision;
+  std::string device;
+  std::string server_version;
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t vocab_size = 0;
+  int64_t max_tokens_per_sample = 0;  // the smallest over the servers (0: no limit)
+  std::vector<int> default_capture_ids;
+};
+
+// How a status code is spelt ("UNAVAILABLE").
+std::string StatusCodeName(int code);
+
+class RemoteExtractor : public Extractor {
+ public:
+  static absl::StatusOr<std::unique_ptr<RemoteExtractor>> Create(const RemoteOptions& options);
+  // Cancels what is in flight and waits for every call to end.
+  ~RemoteExtractor() override;
+
+  // Asks every server (retrying as for samples) and checks that they serve
+  // the same model; later responses are checked against it.
+  absl::StatusOr<RemoteModelInfo> FetchModelInfo();
+
+  void Extract(const InputSample& sample, const ExtractSpec& spec, Done done) override;
+  void CancelAll() override;
+
+  // Attempts started and retries scheduled so far.
+  int64_t attempts() const;
+  int64_t retries() const;
+
+  class Impl;
+
+ private:
+  explicit RemoteExtractor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hsx
+
+#endif  // HSX_CLIENT_DUMP_REMOTE_EXTRACTOR_H_

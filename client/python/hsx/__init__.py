@@ -1,0 +1,27 @@
+"""hsx: verified hidden states from hsx-server, for training speculative-decoding draft models.
+
+    import hsx
+    client = hsx.Client("localhost:50051")
+    sample = client.extract([1, 2, 3])          # hidden_states [T, L, H], token_ids [T]
+    for index, sample in client.extract_many(token_lists, concurrency=8): ...
+
+    dataset = hsx.OnlineDataset(samples, ["host-a:50051", "host-b:50051"])   # torch IterableDataset
+    sample = hsx.read_sample("out/hs_0.safetensors")                         # hsx-dump files
+
+Every sample is checked before it is returned (token-id hash, shapes, per-tensor
+XXH64 checksums, finite values, no all-zero layer); a failed check raises
+IntegrityError, never returns data.
+"""
+
+from .client import Client, IntegrityError, Sample, ServerError
+from .files import read_sample
+
+__all__ = ["Client", "IntegrityError", "Sample", "ServerError", "read_sample", "OnlineDataset"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name == "OnlineDataset":  # needs torch; imported on first use
+        from .dataset import OnlineDataset
+        return OnlineDataset
+    raise AttributeError(name)

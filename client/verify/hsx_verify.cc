@@ -1,0 +1,416 @@
+// hsx-verify: re-checks an hsx-dump output directory from scratch.
+//
+//   the journal (manifest.jsonl) parses; a torn last line is reported;
+//   every journaled file exists, has the journaled size and XXH64;
+//   its safetensors header is valid, hidden_states is [T, L, H] in the
+//   journaled dtype with the journaled capture ids, token_ids [T] int64,
+//   loss_mask [T] int64 (0/1) when journaled, final_norm_hidden_states [T, H]
+//   when journaled, nothing else; the metadata agrees with the journal and its
+//   per-tensor checksums with the data; values are finite, no layer all zeros;
+//   with --input: token_ids, loss_mask and the id equal the input line's, and
+//   every input sample (of --shard) is journaled;
+//   files on disk that the journal does not list are incomplete: a warning
+//   (an error with --strict).
+// Exit status 0 when all is well, 1 with the list of problems otherwise.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/dump/dump_job.h"
+#include "client/dump/input.h"
+#include "client/dump/journal.h"
+#include "client/dump/sample_file.h"
+#include "server/model/encoding.h"
+#include "server/model/safetensors.h"
+#include "server/tools/cli.h"
+
+ABSL_FLAG(std::string, input, "", "The JSONL input of the dump: token_ids, loss_mask and ids must "
+          "equal its lines, and every sample must be journaled.");
+ABSL_FLAG(std::string, shard, "0/1", "With --input: only samples whose index % N == I are expected.");
+ABSL_FLAG(bool, strict, false, "Warnings (files not in the journal, a torn journal line, "
+          "duplicate journal lines) are failures too.");
+ABSL_FLAG(int, threads, 0, "Files checked in parallel (0: the number of cores).");
+
+namespace {
+
+using hsx::JournalEntry;
+
+struct Problem {
+  std::string where;
+  std::string what;
+  bool error = true;
+};
+
+// A read-only mapping of a whole file.
+class Mapping {
+ public:
+  ~Mapping() {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  }
+  absl::Status Open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open: ", std::strerror(errno)));
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return absl::FailedPreconditionError("not a regular file");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        ::close(fd);
+        return absl::InternalError(absl::StrCat("cannot map: ", std::strerror(errno)));
+      }
+      data_ = static_cast<const uint8_t*>(p);
+    }
+    ::close(fd);
+    return absl::OkStatus();
+  }
+  std::span<const uint8_t> bytes() const { return {data_, size_}; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+std::string Hex(std::span<const uint8_t> bytes) { return hsx::Xxh64Hex(bytes.data(), bytes.size()); }
+
+std::vector<int64_t> Int64s(std::span<const uint8_t> bytes) {
+  std::vector<int64_t> values(bytes.size() / sizeof(int64_t));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(int64_t));
+  return values;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+
+// Every problem with one journaled file.
+std::vector<std::string> CheckFile(const std::string& path, const JournalEntry& e, const hsx::InputSample* input) {
+  std::vector<std::string> errors;
+  Mapping file;
+  if (absl::Status s = file.Open(path); !s.ok()) return {std::string(s.message())};
+  const std::span<const uint8_t> bytes = file.bytes();
+  if (static_cast<int64_t>(bytes.size()) != e.bytes) {
+    errors.push_back(absl::StrCat("size ", bytes.size(), " bytes, the journal says ", e.bytes));
+  }
+  if (const std::string hash = Hex(bytes); hash != e.xxh64) {
+    errors.push_back(absl::StrCat("xxh64 ", hash, ", the journal says ", e.xxh64,
+                                  " (changed or corrupted since it was written)"));
+  }
+  absl::StatusOr<hsx::SafetensorsHeader> header = hsx::ParseSafetensors(bytes, path);
+  if (!header.ok()) {
+    errors.push_back(absl::StrCat("invalid safetensors: ", header.status().message()));
+    return errors;
+  }
+  const auto& meta = header->metadata;
+  auto meta_value = [&](const std::string& key) -> std::string {
+    auto it = meta.find(key);
+    return it == meta.end() ? std::string("<missing>") : it->second;
+  };
+  auto expect_meta = [&](const std::string& key, const std::string& want) {
+    if (const std::string got = meta_value(key); got != want) {
+      errors.push_back(absl::StrCat("metadata ", key, " '", got, "', the journal says '", want, "'"));
+    }
+  };
+  expect_meta("hsx_format", "1");
+  expect_meta("sample_index", std::to_string(e.index));
+  expect_meta("sample_id", e.id);
+  expect_meta("dtype", e.dtype);
+  expect_meta("model", e.model);
+  if (meta.count("model_revision") || !e.model_revision.empty()) expect_meta("model_revision", e.model_revision);
+  if (meta.count("compute_precision") || !e.compute_precision.empty()) {
+    expect_meta("compute_precision", e.compute_precision);
+  }
+  {
+    const nlohmann::json ids = nlohmann::json::parse(meta_value("capture_ids"), nullptr, false);
+    if (ids.is_discarded() || !ids.is_array() || ids != nlohmann::json(e.capture_ids)) {
+      errors.push_back(absl::StrCat("metadata capture_ids '", meta_value("capture_ids"), "', the journal says ",
+                                    nlohmann::json(e.capture_ids).dump()));
+    }
+  }
+  absl::StatusOr<hsx::OutputDType> dtype = hsx::ParseOutputDType(e.dtype);
+  if (!dtype.ok()) {
+    errors.push_back(absl::StrCat("journal dtype '", e.dtype, "' is not bf16, fp16 or fp32"));
+    return errors;
+  }
+  const nlohmann::json checksums = nlohmann::json::parse(meta_value("checksums_xxh64"), nullptr, false);
+  if (checksums.is_discarded() || !checksums.is_object()) {
+    errors.push_back("metadata checksums_xxh64 is missing or not a JSON object");
+  }
+
+  const int64_t tokens = e.tokens;
+  const int64_t layers = static_cast<int64_t>(e.capture_ids.size());
+  const hsx::DType value_type = hsx::ToSafetensorsDType(*dtype);
+  std::map<std::string, const hsx::TensorInfo*> tensors;
+  for (const hsx::TensorInfo& t : header->tensors) tensors[t.name] = &t;
+  auto data = [&](const hsx::TensorInfo& t) { return bytes.subspan(header->data_start + t.begin, t.num_bytes()); };
+  auto expect_tensor = [&](const std::string& name, hsx::DType type,
+                           const std::vector<int64_t>& shape) -> const hsx::TensorInfo* {
+    auto it = tensors.find(name);
+    if (it == tensors.end()) {
+      errors.push_back(absl::StrCat("no tensor ", name));
+      return nullptr;
+    }
+    const hsx::TensorInfo& t = *it->second;
+    if (t.dtype != type || t.shape != shape) {
+      errors.push_back(absl::StrCat(name, " is ", hsx::DTypeName(t.dtype), " ", ShapeText(t.shape), ", expected ",
+                                    hsx::DTypeName(type), " ", ShapeText(shape)));
+      return nullptr;
+    }
+    return &t;
+  };
+  // The shape of hidden_states gives H.
+  int64_t hidden = 0;
+  if (auto it = tensors.find("hidden_states"); it != tensors.end() && it->second->shape.size() == 3) {
+    hidden = it->second->shape[2];
+  }
+  if (hidden < 1) {
+    errors.push_back(absl::StrCat("hidden_states is missing or not [T, L, H] with H >= 1"));
+    return errors;
+  }
+  std::set<std::string> expected = {"hidden_states", "token_ids"};
+  const hsx::TensorInfo* hs = expect_tensor("hidden_states", value_type, {tokens, layers, hidden});
+  const hsx::TensorInfo* ids = expect_tensor("token_ids", hsx::DType::kI64, {tokens});
+  const hsx::TensorInfo* mask = nullptr;
+  const hsx::TensorInfo* final_norm = nullptr;
+  if (!e.loss_mask_xxh64.empty()) {
+    expected.insert("loss_mask");
+    mask = expect_tensor("loss_mask", hsx::DType::kI64, {tokens});
+  }
+  if (e.final_norm) {
+    expected.insert("final_norm_hidden_states");
+    final_norm = expect_tensor("final_norm_hidden_states", value_type, {tokens, hidden});
+  }
+  for (const auto& [name, t] : tensors) {
+    if (!expected.count(name)) errors.push_back(absl::StrCat("unexpected tensor ", name, " (not in the journal)"));
+  }
+  if (checksums.is_object()) {
+    for (const auto& [name, t] : tensors) {
+      auto it = checksums.find(name);
+      if (it == checksums.end() || !it->is_string()) {
+        errors.push_back(absl::StrCat("metadata checksums_xxh64 has no checksum for ", name));
+      } else if (const std::string hash = Hex(data(*t)); hash != it->get<std::string>()) {
+        errors.push_back(absl::StrCat(name, ": data hashes to ", hash, ", the metadata checksum is ",
+                                      it->get<std::string>()));
+      }
+    }
+  }
+  if (ids != nullptr) {
+    const std::vector<int64_t> values = Int64s(data(*ids));
+    if (const std::string hash = hsx::Int64Xxh64Hex(values); hash != e.token_ids_xxh64) {
+      errors.push_back(absl::StrCat("token_ids hash to ", hash, ", the journal says ", e.token_ids_xxh64));
+    }
+    if (input != nullptr &&
+        !std::equal(values.begin(), values.end(), input->input_ids.begin(), input->input_ids.end())) {
+      errors.push_back(absl::StrCat("token_ids differ from line ", input->line, " of the input"));
+    }
+  }
+  if (mask != nullptr) {
+    const std::vector<int64_t> values = Int64s(data(*mask));
+    if (const std::string hash = hsx::Int64Xxh64Hex(values); hash != e.loss_mask_xxh64) {
+      errors.push_back(absl::StrCat("loss_mask hashes to ", hash, ", the journal says ", e.loss_mask_xxh64));
+    }
+    if (std::any_of(values.begin(), values.end(), [](int64_t v) { return v != 0 && v != 1; })) {
+      errors.push_back("loss_mask has values other than 0 and 1");
+    }
+    if (input != nullptr && (!input->loss_mask || *input->loss_mask != values)) {
+      errors.push_back(absl::StrCat("loss_mask differs from line ", input->line, " of the input"));
+    }
+  } else if (input != nullptr && input->loss_mask && e.loss_mask_xxh64.empty()) {
+    errors.push_back(absl::StrCat("no loss_mask, but line ", input->line, " of the input has one"));
+  }
+  if (input != nullptr && input->id != e.id) {
+    errors.push_back(absl::StrCat("id '", e.id, "' differs from '", input->id, "' on line ", input->line,
+                                  " of the input"));
+  }
+  if (hs != nullptr) {
+    std::vector<std::string> names;
+    for (int id : e.capture_ids) names.push_back(absl::StrCat("hidden_states capture id ", id));
+    if (absl::Status s = hsx::CheckEncodedValues(data(*hs), *dtype, tokens, layers, hidden, names); !s.ok()) {
+      errors.push_back(std::string(s.message()));
+    }
+  }
+  if (final_norm != nullptr) {
+    if (absl::Status s = hsx::CheckEncodedValues(data(*final_norm), *dtype, tokens, 1, hidden,
+                                                 {"final_norm_hidden_states"});
+        !s.ok()) {
+      errors.push_back(std::string(s.message()));
+    }
+  }
+  return errors;
+}
+
+absl::Status Run(const std::vector<char*>& args) {
+  if (args.size() != 2) return absl::InvalidArgumentError("expected one directory (see --help)");
+  const std::string dir = args[1];
+  const std::filesystem::path root(dir);
+  if (!std::filesystem::is_directory(root)) return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
+  absl::StatusOr<hsx::ShardSpec> shard = hsx::ParseShard(absl::GetFlag(FLAGS_shard));
+  if (!shard.ok()) return absl::InvalidArgumentError(absl::StrCat("--shard: ", shard.status().message()));
+  std::vector<hsx::InputSample> samples;
+  const std::string input_path = absl::GetFlag(FLAGS_input);
+  if (!input_path.empty()) {
+    hsx::InputLimits limits;
+    limits.vocab_size = int64_t{1} << 31;
+    absl::StatusOr<std::vector<hsx::InputSample>> read = hsx::ReadInputFile(input_path, limits);
+    if (!read.ok()) return read.status();
+    samples = *std::move(read);
+  }
+
+  std::vector<Problem> problems;
+  const std::string journal_path = (root / hsx::kJournalFileName).string();
+  absl::StatusOr<hsx::JournalScan> scan = hsx::ReadJournal(journal_path);
+  if (!scan.ok()) {
+    problems.push_back({journal_path, absl::IsNotFound(scan.status())
+                                          ? "missing: not an hsx-dump output directory, or nothing was completed"
+                                          : std::string(scan.status().message())});
+    scan = hsx::JournalScan();
+  }
+  if (scan->torn_bytes > 0) {
+    problems.push_back({journal_path,
+                        absl::StrCat("a torn last line (", scan->torn_bytes,
+                                     " bytes, an interrupted append): that sample is not complete; the next "
+                                     "hsx-dump run removes the line and redoes it"),
+                        false});
+  }
+  // One entry per index; duplicates are harmless only when identical.
+  std::map<int64_t, const hsx::JournalScan::Line*> entries;
+  for (const hsx::JournalScan::Line& line : scan->lines) {
+    const JournalEntry& e = line.entry;
+    const std::string where = absl::StrCat(journal_path, ":", line.number);
+    if (e.file != hsx::SampleFileName(e.index)) {
+      problems.push_back({where, absl::StrCat("file '", e.file, "' is not ", hsx::SampleFileName(e.index))});
+      continue;
+    }
+    auto [it, inserted] = entries.emplace(e.index, &line);
+    if (!inserted) {
+      const bool same = it->second->entry == e;
+      problems.push_back({where,
+                          absl::StrCat("sample ", e.index, " is journaled again (first on line ", it->second->number,
+                                       same ? ", identical)" : ", with different contents)"),
+                          !same});
+    }
+    if (!samples.empty() && e.index >= static_cast<int64_t>(samples.size())) {
+      problems.push_back({where, absl::StrCat("sample ", e.index, " is beyond the input's ", samples.size(),
+                                              " samples")});
+    }
+  }
+
+  // Every journaled file, in parallel.
+  std::vector<const hsx::JournalScan::Line*> todo;
+  for (const auto& [index, line] : entries) todo.push_back(line);
+  std::vector<std::vector<std::string>> results(todo.size());
+  std::atomic<size_t> next{0};
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 1) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::min<int>(threads, static_cast<int>(std::max<size_t>(1, todo.size())));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
+        const JournalEntry& e = todo[i]->entry;
+        const hsx::InputSample* input =
+            e.index < static_cast<int64_t>(samples.size()) ? &samples[static_cast<size_t>(e.index)] : nullptr;
+        results[i] = CheckFile((root / e.file).string(), e, input);
+      }
+    });
+  }
+  for (std::thread& t : pool) t.join();
+  int64_t tokens = 0;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < todo.size(); ++i) {
+    const JournalEntry& e = todo[i]->entry;
+    for (const std::string& what : results[i]) problems.push_back({(root / e.file).string(), what});
+    tokens += e.tokens;
+    bytes += e.bytes;
+  }
+
+  // Input samples that are not journaled.
+  if (!samples.empty()) {
+    std::vector<int64_t> missing;
+    int64_t expected = 0;
+    for (const hsx::InputSample& s : samples) {
+      if (!shard->Contains(s.index)) continue;
+      ++expected;
+      if (!entries.count(s.index)) missing.push_back(s.index);
+    }
+    if (!missing.empty()) {
+      const size_t shown = std::min<size_t>(missing.size(), 20);
+      problems.push_back({dir, absl::StrCat(missing.size(), " of ", expected, " input samples are not journaled: ",
+                                            absl::StrJoin(missing.begin(), missing.begin() + shown, ", "),
+                                            missing.size() > shown ? ", ..." : "")});
+    }
+  }
+
+  // Files the journal does not list.
+  std::set<std::string> journaled;
+  for (const auto& [index, line] : entries) journaled.insert(line->entry.file);
+  std::vector<std::string> strays;
+  std::error_code error;
+  for (const auto& item : std::filesystem::directory_iterator(root, error)) {
+    const std::string name = item.path().filename().string();
+    if (name == hsx::kJournalFileName || journaled.count(name) || !item.is_regular_file()) continue;
+    strays.push_back(name);
+  }
+  std::sort(strays.begin(), strays.end());
+  for (const std::string& name : strays) {
+    const bool temporary = absl::StrContains(name, ".tmp.") || absl::StrContains(name, ".partial.");
+    problems.push_back({(root / name).string(),
+                        temporary ? "a leftover temporary file of an interrupted write (not in the journal)"
+                                  : "not in the journal: incomplete (written but never declared done; "
+                                    "hsx-dump writes it again on the next run)",
+                        false});
+  }
+
+  int64_t errors = 0;
+  int64_t warnings = 0;
+  const bool strict = absl::GetFlag(FLAGS_strict);
+  for (const Problem& p : problems) {
+    const bool fails = p.error || strict;
+    (fails ? errors : warnings)++;
+    std::printf("%s: %s: %s\n", p.where.c_str(), fails ? "error" : "warning", p.what.c_str());
+  }
+  std::printf("hsx-verify: %s: %zu journaled samples (%lld tokens, %lld bytes) checked; %lld errors, %lld warnings\n",
+              dir.c_str(), entries.size(), static_cast<long long>(tokens), static_cast<long long>(bytes),
+              static_cast<long long>(errors), static_cast<long long>(warnings));
+  std::fflush(stdout);
+  if (errors > 0) {
+    return absl::DataLossError(absl::StrCat(dir, ": ", errors, errors == 1 ? " problem" : " problems",
+                                            " (listed on stdout)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Re-checks an hsx-dump output directory: the journal, every journaled file's bytes, header,\n"
+      "shapes, checksums and values; with --input, that it matches the input. Flags accept - or _.\n\n"
+      "  hsx-verify DIR [--input samples.jsonl] [--shard I/N] [--strict]");
+  hsx::AcceptDashedFlags(argc, argv);
+  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  return hsx::ExitWithStatus("hsx-verify", Run(args));
+}

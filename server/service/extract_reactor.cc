@@ -1,0 +1,163 @@
+// extract_reactor.cc: the stream's state machine. Every event takes the lock,
+// updates the state and decides one action; the action (StartWrite or
+// Finish) runs after the lock is released.
+#include "server/service/extract_reactor.h"
+
+#include <grpcpp/support/config.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace hsx {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return {static_cast<grpc::StatusCode>(status.code()), std::string(status.message())};
+}
+
+std::shared_ptr<ExtractReactor> ExtractReactor::Create(EncoderOptions encoder_options, CaptureSpec capture,
+                                                       int64_t tokens, Metrics* metrics,
+                                                       std::function<void(const StreamResult&)> on_done) {
+  std::shared_ptr<ExtractReactor> reactor(
+      new ExtractReactor(std::move(encoder_options), std::move(capture), tokens, metrics, std::move(on_done)));
+  reactor->self_ = reactor;
+  return reactor;
+}
+
+ExtractReactor::ExtractReactor(EncoderOptions encoder_options, CaptureSpec capture, int64_t tokens,
+                               Metrics* metrics, std::function<void(const StreamResult&)> on_done)
+    : encoder_options_(std::move(encoder_options)),
+      capture_(std::move(capture)),
+      tokens_(tokens),
+      metrics_(metrics),
+      on_done_(std::move(on_done)),
+      start_(absl::Now()) {}
+
+absl::Status ExtractReactor::CheckStates(const SampleStates& s) const {
+  const size_t layers = s.capture_ids.size();
+  const bool shapes_ok = s.tokens == tokens_ && s.capture_ids == capture_.ids &&
+                         s.hidden_states.size() == static_cast<size_t>(s.tokens) * layers * s.hidden &&
+                         s.final_norm.size() == (capture_.final_norm ? static_cast<size_t>(s.tokens * s.hidden) : 0);
+  if (shapes_ok) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("the batcher returned states of ", s.tokens, " tokens and ", layers,
+                                          " layers for a request of ", tokens_, " tokens and ",
+                                          capture_.ids.size(), " layers"));
+}
+
+void ExtractReactor::Deliver(absl::StatusOr<SampleStates> states) {
+  Action action;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finish_called_ || cancelled_) return;  // the client went away; the states are dropped
+    absl::Status status = states.status();
+    if (status.ok()) status = CheckStates(*states);
+    if (!status.ok()) {
+      action = FinishLocked(ToGrpcStatus(status));
+    } else {
+      encoder_ = std::make_unique<ResponseEncoder>(*std::move(states), encoder_options_);
+      held_state_bytes_ = encoder_->state_bytes();
+      metrics_->AddHeldStates(static_cast<double>(held_state_bytes_));
+      action = NextWriteLocked();
+    }
+  }
+  Perform(action);
+}
+
+void ExtractReactor::Fail(grpc::Status status) {
+  Action action;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!finish_called_) action = FinishLocked(std::move(status));
+  }
+  Perform(action);
+}
+
+void ExtractReactor::OnWriteDone(bool ok) {
+  Action action;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    write_in_flight_ = false;
+    metrics_->AddBuffered(-static_cast<double>(message_bytes_));
+    if (ok) {
+      metrics_->BytesSent(message_bytes_);
+      ++messages_sent_;
+    }
+    message_.Clear();
+    message_bytes_ = 0;
+    if (finish_called_) {
+      // Nothing to do: Finish is never called with a write outstanding.
+    } else if (!ok || cancelled_) {
+      action = FinishLocked({grpc::StatusCode::CANCELLED, "the stream was cancelled or broke during a write"});
+    } else {
+      action = NextWriteLocked();
+    }
+  }
+  Perform(action);
+}
+
+void ExtractReactor::OnCancel() {
+  Action action;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancelled_ = true;
+    // With a write outstanding, its OnWriteDone finishes the stream.
+    if (!finish_called_ && !write_in_flight_) {
+      action = FinishLocked({grpc::StatusCode::CANCELLED, "cancelled by the client (or its deadline passed)"});
+    }
+  }
+  Perform(action);
+}
+
+void ExtractReactor::OnDone() {
+  StreamResult result;
+  std::shared_ptr<ExtractReactor> self;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    result.status = final_status_;
+    result.tokens = tokens_;
+    result.messages_sent = messages_sent_;
+    result.elapsed = absl::Now() - start_;
+    self = std::move(self_);
+  }
+  if (on_done_) on_done_(result);
+  // `self` may hold the last reference: the reactor is freed when it goes out
+  // of scope, unless the batcher has not delivered yet.
+}
+
+ExtractReactor::Action ExtractReactor::NextWriteLocked() {
+  absl::StatusOr<bool> more = encoder_->Next(&message_);
+  if (!more.ok()) return FinishLocked(ToGrpcStatus(more.status()));
+  if (!*more) return FinishLocked(grpc::Status::OK);
+  write_in_flight_ = true;
+  message_bytes_ = static_cast<int64_t>(message_.ByteSizeLong());
+  metrics_->AddBuffered(static_cast<double>(message_bytes_));
+  return {Action::kWrite, grpc::Status::OK};
+}
+
+ExtractReactor::Action ExtractReactor::FinishLocked(grpc::Status status) {
+  finish_called_ = true;
+  final_status_ = status;
+  if (encoder_) {
+    metrics_->AddHeldStates(-static_cast<double>(held_state_bytes_));
+    encoder_.reset();  // the states are not needed any more
+    held_state_bytes_ = 0;
+  }
+  return {Action::kFinish, std::move(status)};
+}
+
+void ExtractReactor::Perform(const Action& action) {
+  switch (action.kind) {
+    case Action::kNone:
+      return;
+    case Action::kWrite:
+      // message_ is not touched again until OnWriteDone.
+      StartWrite(&message_, grpc::WriteOptions().set_no_compression());
+      return;
+    case Action::kFinish:
+      Finish(action.status);
+      return;
+  }
+}
+
+}  // namespace hsx

@@ -1,0 +1,106 @@
+// extract_reactor.h: one Extract stream, from the batcher's result to the
+// last message.
+//
+// Life cycle. The service creates the reactor and queues the sample; the
+// batcher later calls Deliver() on its own thread. Deliver() only stores the
+// states and starts the first write (the Header): it never blocks and never
+// encodes rows. Each following message is encoded in OnWriteDone, when the
+// previous one has been taken by gRPC, so at most one message is in flight
+// and one encoded chunk exists per stream: a client that stops reading stalls
+// HTTP/2 flow control, OnWriteDone stops coming, and the stream stops
+// encoding. The float32 states are held until the stream ends.
+//
+// Guarantees:
+//  - Finish is called exactly once: after the Trailer with OK, or earlier
+//    with the error (engine failure, verification failure, cancellation).
+//    It is never called while a write is outstanding.
+//  - The reactor owns itself (a shared_ptr released in OnDone) and the
+//    batcher's callback holds another reference, so a stream cancelled while
+//    its sample is still queued or running is freed only after the batcher
+//    has delivered; the late states are dropped.
+//  - `on_done` runs exactly once, in OnDone, with the final status.
+#ifndef HSX_SERVER_SERVICE_EXTRACT_REACTOR_H_
+#define HSX_SERVER_SERVICE_EXTRACT_REACTOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include <grpcpp/support/server_callback.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "hsx/v1/hsx.pb.h"
+#include "server/model/forward.h"
+#include "server/model/sample_states.h"
+#include "server/service/metrics.h"
+#include "server/service/response_encoder.h"
+
+namespace hsx {
+
+// How a stream ended, for the service's bookkeeping and logs.
+struct StreamResult {
+  grpc::Status status;
+  int64_t tokens = 0;
+  int64_t messages_sent = 0;
+  absl::Duration elapsed;
+};
+
+class ExtractReactor : public grpc::ServerWriteReactor<v1::ExtractResponse>,
+                       public std::enable_shared_from_this<ExtractReactor> {
+ public:
+  // The reactor keeps itself alive until OnDone; hand reactor.get() to gRPC.
+  static std::shared_ptr<ExtractReactor> Create(EncoderOptions encoder_options, CaptureSpec capture,
+                                                int64_t tokens, Metrics* metrics,
+                                                std::function<void(const StreamResult&)> on_done);
+
+  // The sample's states, or the error that stopped its batch. Any thread.
+  void Deliver(absl::StatusOr<SampleStates> states);
+  // Ends the stream with `status` before anything was delivered.
+  void Fail(grpc::Status status);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  // What to do once the lock is released.
+  struct Action {
+    enum Kind { kNone, kWrite, kFinish } kind = kNone;
+    grpc::Status status;
+  };
+
+  ExtractReactor(EncoderOptions encoder_options, CaptureSpec capture, int64_t tokens, Metrics* metrics,
+                 std::function<void(const StreamResult&)> on_done);
+  absl::Status CheckStates(const SampleStates& states) const;
+  Action NextWriteLocked();
+  Action FinishLocked(grpc::Status status);
+  void Perform(const Action& action);
+
+  const EncoderOptions encoder_options_;
+  const CaptureSpec capture_;
+  const int64_t tokens_;
+  Metrics* const metrics_;
+  const std::function<void(const StreamResult&)> on_done_;
+  const absl::Time start_;
+
+  std::mutex mutex_;
+  std::shared_ptr<ExtractReactor> self_;      // released in OnDone
+  std::unique_ptr<ResponseEncoder> encoder_;  // set by Deliver, released at Finish
+  int64_t held_state_bytes_ = 0;
+  v1::ExtractResponse message_;               // the message in flight
+  int64_t message_bytes_ = 0;
+  int64_t messages_sent_ = 0;
+  bool write_in_flight_ = false;
+  bool cancelled_ = false;
+  bool finish_called_ = false;
+  grpc::Status final_status_;
+};
+
+// absl::Status -> grpc::Status, same code and message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace hsx
+
+#endif  // HSX_SERVER_SERVICE_EXTRACT_REACTOR_H_

@@ -1,0 +1,175 @@
+// hidden_states_service.cc: admission, validation and hand-off to the batcher.
+#include "server/service/hidden_states_service.h"
+
+#include <span>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "client/dump/sample_file.h"
+#include "server/model/encoding.h"
+#include "server/service/extract_reactor.h"
+#include "server/service/log.h"
+
+namespace hsx {
+namespace {
+
+// An Extract that fails before anything is queued.
+class RejectedExtract : public grpc::ServerWriteReactor<v1::ExtractResponse> {
+ public:
+  explicit RejectedExtract(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+RequestLimits LimitsOf(const ServiceOptions& options, const v1::ModelInfo& info) {
+  RequestLimits limits;
+  limits.vocab_size = info.vocab_size();
+  limits.num_layers = info.num_layers();
+  limits.max_tokens_per_sample = options.max_tokens_per_sample;
+  limits.default_capture = options.default_capture;
+  return limits;
+}
+
+void LogFailure(const char* method, const std::string& sample_id, const std::string& peer, int64_t tokens,
+                const grpc::Status& status, int64_t messages_sent = 0) {
+  const grpc::StatusCode code = status.error_code();
+  const bool server_fault = code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNKNOWN ||
+                            code == grpc::StatusCode::DATA_LOSS;
+  std::string line = absl::StrFormat("%s sample_id='%s' (%d tokens) from %s: %s: %s", method,
+                                     sample_id.substr(0, 128), tokens, peer, StatusCodeName(code),
+                                     status.error_message());
+  if (messages_sent > 0) absl::StrAppend(&line, " (after ", messages_sent, " messages)");
+  LogLine(server_fault ? LogLevel::kError : LogLevel::kInfo, line);
+}
+
+}  // namespace
+
+HiddenStatesService::HiddenStatesService(const ServiceOptions& options, v1::ModelInfo info, Metrics* metrics,
+                                         const TokenAuth* auth)
+    : options_(options), info_(std::move(info)), limits_(LimitsOf(options_, info_)), metrics_(metrics), auth_(auth) {}
+
+void HiddenStatesService::SetBatcher(Batcher* batcher) { batcher_.store(batcher); }
+
+void HiddenStatesService::StartDraining() { draining_.store(true); }
+
+void HiddenStatesService::Notify() {
+  std::lock_guard<std::mutex> lock(idle_mutex_);
+  idle_.notify_all();
+}
+
+void HiddenStatesService::Interrupt() {
+  std::lock_guard<std::mutex> lock(idle_mutex_);
+  interrupted_ = true;
+  idle_.notify_all();
+}
+
+bool HiddenStatesService::WaitIdle(absl::Time deadline) {
+  std::unique_lock<std::mutex> lock(idle_mutex_);
+  for (;;) {
+    if (inflight_.load() == 0 && samples_in_batcher_.load() == 0) return true;
+    if (interrupted_ || absl::Now() >= deadline) return false;
+    idle_.wait_for(lock, absl::ToChronoMilliseconds(std::min(deadline - absl::Now(), absl::Milliseconds(200))));
+  }
+}
+
+grpc::ServerUnaryReactor* HiddenStatesService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                            const v1::GetModelInfoRequest* /*request*/,
+                                                            v1::ModelInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (auth_ != nullptr) {
+    if (grpc::Status status = auth_->Check(*context); !status.ok()) {
+      metrics_->Error(status.error_code());
+      LogFailure("GetModelInfo", "", context->peer(), 0, status);
+      reactor->Finish(status);
+      return reactor;
+    }
+  }
+  *response = info_;
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::ExtractResponse>* HiddenStatesService::Reject(grpc::CallbackServerContext* context,
+                                                                           const v1::ExtractRequest& request,
+                                                                           grpc::Status status) {
+  metrics_->Error(status.error_code());
+  LogFailure("Extract", request.sample_id(), context->peer(), request.token_ids_size(), status);
+  return new RejectedExtract(std::move(status));
+}
+
+grpc::ServerWriteReactor<v1::ExtractResponse>* HiddenStatesService::Extract(grpc::CallbackServerContext* context,
+                                                                            const v1::ExtractRequest* request) {
+  if (auth_ != nullptr) {
+    if (grpc::Status status = auth_->Check(*context); !status.ok()) return Reject(context, *request, status);
+  }
+  Batcher* batcher = batcher_.load();
+  if (batcher == nullptr) {
+    return Reject(context, *request,
+                  {grpc::StatusCode::UNAVAILABLE, "the model is loading; wait for grpc.health.v1 SERVING"});
+  }
+  if (draining_.load()) {
+    return Reject(context, *request,
+                  {grpc::StatusCode::UNAVAILABLE, "draining: the server is shutting down; retry on another replica"});
+  }
+  absl::StatusOr<ValidatedRequest> valid = ValidateExtractRequest(*request, limits_);
+  if (!valid.ok()) return Reject(context, *request, ToGrpcStatus(valid.status()));
+
+  // Admission: reserve a slot or refuse at once.
+  int current = inflight_.load();
+  do {
+    if (current >= options_.max_concurrent_requests) {
+      return Reject(context, *request,
+                    {grpc::StatusCode::RESOURCE_EXHAUSTED,
+                     absl::StrCat("too many concurrent requests: ", current, " Extract calls in progress, the limit "
+                                  "is ", options_.max_concurrent_requests,
+                                  " (--max-concurrent-requests); retry later or on another replica")});
+    }
+  } while (!inflight_.compare_exchange_weak(current, current + 1));
+  metrics_->AddInflight(1);
+
+  std::vector<int32_t> tokens(request->token_ids().begin(), request->token_ids().end());
+  EncoderOptions encoder;
+  encoder.sample_id = request->sample_id();
+  encoder.dtype = valid->dtype;
+  encoder.proto_dtype = valid->proto_dtype;
+  encoder.summary = valid->summary;
+  encoder.max_chunk_bytes = options_.max_chunk_bytes;
+  encoder.token_ids_hash = TokenIdsHash(std::span<const int32_t>(tokens));
+  encoder.model_name = info_.model_name();
+  encoder.num_layers = info_.num_layers();
+  encoder.layer_convention = kLayerConvention;
+
+  const std::string peer = context->peer();
+  const std::string sample_id = request->sample_id();
+  std::shared_ptr<ExtractReactor> reactor = ExtractReactor::Create(
+      std::move(encoder), valid->capture, static_cast<int64_t>(tokens.size()), metrics_,
+      [this, peer, sample_id](const StreamResult& result) {
+        if (result.status.ok()) {
+          metrics_->SampleDone(result.tokens, absl::ToDoubleSeconds(result.elapsed));
+        } else {
+          metrics_->Error(result.status.error_code());
+          LogFailure("Extract", sample_id, peer, result.tokens, result.status, result.messages_sent);
+        }
+        inflight_.fetch_sub(1);
+        metrics_->AddInflight(-1);
+        Notify();
+      });
+
+  WorkItem item;
+  item.tokens = std::move(tokens);
+  item.capture = valid->capture;
+  item.done = [this, reactor](absl::StatusOr<SampleStates> states) {
+    reactor->Deliver(std::move(states));
+    samples_in_batcher_.fetch_sub(1);
+    Notify();
+  };
+  samples_in_batcher_.fetch_add(1);
+  if (absl::Status status = batcher->Submit(std::move(item)); !status.ok()) {
+    samples_in_batcher_.fetch_sub(1);
+    reactor->Fail(ToGrpcStatus(status));
+  }
+  return reactor.get();
+}
+
+}  // namespace hsx

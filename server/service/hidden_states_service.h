@@ -1,0 +1,80 @@
+// hidden_states_service.h: hsx.v1.HiddenStates on the gRPC callback API.
+//
+// GetModelInfo answers from the ModelInfo built at start-up. Extract checks,
+// in order: the bearer token (when configured), that the model is ready
+// (UNAVAILABLE "loading" before SetBatcher), that the server is not draining
+// (UNAVAILABLE "draining"), the request itself (INVALID_ARGUMENT naming the
+// field, see request_validator.h) and the concurrency limit
+// (RESOURCE_EXHAUSTED at once, never queued). An accepted sample goes to the
+// one Batcher that every RPC of every client shares; its ExtractReactor
+// streams the result.
+//
+// Bookkeeping: inflight() counts accepted Extract RPCs until their OnDone;
+// samples_in_batcher() counts samples submitted and not yet delivered (a
+// cancelled RPC's sample stays counted until the batcher is done with it).
+// WaitIdle() lets the drain wait for both to reach zero.
+#ifndef HSX_SERVER_SERVICE_HIDDEN_STATES_SERVICE_H_
+#define HSX_SERVER_SERVICE_HIDDEN_STATES_SERVICE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+
+#include "absl/time/time.h"
+#include "hsx/v1/hsx.grpc.pb.h"
+#include "server/runtime/batcher.h"
+#include "server/service/auth.h"
+#include "server/service/metrics.h"
+#include "server/service/request_validator.h"
+#include "server/service/service_options.h"
+
+namespace hsx {
+
+class HiddenStatesService final : public v1::HiddenStates::CallbackService {
+ public:
+  // `auth` may be null (no token required); `metrics` and `auth` must outlive
+  // the service.
+  HiddenStatesService(const ServiceOptions& options, v1::ModelInfo info, Metrics* metrics, const TokenAuth* auth);
+
+  // From now on samples go to `batcher` (which must outlive every RPC).
+  void SetBatcher(Batcher* batcher);
+  // From now on Extract answers UNAVAILABLE "draining".
+  void StartDraining();
+  // Blocks until no Extract is in progress and no sample is in the batcher
+  // (true), or until `deadline` or Interrupt() (false).
+  bool WaitIdle(absl::Time deadline);
+  void Interrupt();
+
+  int inflight() const { return inflight_.load(); }
+  int64_t samples_in_batcher() const { return samples_in_batcher_.load(); }
+
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context, const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+  grpc::ServerWriteReactor<v1::ExtractResponse>* Extract(grpc::CallbackServerContext* context,
+                                                         const v1::ExtractRequest* request) override;
+
+ private:
+  grpc::ServerWriteReactor<v1::ExtractResponse>* Reject(grpc::CallbackServerContext* context,
+                                                        const v1::ExtractRequest& request, grpc::Status status);
+  void Notify();
+
+  const ServiceOptions options_;
+  const v1::ModelInfo info_;
+  const RequestLimits limits_;
+  Metrics* const metrics_;
+  const TokenAuth* const auth_;
+
+  std::atomic<Batcher*> batcher_{nullptr};
+  std::atomic<bool> draining_{false};
+  std::atomic<int> inflight_{0};
+  std::atomic<int64_t> samples_in_batcher_{0};
+
+  std::mutex idle_mutex_;
+  std::condition_variable idle_;
+  bool interrupted_ = false;
+};
+
+}  // namespace hsx
+
+#endif  // HSX_SERVER_SERVICE_HIDDEN_STATES_SERVICE_H_

@@ -1,0 +1,167 @@
+// metrics.cc: metric families, the scrape-time probe and the exposer.
+#include "server/service/metrics.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <thread>
+#include <vector>
+
+#include <prometheus/metric_family.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace hsx {
+
+// What the exposer scrapes: refreshes the batcher gauges, then collects the
+// registry.
+class Metrics::ScrapeHook : public prometheus::Collectable {
+ public:
+  ScrapeHook(std::shared_ptr<prometheus::Registry> registry, prometheus::Gauge* queue_depth,
+             prometheus::Gauge* fill)
+      : registry_(std::move(registry)), queue_depth_(queue_depth), fill_(fill) {}
+
+  void SetProbe(std::function<BatcherSample()> probe) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    probe_ = std::move(probe);
+  }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (probe_) {
+        const BatcherSample sample = probe_();
+        queue_depth_->Set(static_cast<double>(sample.queued_tokens));
+        fill_->Set(sample.fill);
+      }
+    }
+    return registry_->Collect();
+  }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Gauge* queue_depth_;
+  prometheus::Gauge* fill_;
+  mutable std::mutex mutex_;
+  std::function<BatcherSample()> probe_;
+};
+
+const char* StatusCodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    default: return "UNKNOWN";
+  }
+}
+
+Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  using prometheus::BuildCounter;
+  using prometheus::BuildGauge;
+  using prometheus::BuildHistogram;
+  prometheus::Registry& r = *registry_;
+  samples_ = &BuildCounter().Name("hsx_samples_total").Help("Samples streamed completely (trailer sent).").Register(r).Add({});
+  tokens_ = &BuildCounter().Name("hsx_tokens_total").Help("Tokens of the samples streamed completely.").Register(r).Add({});
+  bytes_sent_ = &BuildCounter().Name("hsx_bytes_sent_total").Help("Serialized Extract response bytes written.").Register(r).Add({});
+  errors_ = &BuildCounter().Name("hsx_errors_total").Help("RPCs finished with a non-OK status, by status code.").Register(r);
+  queue_depth_ = &BuildGauge().Name("hsx_queue_depth").Help("Tokens queued in the batcher and not yet running.").Register(r).Add({});
+  inflight_ = &BuildGauge().Name("hsx_inflight_requests").Help("Extract RPCs in progress.").Register(r).Add({});
+  fill_ = &BuildGauge().Name("hsx_batch_fill").Help("Real tokens over the token budget, summed over all batches run.").Register(r).Add({});
+  buffered_ = &BuildGauge().Name("hsx_buffered_bytes").Help("Encoded-but-unsent response bytes, all streams.").Register(r).Add({});
+  held_states_ = &BuildGauge().Name("hsx_held_state_bytes").Help("Float32 hidden states held by streams until they finish.").Register(r).Add({});
+  latency_ = &BuildHistogram()
+                  .Name("hsx_extract_latency_seconds")
+                  .Help("Extract latency, from accepting the request to sending the trailer.")
+                  .Register(r)
+                  .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                                                   2.5, 5, 10, 30, 60, 120, 300});
+  hook_ = std::make_shared<ScrapeHook>(registry_, queue_depth_, fill_);
+}
+
+Metrics::~Metrics() { StopServing(); }
+
+absl::StatusOr<std::string> Metrics::Serve(const std::string& address) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("--metrics-listen ", address, ": cannot listen: ", e.what()));
+  }
+  exposer_->RegisterCollectable(hook_);
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  if (ports.empty()) return absl::UnavailableError(absl::StrCat("--metrics-listen ", address, ": no port bound"));
+  const size_t colon = address.rfind(':');
+  const std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  port_ = ports[0];
+  poke_host_ = host == "0.0.0.0" || host.empty() ? "127.0.0.1" : host == "[::]" ? "::1" : host;
+  if (poke_host_.size() > 2 && poke_host_.front() == '[') poke_host_ = poke_host_.substr(1, poke_host_.size() - 2);
+  return absl::StrCat(host, ":", port_);
+}
+
+namespace {
+
+// Opens and closes one TCP connection to host:port, ignoring failures.
+void Poke(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    close(fd);
+    if (connected) break;
+  }
+  freeaddrinfo(found);
+}
+
+}  // namespace
+
+void Metrics::StopServing() {
+  if (!exposer_) return;
+  // civetweb's listener polls with a 2 s quantum before it notices the stop
+  // request; a connection wakes it, so stopping takes milliseconds.
+  std::atomic<bool> stopped{false};
+  std::thread waker([&] {
+    while (!stopped.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (!stopped.load()) Poke(poke_host_, port_);
+    }
+  });
+  exposer_.reset();
+  stopped.store(true);
+  waker.join();
+}
+
+void Metrics::SetBatcherProbe(std::function<BatcherSample()> probe) { hook_->SetProbe(std::move(probe)); }
+
+void Metrics::SampleDone(int64_t tokens, double seconds) {
+  samples_->Increment();
+  tokens_->Increment(static_cast<double>(tokens));
+  latency_->Observe(seconds);
+}
+
+void Metrics::BytesSent(int64_t bytes) { bytes_sent_->Increment(static_cast<double>(bytes)); }
+
+void Metrics::Error(grpc::StatusCode code) { errors_->Add({{"code", StatusCodeName(code)}}).Increment(); }
+
+}  // namespace hsx

@@ -1,0 +1,52 @@
+// model_info.cc: filling ModelInfo.
+#include "server/service/model_info.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/dump/sample_file.h"
+#include "server/model/encoding.h"
+
+namespace hsx {
+
+std::string ModelNameOf(const std::string& model_dir) {
+  std::filesystem::path path(model_dir);
+  if (!path.has_filename()) path = path.parent_path();  // trailing slash
+  const std::string name = path.filename().string();
+  return name.empty() ? model_dir : name;
+}
+
+absl::StatusOr<v1::ModelInfo> BuildModelInfo(const ServiceOptions& options, const ModelConfig& config) {
+  const std::string config_path = (std::filesystem::path(options.model_dir) / "config.json").string();
+  std::ifstream in(config_path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(config_path, ": cannot read"));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  const std::string text = bytes.str();
+
+  v1::ModelInfo info;
+  info.set_model_name(ModelNameOf(options.model_dir));
+  info.set_model_revision(Xxh64Hex(text.data(), text.size()));
+  info.set_architecture(config.architectures.empty() ? "DeepseekV3ForCausalLM" : config.architectures[0]);
+  info.set_num_layers(static_cast<int32_t>(config.num_hidden_layers));
+  info.set_hidden_size(static_cast<int32_t>(config.hidden_size));
+  info.set_vocab_size(static_cast<int32_t>(config.vocab_size));
+  info.set_compute_precision(options.precision_name());
+  info.set_default_dtype(v1::DTYPE_BF16);
+  for (int id : options.default_capture.ids) info.add_default_capture_ids(id);
+  info.set_layer_convention(kLayerConvention);
+  info.set_last_layer_state("pre-norm");
+  info.set_tensor_parallel(options.tp);
+  info.set_device(options.device);
+  info.set_max_tokens_per_sample(options.max_tokens_per_sample);
+  info.set_max_concurrent_requests(options.max_concurrent_requests);
+  info.set_max_batch_tokens(options.max_batch_tokens);
+  info.set_max_chunk_bytes(options.max_chunk_bytes);
+  info.set_server_version(kServerVersion);
+  return info;
+}
+
+}  // namespace hsx

@@ -1,0 +1,41 @@
+// request_validator.h: turns an ExtractRequest into what the batcher and the
+// encoder need, or an INVALID_ARGUMENT whose message names the field.
+//
+// Runs before anything is queued: a request that passes can always be
+// computed (every token id is in the vocabulary, the sample fits a batch,
+// every capture id exists). Checks, in order: sample_id length, token_ids
+// (empty, too long, each id in [0, vocab)), capture_ids (each in 0..N), dtype
+// (a known enum value). Oversized requests never get here: gRPC rejects them
+// with RESOURCE_EXHAUSTED first (--max-request-bytes).
+#ifndef HSX_SERVER_SERVICE_REQUEST_VALIDATOR_H_
+#define HSX_SERVER_SERVICE_REQUEST_VALIDATOR_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "hsx/v1/hsx.pb.h"
+#include "server/model/encoding.h"
+#include "server/model/forward.h"
+
+namespace hsx {
+
+struct RequestLimits {
+  int64_t vocab_size = 0;
+  int64_t num_layers = 0;
+  int64_t max_tokens_per_sample = 0;
+  CaptureSpec default_capture;  // used when capture_ids is empty
+};
+
+struct ValidatedRequest {
+  CaptureSpec capture;  // ids ascending and unique; final_norm resolved
+  OutputDType dtype = OutputDType::kBf16;
+  v1::DType proto_dtype = v1::DTYPE_BF16;
+  bool summary = false;
+};
+
+absl::StatusOr<ValidatedRequest> ValidateExtractRequest(const v1::ExtractRequest& request,
+                                                        const RequestLimits& limits);
+
+}  // namespace hsx
+
+#endif  // HSX_SERVER_SERVICE_REQUEST_VALIDATOR_H_

@@ -1,0 +1,239 @@
+// hsx-server: serves the hidden states of one model over gRPC.
+//
+// Start-up: flags -> options; config.json (for limits and ModelInfo); the
+// metrics endpoint; the gRPC port(s), health NOT_SERVING; then the checkpoint,
+// the engine and the self-check; then the one shared batcher, health SERVING
+// and "ready". Shutdown (SIGTERM/SIGINT, seen by a sigwait thread, never in a
+// signal handler): health NOT_SERVING, new Extract calls refused with
+// UNAVAILABLE "draining", in-flight samples finish within --drain-timeout (a
+// second signal cuts the wait short), then the rest are cancelled, the servers
+// shut down and the process exits 0.
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/model/checkpoint.h"
+#include "server/model/config.h"
+#include "server/runtime/batcher.h"
+#include "server/runtime/engine.h"
+#include "server/service/auth.h"
+#include "server/service/credentials.h"
+#include "server/service/health.h"
+#include "server/service/hidden_states_service.h"
+#include "server/service/log.h"
+#include "server/service/metrics.h"
+#include "server/service/model_info.h"
+#include "server/service/self_check.h"
+#include "server/service/service_options.h"
+#include "server/service/signal_watcher.h"
+#include "server/tools/cli.h"
+
+namespace hsx {
+namespace {
+
+// Stop requests from the signal watcher, seen by main().
+class StopRequests {
+ public:
+  // Before the server is ready nothing is in flight: exit at once.
+  void OnSignal(int signal, int count, HiddenStatesService* service) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!ready_) {
+      LogInfo("received %s during start-up; exiting", strsignal(signal));
+      std::_Exit(0);
+    }
+    signal_ = signal;
+    count_ = count;
+    if (count > 1) {
+      LogWarning("received %s again: cutting the drain short", strsignal(signal));
+      service->Interrupt();
+    }
+    wake_.notify_all();
+  }
+  void SetReady() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ready_ = true;
+  }
+  // Blocks until the first stop signal; returns it.
+  int Wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    wake_.wait(lock, [&] { return count_ > 0; });
+    return signal_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool ready_ = false;
+  int signal_ = 0;
+  int count_ = 0;
+};
+
+double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
+absl::Status Serve() {
+  absl::StatusOr<ServiceOptions> parsed = OptionsFromFlags();
+  if (!parsed.ok()) return parsed.status();
+  ServiceOptions options = *std::move(parsed);
+  absl::StatusOr<ModelConfig> config =
+      ReadModelConfig((std::filesystem::path(options.model_dir) / "config.json").string());
+  if (!config.ok()) return config.status();
+  if (absl::Status s = ResolveModelLimits(*config, &options); !s.ok()) return s;
+  absl::StatusOr<v1::ModelInfo> info = BuildModelInfo(options, *config);
+  if (!info.ok()) return info.status();
+  std::unique_ptr<TokenAuth> auth;
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuth>> loaded = TokenAuth::FromFile(options.auth_token_file);
+    if (!loaded.ok()) return loaded.status();
+    auth = *std::move(loaded);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeServerCredentials(options);
+  if (!credentials.ok()) return credentials.status();
+  LogInfo("starting %s: %s", kServerVersion, DescribeOptions(options, *config));
+
+  Metrics metrics;
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::string> bound = metrics.Serve(options.metrics_listen);
+    if (!bound.ok()) return bound.status();
+    LogInfo("metrics on %s", *bound);
+  }
+
+  HiddenStatesService service(options, *info, &metrics, auth.get());
+  StopRequests stop;
+  SignalWatcher watcher([&](int signal, int count) { stop.OnSignal(signal, count, &service); });
+
+  grpc::EnableDefaultHealthCheckService(true);
+  Health health;
+  std::unique_ptr<grpc::Server> health_server;
+  if (!options.health_listen.empty()) {
+    std::string bound;
+    absl::StatusOr<std::unique_ptr<grpc::Server>> started = StartHealthOnlyServer(options.health_listen, &bound);
+    if (!started.ok()) return started.status();
+    health_server = *std::move(started);
+    health.Attach(health_server.get());
+    LogInfo("health (grpc.health.v1 only, plaintext) on %s", bound);
+  }
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, *credentials, &port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(std::max<int64_t>(4 << 20, options.max_chunk_bytes + (64 << 10))));
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second server on the port is an error
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen ", options.listen, ": cannot listen (address in use?)"));
+  }
+  health.Attach(server.get());
+  LogInfo("listening on %s (%s; health NOT_SERVING until the model is loaded)", WithPort(options.listen, port),
+          options.tls() ? (options.tls_client_ca.empty() ? "TLS" : "mTLS") : "plaintext");
+
+  auto shutdown_now = [&] {
+    server->Shutdown(std::chrono::system_clock::now());
+    if (health_server) health_server->Shutdown(std::chrono::system_clock::now());
+  };
+
+  // The model.
+  absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(options.model_dir);
+  if (!checkpoint.ok()) {
+    shutdown_now();
+    return checkpoint.status();
+  }
+  EngineOptions engine_options;
+  engine_options.tp = options.tp;
+  engine_options.precision = options.precision;
+  engine_options.threads = options.threads;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(**checkpoint, engine_options);
+  if (!engine.ok()) {
+    shutdown_now();
+    return engine.status();
+  }
+  LogInfo("loaded %s in %.2f s", options.model_dir, SecondsSince(start));
+  start = absl::Now();
+  absl::StatusOr<std::string> check = RunSelfCheck(**engine);
+  if (!check.ok()) {
+    LogError("%s", check.status().message());
+    shutdown_now();
+    return check.status();
+  }
+  LogInfo("%s (%.2f s)", *check, SecondsSince(start));
+
+  auto batcher = std::make_unique<Batcher>(**engine, BatcherOptions{.max_batch_tokens = options.max_batch_tokens});
+  metrics.SetBatcherProbe([b = batcher.get()] { return BatcherSample{b->queued_tokens(), b->fill()}; });
+  service.SetBatcher(batcher.get());
+  stop.SetReady();
+  // Logged first, so that whoever sees SERVING can already read this line.
+  LogInfo("ready: serving hsx.v1.HiddenStates (health SERVING)");
+  health.SetServing(true);
+
+  // Drain.
+  const int signal = stop.Wait();
+  LogInfo("received %s: draining (health NOT_SERVING, new Extract calls refused); %d in flight, %d samples in the "
+          "batcher; waiting up to %s",
+          strsignal(signal), service.inflight(), service.samples_in_batcher(),
+          absl::FormatDuration(options.drain_timeout));
+  health.Shutdown();
+  service.StartDraining();
+  start = absl::Now();
+  if (service.WaitIdle(absl::Now() + options.drain_timeout)) {
+    LogInfo("drained in %.2f s", SecondsSince(start));
+  } else {
+    LogWarning("drain incomplete after %.2f s: cancelling %d in-flight Extract calls", SecondsSince(start),
+               service.inflight());
+  }
+  shutdown_now();
+  server->Wait();
+  metrics.SetBatcherProbe(nullptr);
+  metrics.StopServing();
+  if (const int64_t left = service.samples_in_batcher(); left > 0) {
+    // Their streams are cancelled; running them would only delay the exit.
+    LogWarning("abandoning %d samples still in the batcher; exiting", left);
+    std::_Exit(0);
+  }
+  batcher.reset();
+  LogInfo("stopped");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace hsx
+
+int main(int argc, char** argv) {
+  hsx::BlockStopSignals();  // first: every thread inherits the mask
+  absl::SetProgramUsageMessage(
+      "Serves the hidden states of one DeepSeek-V3 / Kimi-K2 model over gRPC (hsx.v1.HiddenStates, plus\n"
+      "grpc.health.v1 and server reflection). Flags accept - or _. See docs/api.md.\n\n"
+      "  hsx-server --model DIR [--listen 0.0.0.0:50051] [--capture eagle3|all|2,30,58,61] [--final-norm]\n"
+      "             [--precision bf16|fp32] [--tp N] [--metrics-listen 0.0.0.0:9090]\n"
+      "             [--tls-cert CRT --tls-key KEY [--tls-client-ca CA]] [--auth-token-file FILE]\n\n"
+      "Logs go to stderr; 'hsx-server: listening on HOST:PORT' names the port bound (also with port 0).\n"
+      "SIGTERM/SIGINT drain: health NOT_SERVING, in-flight samples finish (--drain-timeout), exit 0.");
+  absl::FlagsUsageConfig usage;
+  // --help lists the flags of this binary (defined in service_options.cc).
+  usage.contains_help_flags = [](absl::string_view file) { return absl::StrContains(file, "server/service/"); };
+  absl::SetFlagsUsageConfig(usage);
+  hsx::AcceptDashedFlags(argc, argv);
+  absl::ParseCommandLine(argc, argv);
+  return hsx::ExitWithStatus("hsx-server", hsx::Serve());
+}

@@ -1,0 +1,188 @@
+// service_options.cc: the flags of hsx-server and their validation.
+#include "server/service/service_options.h"
+
+#include <algorithm>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/tools/cli.h"
+
+ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + safetensors). Required.");
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+          "Address of the gRPC port, HOST:PORT; port 0 picks a free port (the log line "
+          "'hsx-server: listening on HOST:PORT' names the one bound).");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda (cuda: not available in this build).");
+ABSL_FLAG(int, tp, 1, "Tensor-parallel ranks (threads on the CPU backend).");
+ABSL_FLAG(std::string, precision, "bf16",
+          "Arithmetic: bf16 (rounds where the HF BF16 reference rounds) or fp32.");
+ABSL_FLAG(int, threads, 0, "CPU threads in all (0: every core), shared among the ranks.");
+ABSL_FLAG(std::string, capture, "eagle3",
+          "Capture set of a request whose capture_ids is empty: eagle3 ({2, N/2, N-3, N}), all "
+          "(0..N) or a list like 2,30,58,61. Id k is the residual stream entering decoder layer k; "
+          "N is the last layer's output before the final norm.");
+ABSL_FLAG(bool, final_norm, false,
+          "Requests with empty capture_ids also get the post-final-norm state (capture id -1).");
+ABSL_FLAG(int64_t, max_tokens_per_sample, 0,
+          "Longest sample accepted (0: the model's max_position_embeddings, capped by "
+          "--max-batch-tokens).");
+ABSL_FLAG(int64_t, max_batch_tokens, 8192, "Token budget of one forward batch.");
+ABSL_FLAG(int, max_concurrent_requests, 256,
+          "Extract RPCs in progress at once, over all clients; beyond it an Extract fails at once "
+          "with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, max_buffered_bytes_per_stream, "64MiB",
+          "Bound on encoded-but-unsent response bytes per stream (the chunk being written and "
+          "gRPC's serialized copy of it); must be at least 2 x (--max-chunk-bytes + 64).");
+ABSL_FLAG(std::string, max_chunk_bytes, "1MiB",
+          "Row bytes per Chunk message: whole rows, at least one fp32 row of the model.");
+ABSL_FLAG(std::string, max_request_bytes, "",
+          "gRPC max receive message size (empty: 8 + 5 x max-tokens-per-sample + 4096, enough "
+          "for any valid request); larger requests fail with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT of the Prometheus /metrics endpoint (empty: off; port 0 picks one).");
+ABSL_FLAG(std::string, health_listen, "",
+          "Optional extra plaintext HOST:PORT serving only grpc.health.v1 (Kubernetes gRPC probes "
+          "cannot speak TLS).");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the server: serve TLS.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates signed by it (mTLS). Needs --tls-cert.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding a bearer token: hsx.v1.HiddenStates calls must carry metadata "
+          "'authorization: Bearer <token>'. Health and reflection stay open.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "On SIGTERM/SIGINT: how long in-flight samples may take to finish before they are "
+          "cancelled.");
+
+namespace hsx {
+namespace {
+
+absl::StatusOr<int64_t> ByteFlag(const char* name, const std::string& text) {
+  absl::StatusOr<int64_t> value = ParseByteSize(text);
+  if (!value.ok()) return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", value.status().message()));
+  return value;
+}
+
+std::string Bytes(int64_t n) {
+  if (n % (1LL << 20) == 0) return absl::StrCat(n >> 20, "MiB");
+  if (n % (1LL << 10) == 0) return absl::StrCat(n >> 10, "KiB");
+  return absl::StrCat(n, "B");
+}
+
+}  // namespace
+
+absl::StatusOr<ServiceOptions> OptionsFromFlags() {
+  ServiceOptions o;
+  o.model_dir = absl::GetFlag(FLAGS_model);
+  if (o.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required (see --help)");
+  o.listen = absl::GetFlag(FLAGS_listen);
+  if (o.listen.empty()) return absl::InvalidArgumentError("--listen: empty address");
+  o.device = absl::GetFlag(FLAGS_device);
+  if (o.device == "cuda") {
+    return absl::UnimplementedError(
+        "--device cuda: not available in this build (CPU backend only); use --device cpu");
+  }
+  if (o.device != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("--device '", o.device, "': expected cpu or cuda"));
+  }
+  o.tp = absl::GetFlag(FLAGS_tp);
+  if (o.tp < 1) return absl::InvalidArgumentError("--tp must be at least 1");
+  const std::string precision = absl::GetFlag(FLAGS_precision);
+  if (precision != "bf16" && precision != "fp32") {
+    return absl::InvalidArgumentError(absl::StrCat("--precision '", precision, "': expected bf16 or fp32"));
+  }
+  o.precision = precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
+  o.threads = absl::GetFlag(FLAGS_threads);
+  if (o.threads < 0) return absl::InvalidArgumentError("--threads must be 0 (all cores) or more");
+  o.capture_text = absl::GetFlag(FLAGS_capture);
+  o.final_norm = absl::GetFlag(FLAGS_final_norm);
+
+  o.max_tokens_per_sample = absl::GetFlag(FLAGS_max_tokens_per_sample);
+  if (o.max_tokens_per_sample < 0) return absl::InvalidArgumentError("--max-tokens-per-sample must be 0 (auto) or more");
+  o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  if (o.max_batch_tokens < 1) return absl::InvalidArgumentError("--max-batch-tokens must be at least 1");
+  o.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
+  if (o.max_concurrent_requests < 1) return absl::InvalidArgumentError("--max-concurrent-requests must be at least 1");
+  absl::StatusOr<int64_t> size = ByteFlag("max-buffered-bytes-per-stream", absl::GetFlag(FLAGS_max_buffered_bytes_per_stream));
+  if (!size.ok()) return size.status();
+  o.max_buffered_bytes_per_stream = *size;
+  size = ByteFlag("max-chunk-bytes", absl::GetFlag(FLAGS_max_chunk_bytes));
+  if (!size.ok()) return size.status();
+  o.max_chunk_bytes = *size;
+  if (o.max_chunk_bytes > (1LL << 30)) return absl::InvalidArgumentError("--max-chunk-bytes: at most 1GiB");
+  if (const std::string text = absl::GetFlag(FLAGS_max_request_bytes); !text.empty()) {
+    size = ByteFlag("max-request-bytes", text);
+    if (!size.ok()) return size.status();
+    if (*size > INT32_MAX) return absl::InvalidArgumentError("--max-request-bytes: at most 2147483647");
+    o.max_request_bytes = *size;
+  }
+  if (2 * (o.max_chunk_bytes + kChunkOverheadBytes) > o.max_buffered_bytes_per_stream) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-buffered-bytes-per-stream ", o.max_buffered_bytes_per_stream, " is below 2 x (--max-chunk-bytes ",
+        o.max_chunk_bytes, " + ", kChunkOverheadBytes, "): a stream holds one chunk and gRPC's serialized "
+        "copy of it; lower --max-chunk-bytes or raise the buffer"));
+  }
+
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.health_listen = absl::GetFlag(FLAGS_health_listen);
+  o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (!o.tls_client_ca.empty() && o.tls_cert.empty()) {
+    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key (mTLS is TLS)");
+  }
+  o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  if (o.drain_timeout < absl::ZeroDuration()) return absl::InvalidArgumentError("--drain-timeout must not be negative");
+  return o;
+}
+
+absl::Status ResolveModelLimits(const ModelConfig& config, ServiceOptions* o) {
+  absl::StatusOr<CaptureSpec> capture = ParseCaptureSpec(o->capture_text, config, o->final_norm);
+  if (!capture.ok()) return absl::InvalidArgumentError(absl::StrCat("--capture: ", capture.status().message()));
+  o->default_capture = *std::move(capture);
+
+  if (o->max_tokens_per_sample == 0) {
+    o->max_tokens_per_sample = std::min(config.max_position_embeddings, o->max_batch_tokens);
+  }
+  if (o->max_tokens_per_sample > o->max_batch_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-tokens-per-sample ", o->max_tokens_per_sample, " exceeds --max-batch-tokens ",
+        o->max_batch_tokens, ": a sample must fit in one batch"));
+  }
+  if (o->max_tokens_per_sample > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-tokens-per-sample ", o->max_tokens_per_sample, " exceeds the model's max_position_embeddings ",
+        config.max_position_embeddings));
+  }
+  if (o->max_request_bytes == 0) {
+    o->max_request_bytes = std::min<int64_t>(INT32_MAX, 8 + 5 * o->max_tokens_per_sample + 4096);
+  }
+  const int64_t fp32_row = 4 * config.hidden_size;
+  if (o->max_chunk_bytes < fp32_row) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-chunk-bytes ", o->max_chunk_bytes, " is below one fp32 row of this model (", fp32_row,
+        " bytes); a chunk holds whole rows"));
+  }
+  return absl::OkStatus();
+}
+
+std::string DescribeOptions(const ServiceOptions& o, const ModelConfig& config) {
+  return absl::StrCat(
+      "model ", o.model_dir, " (", config.architectures.empty() ? "?" : config.architectures[0], ", ",
+      config.num_hidden_layers, " layers, hidden ", config.hidden_size, ", vocab ", config.vocab_size,
+      "); device ", o.device, ", tp ", o.tp, ", precision ", o.precision_name(), ", threads ",
+      o.threads == 0 ? std::string("all") : absl::StrCat(o.threads), "; default capture {",
+      absl::StrJoin(o.default_capture.ids, ","), "}", o.default_capture.final_norm ? " + final norm" : "",
+      "; max tokens/sample ", o.max_tokens_per_sample, ", max batch tokens ", o.max_batch_tokens,
+      ", max concurrent requests ", o.max_concurrent_requests, ", chunk ", Bytes(o.max_chunk_bytes),
+      ", buffered/stream ", Bytes(o.max_buffered_bytes_per_stream), ", max request ", o.max_request_bytes,
+      " B; tls ", o.tls() ? (o.tls_client_ca.empty() ? "on" : "on (mTLS)") : "off", ", auth token ",
+      o.auth_token_file.empty() ? "off" : "on", ", drain timeout ", absl::FormatDuration(o.drain_timeout));
+}
+
+}  // namespace hsx

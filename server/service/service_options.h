@@ -1,0 +1,73 @@
+// service_options.h: everything hsx-server is configured with, from the
+// command line to a validated ServiceOptions.
+//
+// Two steps, because some defaults depend on the model: OptionsFromFlags()
+// reads and checks the flags alone (cheap, before anything is loaded), then
+// ResolveModelLimits() fills in what depends on config.json (max tokens per
+// sample, max request bytes, the default capture set) and checks the limits
+// against each other. After both succeed every field is usable as is: sizes
+// are positive, the chunk fits the per-stream buffer, a sample fits a batch.
+#ifndef HSX_SERVER_SERVICE_SERVICE_OPTIONS_H_
+#define HSX_SERVER_SERVICE_SERVICE_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kernels/backend.h"
+#include "server/model/config.h"
+#include "server/model/forward.h"
+
+namespace hsx {
+
+// Bytes a Chunk message carries besides its row data (field tags, capture id,
+// first_row, num_rows, the length prefix of data, the oneof wrapper).
+inline constexpr int64_t kChunkOverheadBytes = 64;
+// The longest sample_id accepted.
+inline constexpr int64_t kMaxSampleIdBytes = 1024;
+
+struct ServiceOptions {
+  std::string model_dir;
+  std::string listen = "0.0.0.0:50051";
+  std::string device = "cpu";
+  int tp = 1;
+  Precision precision = Precision::kBf16;
+  int threads = 0;
+  std::string capture_text = "eagle3";
+  bool final_norm = false;
+
+  int64_t max_tokens_per_sample = 0;  // 0 until resolved: the model's limit, capped by the batch
+  int64_t max_batch_tokens = 8192;
+  int max_concurrent_requests = 256;
+  int64_t max_buffered_bytes_per_stream = 64LL << 20;
+  int64_t max_chunk_bytes = 1LL << 20;
+  int64_t max_request_bytes = 0;  // 0 until resolved: enough for max_tokens_per_sample ids
+
+  std::string metrics_listen;  // empty: no metrics endpoint
+  std::string health_listen;   // empty: health only on the main port
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;  // set: clients must present a certificate signed by it (mTLS)
+  std::string auth_token_file;
+  absl::Duration drain_timeout = absl::Seconds(30);
+
+  // Filled by ResolveModelLimits: the capture set of a request with no capture_ids.
+  CaptureSpec default_capture;
+
+  std::string precision_name() const { return precision == Precision::kBf16 ? "bf16" : "fp32"; }
+  bool tls() const { return !tls_cert.empty(); }
+};
+
+// Reads the ABSL flags (defined in service_options.cc) and checks them.
+absl::StatusOr<ServiceOptions> OptionsFromFlags();
+
+// Fills the model-dependent defaults and checks the limits against the model.
+absl::Status ResolveModelLimits(const ModelConfig& config, ServiceOptions* options);
+
+// One line for the start-up log: every setting that matters.
+std::string DescribeOptions(const ServiceOptions& options, const ModelConfig& config);
+
+}  // namespace hsx
+
+#endif  // HSX_SERVER_SERVICE_SERVICE_OPTIONS_H_

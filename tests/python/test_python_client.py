@@ -1,0 +1,183 @@
+"""The Python package (client/python, installed with pip): Client, OnlineDataset,
+read_sample and the format converters, against real hsx-server processes."""
+
+import json
+import random
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import hsx
+from hsx.convert import convert
+from hsx_server import HsxServer
+
+VOCAB = 2048
+HIDDEN = 128
+N = 8
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rows(count, seed=0, max_len=60, with_mask=True):
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        n = rng.randrange(1, max_len)
+        row = {"id": f"r{i}", "input_ids": [rng.randrange(VOCAB) for _ in range(n)]}
+        if with_mask:
+            row["loss_mask"] = [rng.randrange(2) for _ in range(n)]
+        out.append(row)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(make_model):
+    return make_model("k2", seed=0)
+
+
+@pytest.fixture(scope="module")
+def server(bin_dir, tiny):
+    with HsxServer(bin_dir, tiny) as srv:
+        yield srv
+
+
+def dump(run, model, samples, out, *flags):
+    path = out.with_suffix(".jsonl")
+    path.write_text("".join(json.dumps(r) + "\n" for r in samples))
+    run("hsx-dump", "--model", model, "--input", path, "--out", out, *flags)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_client_equals_hsx_dump_byte_for_byte(run, tiny, server, tmp_path, dtype):
+    samples = rows(6, seed=1)
+    out = dump(run, tiny, samples, tmp_path / "dump", "--capture", "1,4,8", "--final-norm", "--dtype", dtype)
+    client = hsx.Client(server.address)
+    got = dict(client.extract_many(samples, concurrency=3, capture=[1, 4, 8], final_norm=True, dtype=dtype))
+    assert sorted(got) == list(range(len(samples)))
+    for i, sample in got.items():
+        ref = hsx.read_sample(out / f"hs_{i}.safetensors")
+        assert sample.capture_ids == [1, 4, 8]
+        for key in ("hidden_states", "token_ids", "final_norm_hidden_states"):
+            assert sample[key].dtype == ref[key].dtype, key
+            assert sample[key].shape == ref[key].shape, key
+            assert sample[key].tobytes() == ref[key].tobytes(), (i, key)
+
+
+def test_torch_output_and_read_sample_agree_with_safetensors(run, tiny, server, tmp_path):
+    samples = rows(2, seed=2)
+    out = dump(run, tiny, samples, tmp_path / "dump")
+    client = hsx.Client(server.address)
+    for i, row in enumerate(samples):
+        sample = client.extract(row["input_ids"], torch=True)
+        ref = load_file(str(out / f"hs_{i}.safetensors"))
+        assert sample["hidden_states"].dtype == torch.bfloat16
+        assert torch.equal(sample["hidden_states"], ref["hidden_states"])
+        assert torch.equal(sample["token_ids"], ref["token_ids"])
+        mapped = hsx.read_sample(out / f"hs_{i}.safetensors", torch=True)
+        assert torch.equal(mapped["loss_mask"], ref["loss_mask"])
+        assert mapped.capture_ids == [2, 4, 5, 8]
+
+
+def test_bad_request_raises_server_error(server):
+    client = hsx.Client(server.address)
+    with pytest.raises(hsx.ServerError) as error:
+        client.extract([1, VOCAB + 5])
+    assert error.value.code.name == "INVALID_ARGUMENT"
+
+
+def test_online_dataset_two_workers_yield_each_sample_once(server):
+    samples = rows(24, seed=3)
+    dataset = hsx.OnlineDataset(samples, [server.address, server.address], concurrency=4)
+    # gRPC does not survive fork() once it is initialised in the parent (as it is
+    # here, by earlier tests): training scripts start workers with "spawn".
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2,
+                                         multiprocessing_context="spawn")
+    seen = []
+    for item in loader:
+        i = item["index"]
+        seen.append(i)
+        assert item["input_ids"].tolist() == samples[i]["input_ids"]
+        assert item["loss_mask"].tolist() == samples[i]["loss_mask"]
+        assert tuple(item["hidden_states"].shape) == (len(samples[i]["input_ids"]), 4, HIDDEN)
+    assert sorted(seen) == list(range(len(samples)))
+
+
+def test_server_restart_during_iteration_loses_no_sample(bin_dir, tiny):
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    samples = rows(30, seed=4)
+    servers = [HsxServer(bin_dir, tiny, listen=address, metrics=False).start()]
+    dataset = hsx.OnlineDataset(samples, [address], concurrency=2)
+    seen = []
+    try:
+        for item in dataset:
+            seen.append(item["index"])
+            if len(seen) == 8:
+                servers[0].kill()  # kill -9 mid-iteration; restart a moment later
+                threading.Thread(target=lambda: (time.sleep(1.0), servers.append(
+                    HsxServer(bin_dir, tiny, listen=address, metrics=False).start()))).start()
+    finally:
+        time.sleep(0.1)
+        for srv in servers:
+            srv.kill()
+    assert len(servers) == 2, "the server was never restarted"
+    assert sorted(seen) == list(range(len(samples)))
+
+
+def test_converters_write_what_each_trainer_loads(run, tiny, tmp_path):
+    samples = rows(5, seed=5)
+    out = dump(run, tiny, samples, tmp_path / "dump", "--capture", "eagle3", "--final-norm")
+    # SpecForge: rows_{g}-{g+2000}/data_{i}.ckpt, hidden_state post-norm [1, T, H], aux [1, T, 3H]
+    assert convert(out, "specforge", tmp_path / "sf") == 5
+    for i, row in enumerate(samples):
+        t = len(row["input_ids"])
+        d = torch.load(tmp_path / "sf" / "rows_0-2000" / f"data_{i}.ckpt")
+        assert set(d) == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
+        assert d["input_ids"].dtype == torch.int64 and d["input_ids"].tolist() == row["input_ids"]
+        assert d["loss_mask"].dtype == torch.int64 and d["loss_mask"].tolist() == row["loss_mask"]
+        assert tuple(d["hidden_state"].shape) == (1, t, HIDDEN)
+        assert tuple(d["aux_hidden_state"].shape) == (1, t, 3 * HIDDEN)
+        ref = hsx.read_sample(out / f"hs_{i}.safetensors", torch=True)
+        assert torch.equal(d["hidden_state"][0], ref["final_norm_hidden_states"])
+        assert torch.equal(d["aux_hidden_state"][0, :, HIDDEN:2 * HIDDEN], ref["hidden_states"][:, 1])
+    # ModelOpt: {conversation_id}.pt
+    assert convert(out, "modelopt", tmp_path / "mo") == 5
+    for i, row in enumerate(samples):
+        t = len(row["input_ids"])
+        d = torch.load(tmp_path / "mo" / f"{row['id']}.pt")
+        assert set(d) == {"input_ids", "hidden_states", "aux_hidden_states", "conversation_id", "loss_mask"}
+        assert d["conversation_id"] == row["id"]
+        assert tuple(d["hidden_states"].shape) == (t, HIDDEN)
+        assert tuple(d["aux_hidden_states"].shape) == (t, 3 * HIDDEN)
+        assert d["input_ids"].dtype == torch.int64 and d["loss_mask"].dtype == torch.int64
+    # speculators legacy: data_{i}.pt with a list of 4 [T, H] tensors, plus side files
+    assert convert(out, "speculators-legacy", tmp_path / "sp") == 5
+    lengths = json.loads((tmp_path / "sp" / "sample_lengths.json").read_text())
+    config = json.loads((tmp_path / "sp" / "data_config.json").read_text())
+    assert config["layer_ids"] == [2, 4, 5, 8] and config["file_pattern"] == "data_{idx}.pt"
+    for i, row in enumerate(samples):
+        t = len(row["input_ids"])
+        d = torch.load(tmp_path / "sp" / f"data_{i}.pt")
+        assert set(d) == {"input_ids", "loss_mask", "hidden_states"}
+        assert isinstance(d["hidden_states"], list) and len(d["hidden_states"]) == 4
+        assert all(tuple(h.shape) == (t, HIDDEN) and h.dtype == torch.bfloat16 for h in d["hidden_states"])
+        assert lengths[str(i)] == t
+
+
+def test_modelopt_marks_prenorm_when_no_final_norm(run, tiny, tmp_path):
+    out = dump(run, tiny, rows(2, seed=6), tmp_path / "dump")
+    convert(out, "modelopt", tmp_path / "mo")
+    d = torch.load(tmp_path / "mo" / "r0.pt")
+    assert d["hidden_states_prenorm"] is True
+    ref = hsx.read_sample(out / "hs_0.safetensors", torch=True)
+    assert torch.equal(d["hidden_states"], ref["hidden_states"][:, 3])  # capture id N, pre-norm

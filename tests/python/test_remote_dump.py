@@ -1,0 +1,467 @@
+"""hsx-dump --server: real hsx-server processes on loopback and real hsx-dump
+processes. Remote files are byte-identical to in-process files; shards cover
+every sample once; samples go round-robin over servers; UNAVAILABLE is
+retried (a server that starts late, one killed and restarted mid-dump); other
+statuses fail at once with the server's message; TLS, mTLS and tokens work."""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hsx_server import HsxServer
+
+VOCAB = 2048  # the tiny preset
+
+
+@pytest.fixture(scope="module")
+def tiny(make_model):
+    return make_model("k2", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tools(bin_dir):
+    missing = [b for b in ("hsx-server", "hsx-dump", "hsx-verify") if not os.access(bin_dir / b, os.X_OK)]
+    if missing:
+        pytest.fail(f"not built in {bin_dir}: {', '.join(missing)}", pytrace=False)
+    return bin_dir
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def sample_rows(n, lo=1, hi=40, seed=0):
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        length = rng.randrange(lo, hi + 1)
+        row = {"input_ids": [rng.randrange(VOCAB) for _ in range(length)], "id": f"s{i}"}
+        if i % 2:
+            row["loss_mask"] = [rng.randrange(2) for _ in range(length)]
+        rows.append(row)
+    return rows
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def manifest(out):
+    """The complete lines of OUT/manifest.jsonl, parsed."""
+    path = Path(out) / "manifest.jsonl"
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
+def start_dump(tools, *args):
+    cmd = [str(tools / "hsx-dump"), *map(str, args)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, timeout=90):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def wait_for_lines(out, count, proc, timeout=60):
+    deadline = time.time() + timeout
+    while len(manifest(out)) < count:
+        if proc.poll() is not None:
+            raise AssertionError(f"hsx-dump exited ({proc.returncode}) before {count} samples:\n"
+                                 f"{proc.stderr.read()}")
+        assert time.time() < deadline, f"fewer than {count} samples after {timeout}s"
+        time.sleep(0.005)
+
+
+def metric(server, name):
+    with urllib.request.urlopen(f"http://{server.metrics_address}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{}"):
+                return float(line.split()[-1])
+    raise AssertionError(f"no metric {name}")
+
+
+def files(out):
+    return sorted(p.name for p in Path(out).iterdir() if p.name.startswith("hs_"))
+
+
+def assert_same_files(a, b):
+    assert files(a) == files(b)
+    for name in files(a):
+        assert (Path(a) / name).read_bytes() == (Path(b) / name).read_bytes(), name
+
+
+def verify(run, out, inputs, *args):
+    proc = run("hsx-verify", out, "--input", inputs, *args)
+    assert " 0 errors" in proc.stdout, proc.stdout
+    return proc
+
+
+SETTINGS = [
+    pytest.param([], [], id="bf16-eagle3"),
+    pytest.param(["--precision", "fp32"],
+                 ["--precision", "fp32", "--dtype", "fp16", "--capture", "all", "--final-norm"],
+                 id="fp32-fp16-all-final-norm"),
+]
+
+
+@pytest.mark.parametrize("server_args,dump_args", SETTINGS)
+def test_remote_files_are_byte_identical_to_in_process(run, tools, tiny, tmp_path, server_args, dump_args):
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(24))
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", local, *dump_args)
+    # Small chunks: every tensor arrives in several pieces that must be reassembled.
+    with HsxServer(tools, tiny, "--max-chunk-bytes", "1000", *server_args) as server:
+        run("hsx-dump", "--server", server.address, "--input", inputs, "--out", remote, "--concurrency", 5,
+            *dump_args)
+    assert set(files(remote)) == {f"hs_{i}.safetensors" for i in range(24)}
+    assert_same_files(local, remote)
+    for i in (0, 1, 23):  # the tensors themselves, as a trainer reads them
+        a = load_file(str(local / f"hs_{i}.safetensors"))
+        b = load_file(str(remote / f"hs_{i}.safetensors"))
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), (i, key)
+    # The journals agree line for line (in completion order, which differs).
+    key = lambda e: e["index"]  # noqa: E731
+    assert sorted(manifest(local), key=key) == sorted(manifest(remote), key=key)
+    verify(run, remote, inputs)
+
+
+@pytest.fixture(scope="module")
+def server(tools, tiny):
+    with HsxServer(tools, tiny) as s:
+        yield s
+
+
+def test_shards_cover_every_sample_exactly_once(run, tools, tiny, server, tmp_path):
+    n, shards = 30, 3
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(n, seed=1))
+    out = tmp_path / "out"
+    # All shards at once, into one directory and one journal.
+    procs = [start_dump(tools, "--server", server.address, "--input", inputs, "--out", out,
+                        "--shard", f"{i}/{shards}", "--concurrency", 2) for i in range(shards)]
+    for i, proc in enumerate(procs):
+        rc, stdout, stderr = finish(proc)
+        assert rc == 0, stderr
+        share = len(range(i, n, shards))
+        assert f"wrote {share} samples, skipped 0 already done, failed 0" in stdout, stdout
+    indices = [e["index"] for e in manifest(out)]
+    assert sorted(indices) == list(range(n))  # each exactly once
+    verify(run, out, inputs, "--strict")
+    # Shards also work in-process, and a finished shard has nothing left to do.
+    proc = run("hsx-dump", "--server", server.address, "--input", inputs, "--out", out, "--shard", "1/3")
+    assert f"wrote 0 samples, skipped {len(range(1, n, 3))} already done" in proc.stdout
+    local = tmp_path / "local"
+    for i in range(2):
+        run("hsx-dump", "--model", tiny, "--input", inputs, "--out", local, "--shard", f"{i}/2")
+    assert sorted(e["index"] for e in manifest(local)) == list(range(n))
+    assert_same_files(local, out)
+
+
+def test_round_robin_over_two_servers(run, tools, tiny, tmp_path):
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(40, seed=2))
+    out = tmp_path / "out"
+    with HsxServer(tools, tiny) as a, HsxServer(tools, tiny) as b:
+        run("hsx-dump", "--server", f"{a.address},{b.address}", "--input", inputs, "--out", out,
+            "--concurrency", 4)
+        served = metric(a, "hsx_samples_total"), metric(b, "hsx_samples_total")
+    assert sum(served) == 40 and min(served) >= 15, served
+    verify(run, out, inputs)
+
+
+def test_waits_for_a_server_that_starts_late(run, tools, tiny, tmp_path):
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(10, seed=3))
+    port = free_port()
+    out = tmp_path / "out"
+    proc = start_dump(tools, "--server", f"127.0.0.1:{port}", "--input", inputs, "--out", out)
+    time.sleep(1.0)
+    assert proc.poll() is None, "hsx-dump gave up while the server was still starting"
+    with HsxServer(tools, tiny, listen=f"127.0.0.1:{port}"):
+        rc, stdout, stderr = finish(proc)
+    assert rc == 0, stderr
+    assert "UNAVAILABLE" in stderr and "retry 1/8" in stderr, stderr
+    assert "wrote 10 samples" in stdout
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", tmp_path / "local")
+    assert_same_files(tmp_path / "local", out)
+
+
+def test_server_killed_and_restarted_mid_dump(run, tools, tiny, tmp_path):
+    n = 200
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(n, lo=32, hi=96, seed=4))
+    port = free_port()
+    out = tmp_path / "out"
+    first = HsxServer(tools, tiny, listen=f"127.0.0.1:{port}").start()
+    try:
+        proc = start_dump(tools, "--server", first.address, "--input", inputs, "--out", out, "--concurrency", 4)
+        wait_for_lines(out, 20, proc)
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait()
+        done_at_kill = len(manifest(out))
+        assert done_at_kill < n, "the dump finished before the kill; make the samples longer"
+        time.sleep(0.3)
+        with HsxServer(tools, tiny, listen=f"127.0.0.1:{port}"):
+            rc, stdout, stderr = finish(proc)
+    finally:
+        first.kill()
+    assert rc == 0, stderr
+    assert "retry" in stderr, stderr
+    assert f"wrote {n} samples" in stdout, stdout
+    verify(run, out, inputs, "--strict")
+    # Retried samples are the same bytes as any other run.
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", tmp_path / "local")
+    assert_same_files(tmp_path / "local", out)
+
+
+def test_other_statuses_fail_at_once_with_the_server_message(run, tools, tiny, tmp_path):
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(6, seed=5))
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-it\n")
+    with HsxServer(tools, tiny, "--auth-token-file", token) as server:
+        start = time.time()
+        proc = run("hsx-dump", "--server", server.address, "--input", inputs, "--out", tmp_path / "a",
+                   expect_ok=False)
+        assert time.time() - start < 10, "a non-retryable status was retried"
+        assert "UNAUTHENTICATED" in proc.stderr, proc.stderr
+        proc = run("hsx-dump", "--server", server.address, "--input", inputs, "--out", tmp_path / "b",
+                   "--auth-token-file", wrong, expect_ok=False)
+        assert "PERMISSION_DENIED" in proc.stderr, proc.stderr
+        run("hsx-dump", "--server", server.address, "--input", inputs, "--out", tmp_path / "c",
+            "--auth-token-file", token)
+    verify(run, tmp_path / "c", inputs)
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *map(str, args)], cwd=cwd, check=True, capture_output=True)
+
+
+def make_certs(d):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", 2, "-subj", "/CN=hsx-test-ca",
+            cwd=d)
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"),
+                      ("client", "extendedKeyUsage=clientAuth\n")):
+        (d / f"{name}.ext").write_text(ext)
+        openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.pem", "-days", 2, "-extfile", f"{name}.ext", cwd=d)
+    return d
+
+
+def test_mtls_and_token(run, tools, tiny, tmp_path):
+    certs = make_certs(tmp_path)
+    token = tmp_path / "token"
+    token.write_text("t0ken")
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(6, seed=6))
+    server = HsxServer(tools, tiny, "--tls-cert", certs / "server.pem", "--tls-key", certs / "server.key",
+                       "--tls-client-ca", certs / "ca.pem", "--auth-token-file", token)
+    server.start(wait_serving=False)  # the helper's health check speaks plaintext
+    try:
+        tls = ["--tls-ca", certs / "ca.pem", "--auth-token-file", token]
+        mtls = [*tls, "--tls-cert", certs / "client.pem", "--tls-key", certs / "client.key"]
+        run("hsx-dump", "--server", server.address, "--input", inputs, "--out", tmp_path / "ok", *mtls)
+        # Without a client certificate the handshake fails (UNAVAILABLE: retried, then given up).
+        proc = run("hsx-dump", "--server", server.address, "--input", inputs, "--out", tmp_path / "nocert",
+                   *tls, "--retries", 0, expect_ok=False)
+        assert "UNAVAILABLE" in proc.stderr, proc.stderr
+        # Plaintext against a TLS port fails too.
+        proc = run("hsx-dump", "--server", server.address, "--input", inputs, "--out", tmp_path / "plain",
+                   "--retries", 0, expect_ok=False)
+        assert "UNAVAILABLE" in proc.stderr, proc.stderr
+    finally:
+        server.stop()
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", tmp_path / "local")
+    assert_same_files(tmp_path / "local", tmp_path / "ok")
+
+
+# --- A misbehaving server: every way a response stream can be wrong is caught
+# before anything is written (design principle 1).
+
+P1, P2, P3, P4, P5 = (11400714785074694791, 14029467366897019727, 1609587929392839161,
+                      9650029242287828579, 2870177450012600261)
+M64 = (1 << 64) - 1
+
+
+def xxh64(data, seed=0):
+    """XXH64, as the server and the clients compute it."""
+    rotl = lambda x, r: ((x << r) | (x >> (64 - r))) & M64  # noqa: E731
+    word = lambda i, n: int.from_bytes(data[i:i + n], "little")  # noqa: E731
+
+    def rnd(acc, value):
+        return (rotl((acc + value * P2) & M64, 31) * P1) & M64
+
+    n, i = len(data), 0
+    if n >= 32:
+        v = [(seed + P1 + P2) & M64, (seed + P2) & M64, seed, (seed - P1) & M64]
+        while i + 32 <= n:
+            v = [rnd(v[k], word(i + 8 * k, 8)) for k in range(4)]
+            i += 32
+        h = (rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18)) & M64
+        for x in v:
+            h = ((h ^ rnd(0, x)) * P1 + P4) & M64
+    else:
+        h = (seed + P5) & M64
+    h = (h + n) & M64
+    while i + 8 <= n:
+        h = (rotl(h ^ rnd(0, word(i, 8)), 27) * P1 + P4) & M64
+        i += 8
+    if i + 4 <= n:
+        h = (rotl(h ^ ((word(i, 4) * P1) & M64), 23) * P2 + P3) & M64
+        i += 4
+    while i < n:
+        h = (rotl(h ^ ((data[i] * P5) & M64), 11) * P1) & M64
+        i += 1
+    h ^= h >> 33
+    h = (h * P2) & M64
+    h ^= h >> 29
+    h = (h * P3) & M64
+    return h ^ (h >> 32)
+
+
+FAKE_HIDDEN = 16
+
+
+@pytest.fixture(scope="module")
+def fake_server(hsx_pb):
+    """An in-process grpcio server speaking the hsx API with a chosen fault."""
+    from concurrent import futures
+
+    import grpc
+
+    pb, pb_grpc = hsx_pb
+
+    class Fake(pb_grpc.HiddenStatesServicer):
+        mode = "ok"
+        calls = 0
+
+        def GetModelInfo(self, request, context):
+            return pb.ModelInfo(model_name="fake", model_revision="0" * 16, num_layers=8,
+                                hidden_size=FAKE_HIDDEN, vocab_size=VOCAB, compute_precision="bf16",
+                                max_tokens_per_sample=4096)
+
+        def Extract(self, req, context):
+            Fake.calls += 1
+            mode, rng = Fake.mode, random.Random(len(req.token_ids))
+            ids, caps = list(req.token_ids), list(req.capture_ids)
+            t = len(ids)
+            token_hash = xxh64(b"".join(i.to_bytes(8, "little", signed=True) for i in ids))
+            header = pb.Header(sample_id=req.sample_id, num_tokens=t, token_ids_xxh64=token_hash, capture_ids=caps,
+                               final_norm=req.final_norm, hidden_size=FAKE_HIDDEN, dtype=req.dtype,
+                               model_name="fake", num_layers=8)
+            if mode == "sample_id":
+                header.sample_id = "someone-else"
+            elif mode == "token_hash":
+                header.token_ids_xxh64 ^= 1
+            elif mode == "capture_ids":
+                header.capture_ids[0] += 1
+            elif mode == "hidden":
+                header.hidden_size = FAKE_HIDDEN * 2
+            yield pb.ExtractResponse(header=header)
+            row = 2 * FAKE_HIDDEN  # bf16
+
+            def value():  # a finite, non-zero bf16
+                return (rng.randrange(0x3c00, 0x4100) | rng.choice((0, 0x8000))).to_bytes(2, "little")
+
+            tensors = [(c, bytearray(b"".join(value() for _ in range(t * FAKE_HIDDEN)))) for c in caps]
+            if mode == "nan":
+                tensors[1][1][row + 2:row + 4] = (0x7fc0).to_bytes(2, "little")
+            if mode == "zero":
+                tensors[2] = (tensors[2][0], bytearray(t * row))
+            order = [tensors[1], tensors[0], *tensors[2:]] if mode == "order" else tensors
+            for k, (capture, data) in enumerate(order):
+                rows = list(range(0, t, 2))
+                if k == 0 and mode == "gap":
+                    rows.remove(2)
+                if k == 0 and mode == "overlap":
+                    rows.insert(2, 1)
+                for r in rows:
+                    n = min(2, t - r)
+                    chunk = bytes(data[r * row:(r + n) * row])
+                    if k == 0 and mode == "partial" and r == 0:
+                        chunk = chunk[:-1]
+                    yield pb.ExtractResponse(chunk=pb.Chunk(capture_id=capture, first_row=r, num_rows=n, data=chunk))
+                if k == 0 and mode in ("unavailable_once", "exhausted_once", "invalid") and Fake.calls == 1:
+                    code = {"unavailable_once": grpc.StatusCode.UNAVAILABLE,
+                            "exhausted_once": grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            "invalid": grpc.StatusCode.INVALID_ARGUMENT}[mode]
+                    context.abort(code, f"fake {mode}")
+            if mode == "no_trailer":
+                return
+            sums = [pb.TensorChecksum(capture_id=c, xxh64=xxh64(bytes(d))) for c, d in tensors]
+            if mode == "checksum":
+                sums[3].xxh64 ^= 1 << 40
+            trailer = pb.Trailer(checksums=sums, token_ids_xxh64=token_hash ^ (mode == "trailer_token_hash"))
+            yield pb.ExtractResponse(trailer=trailer)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_HiddenStatesServicer_to_server(Fake(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    Fake.address = f"127.0.0.1:{port}"
+    yield Fake
+    server.stop(0)
+
+
+FAULTS = [
+    ("sample_id", "the header is for sample_id 'someone-else', requested '0'"),
+    ("token_hash", "the header's token-id hash"),
+    ("capture_ids", "the header has capture ids [3,4,5,8], requested [2,4,5,8]"),
+    ("hidden", f"the header has hidden size {2 * FAKE_HIDDEN}, the model {FAKE_HIDDEN}"),
+    ("gap", "chunk rows [4, 6) of capture id 2: expected first row 2 (a gap)"),
+    ("overlap", "chunk rows [1, 3) of capture id 2: expected first row 4 (an overlap)"),
+    ("partial", f"holds {4 * FAKE_HIDDEN - 1} bytes, expected {4 * FAKE_HIDDEN} (whole rows"),
+    ("order", "a chunk of capture id 4 while capture id 2 has 0 of 7 rows (expected layer after layer"),
+    ("checksum", "capture id 8: the received bytes hash to"),
+    ("trailer_token_hash", "the trailer's token-id hash"),
+    ("no_trailer", "the stream ended without a trailer (4 of 4 tensors complete)"),
+    ("nan", "non-finite value (nan) in capture id 4 row 1 column 1"),
+    ("zero", "capture id 5 is all zeros"),
+    ("invalid", "INVALID_ARGUMENT: fake invalid"),
+]
+
+
+def test_fake_server_control_is_accepted(run, fake_server, tmp_path):
+    fake_server.mode, fake_server.calls = "ok", 0
+    inputs = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": list(range(7)), "loss_mask": [1] * 7}])
+    run("hsx-dump", "--server", fake_server.address, "--input", inputs, "--out", tmp_path / "out")
+    verify(run, tmp_path / "out", inputs, "--strict")
+
+
+@pytest.mark.parametrize("mode,message", FAULTS, ids=[f[0] for f in FAULTS])
+def test_a_bad_stream_is_never_written(run, fake_server, tmp_path, mode, message):
+    fake_server.mode, fake_server.calls = mode, 0
+    inputs = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": list(range(7))}])
+    out = tmp_path / "out"
+    proc = run("hsx-dump", "--server", fake_server.address, "--input", inputs, "--out", out, expect_ok=False)
+    assert "hsx-dump: error: sample 0 (id 0): " in proc.stderr and message in proc.stderr, proc.stderr
+    assert fake_server.calls == 1, "retried a non-retryable failure"
+    assert "failed 1" in proc.stdout
+    assert not (out / "hs_0.safetensors").exists() and manifest(out) == []
+
+
+@pytest.mark.parametrize("mode,code", [("unavailable_once", "UNAVAILABLE"), ("exhausted_once", "RESOURCE_EXHAUSTED")])
+def test_a_stream_broken_midway_is_retried_from_scratch(run, fake_server, tmp_path, mode, code):
+    fake_server.mode, fake_server.calls = mode, 0
+    inputs = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": list(range(7))}])
+    proc = run("hsx-dump", "--server", fake_server.address, "--input", inputs, "--out", tmp_path / "out")
+    assert f"{code}: fake {mode}; retry 1/8" in proc.stderr, proc.stderr
+    assert fake_server.calls == 2
+    verify(run, tmp_path / "out", inputs, "--strict")
