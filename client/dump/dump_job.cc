@@ -314,6 +314,11 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
   auto persist = [&](const InputSample& input, const EncodedSample& sample, int64_t* bytes,
                      bool* written) -> absl::Status {
     if (absl::Status s = VerifySample(input, spec, sample); !s.ok()) return s;
+    if (options.discard) {  // a throughput or smoke run: verified, then dropped
+      *bytes = static_cast<int64_t>(sample.hidden_states.size() + sample.final_norm.size());
+      *written = true;
+      return absl::OkStatus();
+    }
     const std::filesystem::path dir(options.out_dir);
     const std::string final_path = (dir / SampleFileName(input.index)).string();
     const std::string staging = absl::StrCat(final_path, ".partial.", pid);
@@ -442,12 +447,12 @@ absl::StatusOr<DumpStats> RunDump(const std::vector<InputSample>& samples, Extra
   return stats;
 }
 
-std::string FormatDumpSummary(const DumpStats& stats, const std::string& out_dir) {
+std::string FormatDumpSummary(const DumpStats& stats, const std::string& out_dir, bool discarded) {
   const double seconds = std::max(stats.seconds, 1e-9);
   return absl::StrFormat(
-      "hsx-dump: wrote %d samples, skipped %d already done, failed %d; %d tokens, %d bytes "
+      "hsx-dump: %s %d samples, skipped %d already done, failed %d; %d tokens, %d bytes "
       "(%.1f MB) in %.2f s, %.1f tokens/s, %.1f MB/s -> %s",
-      stats.samples, stats.skipped, stats.failed, stats.tokens, stats.bytes, stats.bytes / 1e6,
+      discarded ? "verified and discarded" : "wrote", stats.samples, stats.skipped, stats.failed, stats.tokens, stats.bytes, stats.bytes / 1e6,
       stats.seconds, stats.tokens / seconds, stats.bytes / 1e6 / seconds, out_dir);
 }
 

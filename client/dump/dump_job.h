@@ -46,6 +46,8 @@ struct DumpOptions {
   // When it becomes true (a signal), nothing new starts, what is in flight is
   // cancelled, and RunDump returns Cancelled once the journal is consistent.
   const std::atomic<bool>* interrupted = nullptr;
+  // Verify every sample, then drop it: no files, no journal (--discard).
+  bool discard = false;
 };
 
 struct DumpStats {
@@ -84,7 +86,7 @@ absl::StatusOr<DumpStats> RunDump(const std::vector<InputSample>& samples, Extra
                                   const DumpOptions& options);
 
 // The one-line summary hsx-dump prints on stdout.
-std::string FormatDumpSummary(const DumpStats& stats, const std::string& out_dir);
+std::string FormatDumpSummary(const DumpStats& stats, const std::string& out_dir, bool discarded = false);
 
 }  // namespace hsx
 

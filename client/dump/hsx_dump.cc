@@ -77,6 +77,8 @@ ABSL_FLAG(std::string, progress, "auto", "auto (a bar on a terminal, else a line
           "--progress-interval seconds), bar, plain or none.");
 ABSL_FLAG(double, progress_interval, 10, "Seconds between plain progress lines.");
 ABSL_FLAG(int, writer_threads, 2, "Threads that verify, write and journal samples.");
+ABSL_FLAG(bool, discard, false, "Verify every sample, then drop it: no files and no journal "
+          "(a throughput or smoke run against a server). --out gets only an empty journal.");
 
 namespace {
 
@@ -281,6 +283,7 @@ absl::Status Run() {
   dump.max_in_flight_bytes = *max_in_flight_bytes;
   dump.hidden_size = transport->config.hidden_size;
   dump.writer_threads = absl::GetFlag(FLAGS_writer_threads);
+  dump.discard = absl::GetFlag(FLAGS_discard);
   dump.shard = *shard;
   dump.info = transport->info;
   dump.input_xxh64 = input_digest->xxh64;
@@ -291,7 +294,7 @@ absl::Status Run() {
   std::signal(SIGTERM, OnSignal);
   hsx::DumpStats stats;
   const absl::Status status = hsx::RunDump(*samples, *transport->extractor, dump, &stats);
-  std::printf("%s\n", hsx::FormatDumpSummary(stats, out).c_str());
+  std::printf("%s\n", hsx::FormatDumpSummary(stats, out, dump.discard).c_str());
   std::fflush(stdout);
   return status;
 }
