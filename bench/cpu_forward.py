@@ -7,7 +7,8 @@ One run does the following:
    cached under ~/.cache/hsx/bench/<preset>/seed<S> (regenerated when the hsx-make-model
    binary changes).
 2. Writes a seeded sample set as JSONL: --samples samples, lengths log-uniform in
-   [--min-len, --max-len] (long-tailed: many short, a few long), random token ids.
+   [--min-len, --max-len] (long-tailed: many short, a few long; stratified so the whole
+   range is covered), random token ids.
 3. Runs hsx-dump over it (a private copy of build/bin/hsx-dump, so a concurrent relink
    cannot mix binaries), in fp32 and in bf16 arithmetic, with --threads T, into a temporary
    directory that is removed afterwards. Two times per row: hsx-dump's own (printed by it;
@@ -23,7 +24,9 @@ One run does the following:
 5. Prints a table (engine, tokens, seconds, tokens/s, ratio vs HF fp32, other load) and the
    line `ratio hsx_fp32/hf_fp32 = X`.
 
-Every row is the fastest of --repeat runs (default 2). Both sides use the same samples, the
+Every row is the fastest of --repeat runs (default 2), taken in interleaved rounds so that
+a drift of the machine hits all rows alike; a row whose fastest run was contended gets up to
+--repeat more. The transformers model is loaded once, before any timing. Both sides use the same samples, the
 same thread count and float32 arithmetic; hsx writes every captured layer (--capture all by
 default, the layers output_hidden_states returns) to disk as part of its timed work,
 transformers only returns them. hsx batches the samples together (--max-batch-tokens), as
@@ -58,7 +61,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path.home() / ".cache" / "hsx" / "bench"
 STAMP = "hsx-bench-stamp.json"
-DUMP_LINE = re.compile(r"wrote (\d+) samples \((\d+) tokens\) to .* in ([0-9.]+) s, ([0-9.]+) tokens/s")
+# hsx-dump's summary line, e.g. "hsx-dump: wrote 16 samples (5475 tokens) to OUT in 7.11 s, 770.4 tokens/s"
+# or "hsx-dump: wrote 16 samples, skipped 0 ...; 5475 tokens, ... in 7.11 s, 770.4 tokens/s, ...".
+DUMP_SAMPLES = re.compile(r"wrote (\d+) samples")
+DUMP_TOKENS = re.compile(r"(\d+) tokens\b(?!/s)")
+DUMP_RATE = re.compile(r"in ([0-9.]+) s, ([0-9.]+) tokens/s")
 
 
 def parse_args():
@@ -207,8 +214,10 @@ def make_samples(args, vocab: int) -> list:
 class HsxRow:
     """hsx-dump over the samples file, one process per run."""
 
-    def __init__(self, args, dump: Path, model: Path, inputs: Path, work: Path, precision: str):
+    def __init__(self, args, dump: Path, model: Path, inputs: Path, work: Path, precision: str,
+                 samples: list):
         self.args, self.dump, self.model, self.inputs, self.work = args, dump, model, inputs, work
+        self.samples, self.tokens = len(samples), sum(len(ids) for ids in samples)
         self.precision = precision
         self.name = f"hsx-dump {precision}"
         self.runs = 0
@@ -228,17 +237,21 @@ class HsxRow:
             proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(f"hsx-dump failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
-        match = DUMP_LINE.search(proc.stdout)
-        if not match:
+        line = next((l for l in proc.stdout.splitlines() if DUMP_RATE.search(l)), "")
+        samples, tokens, rate = DUMP_SAMPLES.search(line), DUMP_TOKENS.search(line), DUMP_RATE.search(line)
+        if not (samples and tokens and rate):
             sys.exit(f"hsx-dump: no timing line in its output:\n{proc.stdout}")
-        tokens = int(match[2])
-        seconds = tokens / float(match[4])  # its printed seconds have only two decimals
+        tokens = int(tokens[1])
+        if tokens != self.tokens or int(samples[1]) != self.samples:
+            sys.exit(f"hsx-dump wrote {samples[1]} samples ({tokens} tokens), expected "
+                     f"{self.samples} ({self.tokens}):\n{proc.stdout}{proc.stderr}")
+        seconds = tokens / float(rate[2])  # its printed seconds have only two decimals
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
         note(f"{self.name} run {self.runs}: {seconds:.2f} s by its own clock, {tokens / seconds:.1f} "
              f"tokens/s; process {m.wall:.2f} s wall, {m.cpu / m.wall:.2f} cores busy; "
              f"other load {m.other:.2f} cores")
-        return {"engine": self.name, "tokens": tokens, "samples": int(match[1]), "seconds": seconds,
+        return {"engine": self.name, "tokens": tokens, "samples": self.samples, "seconds": seconds,
                 "wall_seconds": m.wall, "cpu_seconds": m.cpu, "other_load": m.other}
 
 
@@ -349,7 +362,7 @@ def main():
              f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(dump.stat().st_mtime))}")
         inputs = work / "samples.jsonl"
         inputs.write_text("".join(json.dumps({"input_ids": s}) + "\n" for s in samples))
-        rows = [HsxRow(args, dump, model, inputs, work, p) for p in args.hsx_precisions.split(",") if p]
+        rows = [HsxRow(args, dump, model, inputs, work, p, samples) for p in args.hsx_precisions.split(",") if p]
         rows += hf_rows(args, model, samples)  # loaded once, before any timing
         if args.wait_idle > 0:
             wait_idle(args.wait_idle)

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <numeric>
 
 #include "kernels/bf16.h"
@@ -14,17 +15,55 @@
 namespace hsx {
 namespace {
 
-class HostBuffer : public Buffer {
+}  // namespace
+
+// Reuses host blocks across batches: fresh multi-megabyte allocations come
+// from mmap and cost a page fault per 4 KiB on every batch otherwise. Holds at
+// most the peak of what was in use at once.
+class CpuBackend::BlockPool {
  public:
-  HostBuffer(int64_t rows, int64_t cols) : rows_(rows), cols_(cols), data_(rows * cols) {}
-  Matrix matrix() const override {
-    return {const_cast<float*>(data_.data()), rows_, cols_, cols_};
+  struct Block {
+    std::unique_ptr<float[]> data;
+    size_t capacity = 0;
+  };
+
+  Block Take(size_t count) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->capacity >= count && (best == free_.end() || it->capacity < best->capacity)) best = it;
+    }
+    if (best == free_.end()) return {std::unique_ptr<float[]>(new float[count]), count};
+    Block block = std::move(*best);
+    free_.erase(best);
+    return block;
+  }
+
+  void Give(Block block) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(std::move(block));
   }
 
  private:
+  std::mutex mutex_;
+  std::vector<Block> free_;
+};
+
+namespace {
+
+// Host memory from the pool, left uninitialised (every op writes its whole output).
+class HostBuffer : public Buffer {
+ public:
+  HostBuffer(CpuBackend::BlockPool* pool, int64_t rows, int64_t cols)
+      : pool_(pool), rows_(rows), cols_(cols), block_(pool->Take(static_cast<size_t>(rows * cols))) {}
+  ~HostBuffer() override { pool_->Give(std::move(block_)); }
+  Matrix matrix() const override { return {block_.data.get(), rows_, cols_, cols_}; }
+
+ private:
+  CpuBackend::BlockPool* pool_;
   int64_t rows_;
   int64_t cols_;
-  std::vector<float> data_;
+  CpuBackend::BlockPool::Block block_;
 };
 
 GemmB ToGemmB(const LinearWeight& w) {
@@ -80,14 +119,17 @@ void MaskGroups(const RouterParams& router, std::vector<float>& choice) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(Precision precision, int threads) : precision_(precision), pool_(threads) {}
+CpuBackend::CpuBackend(Precision precision, int threads)
+    : precision_(precision), pool_(threads), blocks_(std::make_unique<BlockPool>()) {}
+
+CpuBackend::~CpuBackend() = default;
 
 float CpuBackend::R(float value) const {
   return precision_ == Precision::kBf16 ? RoundToBf16(value) : value;
 }
 
 std::unique_ptr<Buffer> CpuBackend::Allocate(int64_t rows, int64_t cols) {
-  return std::make_unique<HostBuffer>(rows, cols);
+  return std::make_unique<HostBuffer>(blocks_.get(), rows, cols);
 }
 
 void CpuBackend::CopyToHost(const Matrix& src, float* dst) {
@@ -124,25 +166,43 @@ void CpuBackend::RmsNorm(const Matrix& x, const uint16_t* weight, float eps, con
   pool_.ParallelFor(x.rows, [&](int64_t r) {
     const float* in = x.row(r);
     float* out = y.row(r);
-    double sum = 0.0;
-    for (int64_t i = 0; i < x.cols; ++i) sum += static_cast<double>(in[i]) * in[i];
+    // Four double accumulators in a fixed order: deterministic, vectorisable.
+    double lanes[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t i = 0;
+    for (; i + 4 <= x.cols; i += 4) {
+      for (int k = 0; k < 4; ++k) lanes[k] += static_cast<double>(in[i + k]) * in[i + k];
+    }
+    for (; i < x.cols; ++i) lanes[0] += static_cast<double>(in[i]) * in[i];
+    const double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
     const float inv = 1.0f / std::sqrt(static_cast<float>(sum / x.cols) + eps);
     // HF: bf16(x * rsqrt(...)), then bf16(weight * that).
-    for (int64_t i = 0; i < x.cols; ++i) out[i] = R(Bf16ToFloat(weight[i]) * R(in[i] * inv));
+    if (precision_ == Precision::kBf16) {
+      for (int64_t c = 0; c < x.cols; ++c) out[c] = RoundToBf16(Bf16ToFloat(weight[c]) * RoundToBf16(in[c] * inv));
+    } else {
+      for (int64_t c = 0; c < x.cols; ++c) out[c] = Bf16ToFloat(weight[c]) * (in[c] * inv);
+    }
   });
 }
 
 void CpuBackend::Add(const Matrix& a, const Matrix& b, const Matrix& out) {
-  for (int64_t r = 0; r < a.rows; ++r) {
-    for (int64_t i = 0; i < a.cols; ++i) out.row(r)[i] = R(a.row(r)[i] + b.row(r)[i]);
-  }
+  const bool bf16 = precision_ == Precision::kBf16;
+  pool_.ParallelFor(a.rows, [&](int64_t r) {
+    const float* x = a.row(r);
+    const float* y = b.row(r);
+    float* z = out.row(r);
+    if (bf16) {
+      for (int64_t i = 0; i < a.cols; ++i) z[i] = RoundToBf16(x[i] + y[i]);
+    } else {
+      for (int64_t i = 0; i < a.cols; ++i) z[i] = x[i] + y[i];
+    }
+  });
 }
 
 void CpuBackend::SiluMul(const Matrix& gate, const Matrix& up, const Matrix& out) {
-  for (int64_t r = 0; r < gate.rows; ++r) {
+  pool_.ParallelFor(gate.rows, [&](int64_t r) {
     // HF: bf16(bf16(silu(gate)) * up).
     for (int64_t i = 0; i < gate.cols; ++i) out.row(r)[i] = R(R(Silu(gate.row(r)[i])) * up.row(r)[i]);
-  }
+  });
 }
 
 void CpuBackend::Rope(const Matrix& x, int64_t heads, int64_t stride, int64_t offset,
@@ -178,13 +238,17 @@ void CpuBackend::Attention(const Matrix& q, const Matrix& kv, const Matrix& k_ro
     const int64_t h = task % heads;
     const int64_t begin = cu_seqlens[s];
     const int64_t len = cu_seqlens[s + 1] - begin;
+    // Per-thread scratch, grown as needed and reused: a fresh multi-megabyte
+    // score matrix per head would cost a page fault per 4 KiB every time.
+    thread_local std::vector<float> keys;
+    thread_local std::vector<float> scores;
+    if (keys.size() < static_cast<size_t>(len * qk_dim)) keys.resize(static_cast<size_t>(len * qk_dim));
+    if (scores.size() < static_cast<size_t>(len * len)) scores.resize(static_cast<size_t>(len * len));
     // K_h = [k_nope | k_rope], as HF concatenates them.
-    std::vector<float> keys(static_cast<size_t>(len * qk_dim));
     for (int64_t j = 0; j < len; ++j) {
       std::memcpy(&keys[j * qk_dim], kv.row(begin + j) + h * kv_head, sizeof(float) * nope_dim);
       std::memcpy(&keys[j * qk_dim + nope_dim], k_rope.row(begin + j), sizeof(float) * rope_dim);
     }
-    std::vector<float> scores(static_cast<size_t>(len * len));
     // scores = Q_h · K_hᵀ (a bf16 matmul output in the reference).
     GemmB key_matrix{GemmB::Kind::kF32, keys.data(), qk_dim, nullptr, 0, len, qk_dim};
     Gemm(q.row(begin) + h * qk_dim, q.ld, len, key_matrix, scores.data(), len, bf16, nullptr);

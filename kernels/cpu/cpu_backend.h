@@ -17,6 +17,8 @@ namespace hsx {
 class CpuBackend : public Backend {
  public:
   CpuBackend(Precision precision, int threads);
+  ~CpuBackend() override;
+  class BlockPool;  // reusable activation memory (buffers must not outlive the backend)
 
   Precision precision() const override { return precision_; }
   std::unique_ptr<Buffer> Allocate(int64_t rows, int64_t cols) override;
@@ -47,6 +49,7 @@ class CpuBackend : public Backend {
 
   Precision precision_;
   ThreadPool pool_;
+  std::unique_ptr<BlockPool> blocks_;
 };
 
 }  // namespace hsx

@@ -1,6 +1,8 @@
 // thread_pool.cc: workers sleep on a condition variable between loops.
 #include "kernels/cpu/thread_pool.h"
 
+#include <algorithm>
+
 namespace hsx {
 
 ThreadPool::ThreadPool(int threads) {
@@ -19,13 +21,15 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::RunShare() {
   for (;;) {
-    int64_t index;
+    int64_t begin, end;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (next_ >= count_) return;
-      index = next_++;
+      begin = next_;
+      end = std::min(count_, next_ + grain_);
+      next_ = end;
     }
-    (*job_)(index);
+    for (int64_t i = begin; i < end; ++i) (*job_)(i);
   }
 }
 
@@ -59,6 +63,9 @@ void ThreadPool::ParallelFor(int64_t count, const std::function<void(int64_t)>& 
     job_ = &fn;
     count_ = count;
     next_ = 0;
+    // Several indices per lock for long loops (row-wise ops over thousands of
+    // tokens); one at a time for short ones (GEMM panels), which balance better.
+    grain_ = std::max<int64_t>(1, count / (8 * size()));
     ++generation_;
   }
   start_.notify_all();

@@ -41,6 +41,7 @@ class ThreadPool {
   const std::function<void(int64_t)>* job_ = nullptr;
   int64_t count_ = 0;
   int64_t next_ = 0;
+  int64_t grain_ = 1;
   int busy_ = 0;
   uint64_t generation_ = 0;
   bool stop_ = false;

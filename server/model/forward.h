@@ -11,6 +11,8 @@
 #define HSX_SERVER_MODEL_FORWARD_H_
 
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -42,13 +44,33 @@ struct Batch {
   int64_t num_samples() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
 };
 
+// An allocator whose resize() leaves floats uninitialised: capture buffers
+// are written in full right after, and zeroing gigabytes first costs a pass
+// over memory (and its page faults) for nothing.
+template <typename T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) {
+      ::new (static_cast<void*>(p)) U;
+    } else {
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+  }
+};
+using UninitializedFloats = std::vector<float, UninitializedAllocator<float>>;
+
 // Captured states in host memory, float32 (bfloat16-exact in BF16 mode).
 struct Captures {
   std::vector<int> ids;
   int64_t tokens = 0;
   int64_t hidden = 0;
-  std::vector<float> layers;      // [ids.size(), tokens, hidden]
-  std::vector<float> final_norm;  // [tokens, hidden] when requested
+  UninitializedFloats layers;      // [ids.size(), tokens, hidden]
+  UninitializedFloats final_norm;  // [tokens, hidden] when requested
 
   const float* layer(size_t index) const { return layers.data() + index * tokens * hidden; }
 };

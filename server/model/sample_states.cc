@@ -15,11 +15,11 @@ std::vector<SampleStates> SplitBySample(const Captures& captures, std::span<cons
     sample.capture_ids = captures.ids;
     sample.tokens = cu_seqlens[s + 1] - begin;
     sample.hidden = hidden;
-    sample.hidden_states.resize(sample.tokens * layers * hidden);
+    sample.hidden_states.reserve(sample.tokens * layers * hidden);  // filled by appends, never zeroed
     for (int64_t t = 0; t < sample.tokens; ++t) {
       for (int64_t l = 0; l < layers; ++l) {
-        std::memcpy(&sample.hidden_states[(t * layers + l) * hidden],
-                    captures.layer(l) + (begin + t) * hidden, sizeof(float) * hidden);
+        const float* row = captures.layer(l) + (begin + t) * hidden;
+        sample.hidden_states.insert(sample.hidden_states.end(), row, row + hidden);
       }
     }
     if (!captures.final_norm.empty()) {
