@@ -106,15 +106,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
   return text.str();
 }
 
-// The name a model directory goes by: its last path component (exactly as
-// hsx-server's ModelNameOf names it, so that files are identical across modes).
-std::string ModelName(const std::string& dir) {
-  std::filesystem::path path(dir);
-  if (!path.has_filename()) path = path.parent_path();  // trailing slash
-  const std::string name = path.filename().string();
-  return name.empty() ? dir : name;
-}
-
 struct Transport {
   std::unique_ptr<hsx::Checkpoint> checkpoint;
   std::unique_ptr<hsx::Engine> engine;
@@ -135,10 +126,9 @@ absl::StatusOr<Transport> MakeInProcess(const std::string& model_dir, hsx::Preci
   if (!checkpoint.ok()) return checkpoint.status();
   t.checkpoint = *std::move(checkpoint);
   t.config = t.checkpoint->config();
-  absl::StatusOr<hsx::FileDigest> config_digest =
-      hsx::DigestFile((std::filesystem::path(model_dir) / "config.json").string());
-  if (!config_digest.ok()) return config_digest.status();
-  t.info = {ModelName(model_dir), t.config.num_hidden_layers, config_digest->xxh64, precision_name};
+  absl::StatusOr<std::string> revision = hsx::CheckpointRevision(model_dir);
+  if (!revision.ok()) return revision.status();
+  t.info = {hsx::CheckpointName(model_dir), t.config.num_hidden_layers, *revision, precision_name};
   t.max_tokens_per_sample = absl::GetFlag(FLAGS_max_tokens_per_sample) > 0 ? absl::GetFlag(FLAGS_max_tokens_per_sample)
                                                                          : t.config.max_position_embeddings;
   t.max_tokens_per_sample = std::min(t.max_tokens_per_sample, absl::GetFlag(FLAGS_max_batch_tokens));

@@ -37,7 +37,7 @@ struct SampleFileInfo {
   int64_t num_layers = 0;
   // Recorded in the metadata when set (both modes set them the same way, so
   // that in-process and remote files are byte-identical).
-  std::string model_revision;     // xxh64 of the checkpoint's config.json, 16 hex digits
+  std::string model_revision;     // CheckpointRevision(): config, layout and sampled weight bytes
   std::string compute_precision;  // "bf16" or "fp32"
 };
 

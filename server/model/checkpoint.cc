@@ -7,9 +7,11 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cpu/int4_dequant.h"
 
@@ -61,7 +63,72 @@ absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& 
   return map;
 }
 
+// Appends `size` bytes of `file` from `offset` (fewer at the end of the file).
+absl::Status AppendRange(std::ifstream& in, const std::string& path, uint64_t offset, uint64_t size,
+                         std::string* out) {
+  std::string buffer(size, '\0');
+  in.clear();
+  in.seekg(static_cast<std::streamoff>(offset));
+  in.read(buffer.data(), static_cast<std::streamsize>(size));
+  if (in.bad()) return absl::InternalError(absl::StrCat(path, ": read failed"));
+  buffer.resize(static_cast<size_t>(in.gcount()));
+  out->append(buffer);
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::string CheckpointName(const std::string& dir) {
+  fs::path path(dir);
+  if (!path.has_filename()) path = path.parent_path();  // trailing slash
+  const std::string name = path.filename().string();
+  return name.empty() ? dir : name;
+}
+
+absl::StatusOr<std::string> CheckpointRevision(const std::string& dir) {
+  constexpr uint64_t kSample = 64 << 10;
+  std::string material;
+  absl::StatusOr<std::string> config = ReadText((fs::path(dir) / "config.json").string());
+  if (!config.ok()) return config.status();
+  material += *config;
+  std::vector<std::string> shards;
+  const fs::path index_path = fs::path(dir) / kIndexFile;
+  if (fs::exists(index_path)) {
+    absl::StatusOr<std::string> index = ReadText(index_path.string());
+    if (!index.ok()) return index.status();
+    material += *index;
+    absl::StatusOr<std::map<std::string, std::string>> map = ReadIndex(index_path.string());
+    if (!map.ok()) return map.status();
+    for (const auto& [tensor, file] : *map) shards.push_back(file);
+    std::sort(shards.begin(), shards.end());
+    shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
+  } else {
+    shards.push_back(kSingleFile);
+  }
+  for (const std::string& shard : shards) {
+    const std::string path = (fs::path(dir) / shard).string();
+    std::error_code error;
+    const uint64_t size = fs::file_size(path, error);
+    if (error) return absl::NotFoundError(absl::StrCat(path, ": ", error.message()));
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+    // The header (bounded) and the data's two ends.
+    const uint64_t head = std::min<uint64_t>(size, 8 + kMaxSafetensorsHeaderBytes);
+    std::string prefix;
+    if (absl::Status s = AppendRange(in, path, 0, std::min<uint64_t>(head, 8), &prefix); !s.ok()) return s;
+    uint64_t header_bytes = 0;
+    for (int i = static_cast<int>(prefix.size()) - 1; i >= 0; --i) {
+      header_bytes = (header_bytes << 8) | static_cast<uint8_t>(prefix[i]);
+    }
+    const uint64_t data_start = std::min(size, 8 + std::min(header_bytes, kMaxSafetensorsHeaderBytes));
+    material += prefix;
+    if (absl::Status s = AppendRange(in, path, 8, data_start - std::min<uint64_t>(size, 8), &material); !s.ok()) return s;
+    if (absl::Status s = AppendRange(in, path, data_start, kSample, &material); !s.ok()) return s;
+    const uint64_t tail = size > data_start + kSample ? std::max(size - kSample, data_start + kSample) : size;
+    if (absl::Status s = AppendRange(in, path, tail, kSample, &material); !s.ok()) return s;
+  }
+  return absl::StrFormat("%016x", XXH64(material.data(), material.size(), 0));
+}
 
 absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   std::unique_ptr<Checkpoint> checkpoint(new Checkpoint());

@@ -41,6 +41,16 @@ struct Int4Weight {
   int64_t group_size = 0;
 };
 
+// The name a checkpoint is known by: its directory's base name.
+std::string CheckpointName(const std::string& dir);
+
+// A revision id for a checkpoint directory: XXH64 (16 hex digits) of
+// config.json, the index, and each shard's header plus the first and last
+// 64 KiB of its data. Two checkpoints with the same config but other weights
+// (another seed, another fine-tune) differ in it; reading it costs
+// ~128 KiB per shard, not the model. Not a cryptographic digest.
+absl::StatusOr<std::string> CheckpointRevision(const std::string& dir);
+
 class Checkpoint {
  public:
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);

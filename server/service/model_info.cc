@@ -8,28 +8,20 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/dump/sample_file.h"
+#include "server/model/checkpoint.h"
 #include "server/model/encoding.h"
 
 namespace hsx {
 
-std::string ModelNameOf(const std::string& model_dir) {
-  std::filesystem::path path(model_dir);
-  if (!path.has_filename()) path = path.parent_path();  // trailing slash
-  const std::string name = path.filename().string();
-  return name.empty() ? model_dir : name;
-}
+std::string ModelNameOf(const std::string& model_dir) { return CheckpointName(model_dir); }
 
 absl::StatusOr<v1::ModelInfo> BuildModelInfo(const ServiceOptions& options, const ModelConfig& config) {
-  const std::string config_path = (std::filesystem::path(options.model_dir) / "config.json").string();
-  std::ifstream in(config_path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(config_path, ": cannot read"));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  const std::string text = bytes.str();
+  absl::StatusOr<std::string> revision = CheckpointRevision(options.model_dir);
+  if (!revision.ok()) return revision.status();
 
   v1::ModelInfo info;
   info.set_model_name(ModelNameOf(options.model_dir));
-  info.set_model_revision(Xxh64Hex(text.data(), text.size()));
+  info.set_model_revision(*revision);
   info.set_architecture(config.architectures.empty() ? "DeepseekV3ForCausalLM" : config.architectures[0]);
   info.set_num_layers(static_cast<int32_t>(config.num_hidden_layers));
   info.set_hidden_size(static_cast<int32_t>(config.hidden_size));
