@@ -249,28 +249,38 @@ void CpuBackend::Attention(const Matrix& q, const Matrix& kv, const Matrix& k_ro
       std::memcpy(&keys[j * qk_dim], kv.row(begin + j) + h * kv_head, sizeof(float) * nope_dim);
       std::memcpy(&keys[j * qk_dim + nope_dim], k_rope.row(begin + j), sizeof(float) * rope_dim);
     }
-    // scores = Q_h · K_hᵀ (a bf16 matmul output in the reference).
-    GemmB key_matrix{GemmB::Kind::kF32, keys.data(), qk_dim, nullptr, 0, len, qk_dim};
-    Gemm(q.row(begin) + h * qk_dim, q.ld, len, key_matrix, scores.data(), len, bf16, nullptr);
-    for (int64_t i = 0; i < len; ++i) {
-      float* row = scores.data() + i * len;
-      float max = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j <= i; ++j) {
-        row[j] = R(row[j] * scale);
-        max = std::max(max, row[j]);
+    // Causal attention in blocks of query rows: block [q0, q0 + rows) needs
+    // keys [0, q0 + rows) only, which skips most of the masked triangle. A
+    // row's result does not depend on the blocking: the keys a block sees
+    // past row i carry probability exactly 0, and fma(0, v, acc) == acc.
+    constexpr int64_t kQueryBlock = 64;
+    for (int64_t q0 = 0; q0 < len; q0 += kQueryBlock) {
+      const int64_t rows = std::min(kQueryBlock, len - q0);
+      const int64_t keys_seen = q0 + rows;
+      // scores = Q_h · K_hᵀ (a bf16 matmul output in the reference).
+      GemmB key_matrix{GemmB::Kind::kF32, keys.data(), qk_dim, nullptr, 0, keys_seen, qk_dim};
+      Gemm(q.row(begin + q0) + h * qk_dim, q.ld, rows, key_matrix, scores.data(), keys_seen, bf16, nullptr);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = q0 + r;
+        float* row = scores.data() + r * keys_seen;
+        float max = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j <= i; ++j) {
+          row[j] = R(row[j] * scale);
+          max = std::max(max, row[j]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j <= i; ++j) {
+          row[j] = std::exp(row[j] - max);
+          sum += row[j];
+        }
+        // Softmax in float32, then cast to the activation dtype; masked keys are exactly 0.
+        for (int64_t j = 0; j <= i; ++j) row[j] = R(row[j] / sum);
+        std::fill(row + i + 1, row + keys_seen, 0.0f);
       }
-      float sum = 0.0f;
-      for (int64_t j = 0; j <= i; ++j) {
-        row[j] = std::exp(row[j] - max);
-        sum += row[j];
-      }
-      // Softmax in float32, then cast to the activation dtype; masked keys are exactly 0.
-      for (int64_t j = 0; j <= i; ++j) row[j] = R(row[j] / sum);
-      std::fill(row + i + 1, row + len, 0.0f);
+      GemmB values{GemmB::Kind::kF32Transposed, kv.row(begin) + h * kv_head + nope_dim, kv.ld,
+                   nullptr, 0, v_dim, keys_seen};
+      Gemm(scores.data(), keys_seen, rows, values, out.row(begin + q0) + h * v_dim, out.ld, bf16, nullptr);
     }
-    GemmB values{GemmB::Kind::kF32Transposed, kv.row(begin) + h * kv_head + nope_dim, kv.ld,
-                 nullptr, 0, v_dim, len};
-    Gemm(scores.data(), len, len, values, out.row(begin) + h * v_dim, out.ld, bf16, nullptr);
   });
 }
 

@@ -18,8 +18,8 @@
 namespace hsx {
 namespace {
 
-constexpr int64_t kPanel = 16;        // B rows per packed panel (two AVX2 vectors)
-constexpr int64_t kRows = 4;          // A rows per micro-kernel call
+constexpr int64_t kPanel = 16;        // B rows per packed panel (two AVX2 / one AVX-512 vector)
+constexpr int64_t kMaxRows = 8;       // A rows per micro-kernel call, at most
 constexpr int64_t kPanelsPerTask = 4; // panels one task packs and sweeps A with
 
 // Packs B rows [n0, n0 + 16) into panel[k * 16 + j] = B[n0 + j][k]; rows past N are zero.
@@ -64,9 +64,13 @@ void PackPanel(const GemmB& b, int64_t n0, float* panel) {
   }
 }
 
-// acc[r][j] = sum_k a[r][k] * panel[k][j], k ascending, fused multiply-add.
+// acc[r][j] = sum_k a[r][k] * panel[k][j], k ascending, fused multiply-add,
+// for r < 4 (the scalar and AVX2 kernels) or r < 8 (AVX-512). Every kernel
+// computes each element with the same operations in the same order, so they
+// agree bit for bit and the row count never changes a result.
 void MicroKernelScalar(const float* const* a, const float* panel, int64_t k_size,
-                       float acc[kRows][kPanel]) {
+                       float acc[kMaxRows][kPanel]) {
+  constexpr int64_t kRows = 4;
   for (int64_t r = 0; r < kRows; ++r) {
     for (int64_t j = 0; j < kPanel; ++j) acc[r][j] = 0.0f;
   }
@@ -81,7 +85,7 @@ void MicroKernelScalar(const float* const* a, const float* panel, int64_t k_size
 #if defined(__x86_64__)
 __attribute__((target("avx2,fma"))) void MicroKernelAvx2(const float* const* a, const float* panel,
                                                          int64_t k_size,
-                                                         float acc[kRows][kPanel]) {
+                                                         float acc[kMaxRows][kPanel]) {
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
   __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
   __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
@@ -115,34 +119,56 @@ __attribute__((target("avx2,fma"))) void MicroKernelAvx2(const float* const* a, 
   _mm256_storeu_ps(acc[3], c30);
   _mm256_storeu_ps(acc[3] + 8, c31);
 }
+
+// 8 rows x 16 columns: one zmm accumulator per row.
+__attribute__((target("avx512f"))) void MicroKernelAvx512(const float* const* a, const float* panel,
+                                                         int64_t k_size,
+                                                         float acc[kMaxRows][kPanel]) {
+  __m512 c[8];
+  for (int r = 0; r < 8; ++r) c[r] = _mm512_setzero_ps();
+  const float* rows[8];
+  for (int r = 0; r < 8; ++r) rows[r] = a[r];
+  for (int64_t k = 0; k < k_size; ++k) {
+    const __m512 b = _mm512_loadu_ps(panel + k * kPanel);
+    for (int r = 0; r < 8; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(rows[r][k]), b, c[r]);
+  }
+  for (int r = 0; r < 8; ++r) _mm512_storeu_ps(acc[r], c[r]);
+}
 #endif
 
-using MicroKernel = void (*)(const float* const*, const float*, int64_t, float[kRows][kPanel]);
+using MicroKernel = void (*)(const float* const*, const float*, int64_t, float[kMaxRows][kPanel]);
 
-MicroKernel SelectMicroKernel() {
+struct KernelChoice {
+  MicroKernel kernel;
+  int64_t rows;
+};
+
+KernelChoice SelectMicroKernel() {
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return MicroKernelAvx2;
+  if (__builtin_cpu_supports("avx512f")) return {MicroKernelAvx512, 8};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {MicroKernelAvx2, 4};
 #endif
-  return MicroKernelScalar;
+  return {MicroKernelScalar, 4};
 }
 
-const MicroKernel kMicroKernel = SelectMicroKernel();
+const KernelChoice kKernel = SelectMicroKernel();
 
 // Sweeps all rows of A against `panels` packed panels starting at column n0.
 void SweepRows(const float* a, int64_t lda, int64_t m, const float* panels, int64_t panel_count,
                int64_t n0, int64_t n, int64_t k_size, float* c, int64_t ldc, bool round_bf16) {
   std::vector<float> zero_row(k_size, 0.0f);
-  float acc[kRows][kPanel];
-  for (int64_t m0 = 0; m0 < m; m0 += kRows) {
-    const float* rows[kRows];
-    for (int64_t r = 0; r < kRows; ++r) {
+  float acc[kMaxRows][kPanel];
+  const int64_t block = kKernel.rows;
+  for (int64_t m0 = 0; m0 < m; m0 += block) {
+    const float* rows[kMaxRows];
+    for (int64_t r = 0; r < block; ++r) {
       rows[r] = m0 + r < m ? a + (m0 + r) * lda : zero_row.data();  // pad, same kernel
     }
     for (int64_t p = 0; p < panel_count; ++p) {
-      kMicroKernel(rows, panels + p * kPanel * k_size, k_size, acc);
+      kKernel.kernel(rows, panels + p * kPanel * k_size, k_size, acc);
       const int64_t col0 = n0 + p * kPanel;
       const int64_t cols = std::min(kPanel, n - col0);
-      for (int64_t r = 0; r < kRows && m0 + r < m; ++r) {
+      for (int64_t r = 0; r < block && m0 + r < m; ++r) {
         float* out = c + (m0 + r) * ldc + col0;
         for (int64_t j = 0; j < cols; ++j) out[j] = round_bf16 ? RoundToBf16(acc[r][j]) : acc[r][j];
       }

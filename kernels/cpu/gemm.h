@@ -4,7 +4,8 @@
 // stored: bfloat16 rows (a checkpoint weight, possibly a column slice), INT4
 // pack-quantized rows (dequantized per panel, never expanded in full), or a
 // float32 matrix (attention scores and values). B is packed 16 rows at a time
-// into float32 panels and multiplied by a 4x16 register-blocked kernel.
+// into float32 panels and multiplied by a register-blocked kernel (4x16 with
+// AVX2, 8x16 with AVX-512, chosen at run time).
 //
 // Guarantee (what makes results independent of the batch): every C[m][n] is
 // the sum over k = 0, 1, ..., K-1 of A[m][k] * B[n][k], accumulated with

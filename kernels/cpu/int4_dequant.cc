@@ -20,14 +20,21 @@ void DequantizeInt4Rows(const int32_t* packed, const uint16_t* scale, int64_t co
 void DequantizeInt4RowsToFloat(const int32_t* packed, const uint16_t* scale, int64_t cols,
                                int64_t group_size, int64_t row_begin, int64_t row_end,
                                float* out) {
+  // Same values as DequantInt4Element, organised by group so that the inner
+  // loop has no division and vectorises: 8 nibbles per word, one scale per group.
   const int64_t words_per_row = cols / 8;
   const int64_t groups_per_row = cols / group_size;
   for (int64_t r = row_begin; r < row_end; ++r) {
-    const int32_t* packed_row = packed + r * words_per_row;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(packed + r * words_per_row);
     const uint16_t* scale_row = scale + r * groups_per_row;
     float* out_row = out + (r - row_begin) * cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      out_row[c] = Bf16ToFloat(DequantInt4Element(packed_row, scale_row, c, group_size));
+    for (int64_t g = 0; g < groups_per_row; ++g) {
+      const float s = Bf16ToFloat(scale_row[g]);
+      const int64_t begin = g * group_size;
+      for (int64_t c = begin; c < begin + group_size; ++c) {
+        const int q = static_cast<int>((words[c >> 3] >> (4 * (c & 7))) & 0xFu) - 8;
+        out_row[c] = RoundToBf16(static_cast<float>(q) * s);
+      }
     }
   }
 }
