@@ -1,6 +1,8 @@
 // int4_dequant.cc: CPU reference INT4 dequantization and packing.
 #include "kernels/cpu/int4_dequant.h"
 
+#include <cstring>
+
 namespace hsx {
 
 void DequantizeInt4Rows(const int32_t* packed, const uint16_t* scale, int64_t cols,
@@ -33,7 +35,14 @@ void DequantizeInt4RowsToFloat(const int32_t* packed, const uint16_t* scale, int
       const int64_t begin = g * group_size;
       for (int64_t c = begin; c < begin + group_size; ++c) {
         const int q = static_cast<int>((words[c >> 3] >> (4 * (c & 7))) & 0xFu) - 8;
-        out_row[c] = RoundToBf16(static_cast<float>(q) * s);
+        // Round to nearest even bfloat16 without FloatToBf16's NaN branch, so
+        // the loop vectorises. Equal to it for every finite product; a NaN
+        // scale still yields NaN (or inf for a signalling NaN).
+        uint32_t bits;
+        const float product = static_cast<float>(q) * s;
+        std::memcpy(&bits, &product, sizeof(bits));
+        bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+        std::memcpy(&out_row[c], &bits, sizeof(bits));
       }
     }
   }
