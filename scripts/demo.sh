@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default, on the CPU: generate the tiny Kimi-K2-
-# format model, extract the hidden states of the bundled samples with
-# hsx-dump (in-process), and summarise what was written.
+# format model, serve it with hsx-server on loopback, extract the bundled
+# samples with hsx-dump --server, check the output with hsx-verify, stop the
+# server (SIGTERM: it drains), and summarise what was written.
 #
 # Environment: HSX_DEMO_DIR (default ~/.cache/hsx/demo) holds the model and output.
 set -euo pipefail
@@ -12,21 +13,50 @@ demo="${HSX_DEMO_DIR:-$HOME/.cache/hsx/demo}"
 model="$demo/tiny"
 out="$demo/hidden_states"
 samples=scripts/demo/samples.jsonl
+log="$demo/server.log"
 
 rm -rf "$model" "$out"
 mkdir -p "$demo"
 echo "== generating the tiny model (Kimi-K2 layout, INT4 routed experts) in $model"
 "$bin/hsx-make-model" --preset tiny --seed 0 --out "$model"
 "$bin/hsx-inspect" --model "$model" | sed -n '1,4p;/eagle3/p;/^bytes/p'
+
 echo
-echo "== extracting $(wc -l <"$samples") samples with hsx-dump (capture eagle3, bf16)"
-"$bin/hsx-dump" --model "$model" --input "$samples" --out "$out" --capture eagle3 --final-norm
+echo "== starting hsx-server on 127.0.0.1 (log: $log)"
+"$bin/hsx-server" --model "$model" --listen 127.0.0.1:0 2>"$log" &
+server=$!
+trap 'kill "$server" 2>/dev/null || true' EXIT
+address=""
+for _ in $(seq 1 300); do
+  address=$(sed -n 's/.*hsx-server: listening on \([^ ]*\).*/\1/p' "$log" | head -n 1)
+  grep -q "ready" "$log" && [[ -n "$address" ]] && break
+  kill -0 "$server" 2>/dev/null || { cat "$log"; exit 1; }
+  sleep 0.1
+done
+grep -q "ready" "$log" || { echo "hsx-server did not become ready"; cat "$log"; exit 1; }
+echo "serving on $address"
+
+echo
+echo "== extracting $(wc -l <"$samples") samples with hsx-dump --server (capture eagle3 + final norm, bf16)"
+"$bin/hsx-dump" --server "$address" --input "$samples" --out "$out" --capture eagle3 --final-norm
+
+echo
+echo "== hsx-verify"
+"$bin/hsx-verify" "$out" --input "$samples"
+
+echo
+echo "== stopping the server (SIGTERM drains, then exits 0)"
+kill -TERM "$server"
+wait "$server"
+trap - EXIT
+tail -n 2 "$log"
+
 echo
 echo "== what was written"
 python3 - "$out" <<'PY'
 import json, os, struct, sys
 out = sys.argv[1]
-files = sorted(os.listdir(out), key=lambda n: int(n[3:].split(".")[0]))
+files = sorted((n for n in os.listdir(out) if n.endswith(".safetensors")), key=lambda n: int(n[3:].split(".")[0]))
 total_bytes = total_tokens = 0
 for name in files:
     with open(os.path.join(out, name), "rb") as f:
@@ -38,5 +68,7 @@ for name in files:
     if name in files[:3] or name == files[-1]:
         print(f"  {name:22} id={meta['sample_id']:9} hidden_states {hs['dtype']} {hs['shape']}"
               f"  capture_ids={meta['capture_ids']}  keys={sorted(header)}")
-print(f"  ... {len(files)} files, {total_tokens} tokens, {total_bytes / 2**20:.1f} MiB in {out}")
+journal = sum(1 for _ in open(os.path.join(out, "manifest.jsonl")))
+print(f"  ... {len(files)} files, {total_tokens} tokens, {total_bytes / 2**20:.1f} MiB, "
+      f"{journal} journal lines in {out}")
 PY

@@ -181,3 +181,20 @@ def test_modelopt_marks_prenorm_when_no_final_norm(run, tiny, tmp_path):
     assert d["hidden_states_prenorm"] is True
     ref = hsx.read_sample(out / "hs_0.safetensors", torch=True)
     assert torch.equal(d["hidden_states"], ref["hidden_states"][:, 3])  # capture id N, pre-norm
+
+
+def test_training_example_runs_from_the_stream(server, tmp_path):
+    """client/python/examples/train_eagle3_head.py trains from a live server and its loss falls."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "client" / "python" / "examples" / "train_eagle3_head.py"
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(json.dumps(r) + "\n" for r in rows(6, seed=7, max_len=40)))
+    proc = subprocess.run([sys.executable, str(example), "--server", server.address, "--input", str(inputs),
+                           "--steps", "24", "--lr", "3e-3"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = proc.stdout.strip().splitlines()[-1]
+    first, last = (float(x) for x in summary.split("loss ")[1].split(" -> "))
+    assert last < first, proc.stdout
