@@ -52,7 +52,8 @@ class InProcessExtractor : public Extractor {
                       return;
                     }
                     done(EncodeSampleStates(*states, dtype));
-                  }};
+                  },
+                  /*abandoned=*/nullptr};
     if (absl::Status s = batcher_.Submit(std::move(item)); !s.ok()) done(s);
   }
 

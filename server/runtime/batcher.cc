@@ -143,10 +143,25 @@ int64_t Batcher::batches_run() const {
 void Batcher::Loop() {
   for (;;) {
     std::vector<WorkItem> batch;
+    std::vector<WorkItem> dropped;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, and everything queued has run
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        if (it->abandoned && it->abandoned()) {
+          queued_tokens_ -= static_cast<int64_t>(it->tokens.size());
+          dropped.push_back(std::move(*it));
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (WorkItem& item : dropped) item.done(absl::CancelledError("the request was cancelled before it ran"));
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (queue_.empty()) continue;
       std::vector<int64_t> lengths;
       const size_t scan = std::min(queue_.size(), options_.lookahead);
       for (size_t i = 0; i < scan; ++i) lengths.push_back(static_cast<int64_t>(queue_[i].tokens.size()));

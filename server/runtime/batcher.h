@@ -30,8 +30,11 @@ struct WorkItem {
   std::vector<int32_t> tokens;
   CaptureSpec capture;
   // Called exactly once, on the batcher's thread, with the sample's states or
-  // the error that stopped its batch.
+  // the error that stopped its batch (Cancelled when `abandoned` said so).
   std::function<void(absl::StatusOr<SampleStates>)> done;
+  // Optional: asked before the sample is packed into a batch; true means its
+  // consumer has gone (a cancelled RPC), so it is dropped, not computed.
+  std::function<bool()> abandoned;
 };
 
 struct BatcherOptions {

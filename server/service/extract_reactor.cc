@@ -96,6 +96,11 @@ void ExtractReactor::OnWriteDone(bool ok) {
   Perform(action);
 }
 
+bool ExtractReactor::Abandoned() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cancelled_ || finish_called_;
+}
+
 void ExtractReactor::OnCancel() {
   Action action;
   {

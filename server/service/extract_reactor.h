@@ -59,6 +59,9 @@ class ExtractReactor : public grpc::ServerWriteReactor<v1::ExtractResponse>,
   void Deliver(absl::StatusOr<SampleStates> states);
   // Ends the stream with `status` before anything was delivered.
   void Fail(grpc::Status status);
+  // True once the client cancelled or the stream finished: the batcher then
+  // drops the sample instead of computing it. Any thread.
+  bool Abandoned();
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;

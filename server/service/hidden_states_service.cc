@@ -159,6 +159,7 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* HiddenStatesService::Extract(grpc
   WorkItem item;
   item.tokens = std::move(tokens);
   item.capture = valid->capture;
+  item.abandoned = [reactor] { return reactor->Abandoned(); };
   item.done = [this, reactor](absl::StatusOr<SampleStates> states) {
     reactor->Deliver(std::move(states));
     samples_in_batcher_.fetch_sub(1);

@@ -76,8 +76,11 @@ json Report(const hsx::Checkpoint& checkpoint, int tp) {
                      {"attention_heads", c.num_attention_heads / tp},
                      {"routed_experts_per_layer", experts}});
   }
+  absl::StatusOr<std::string> revision = hsx::CheckpointRevision(checkpoint.dir());
   return {
       {"model", checkpoint.dir()},
+      {"name", hsx::CheckpointName(checkpoint.dir())},
+      {"revision", revision.ok() ? *revision : std::string(revision.status().message())},
       {"architecture", {{"model_type", c.model_type},
                         {"layout", c.layout == hsx::CheckpointLayout::kFlat ? "k2" : "k2.5"},
                         {"num_hidden_layers", c.num_hidden_layers},

@@ -298,15 +298,16 @@ def test_health_not_serving_until_loaded_and_checked(bin_dir, make_model, hsx_pb
 
 def test_model_info_agrees_with_inspect(run, tiny, server, stub, hsx_pb):
     info = stub.GetModelInfo(hsx_pb[0].GetModelInfoRequest(), timeout=10)
-    inspect = json.loads(run("hsx-inspect", "--model", tiny, "--json").stdout)["architecture"]
+    report = json.loads(run("hsx-inspect", "--model", tiny, "--json").stdout)
+    inspect = report["architecture"]
     config = json.loads((tiny / "config.json").read_text())
     assert info.num_layers == inspect["num_hidden_layers"] == N_LAYERS
     assert info.hidden_size == inspect["hidden_size"]
     assert info.vocab_size == inspect["vocab_size"]
     assert list(info.default_capture_ids) == inspect["eagle3_capture_ids"] == EAGLE3
     assert info.architecture == config["architectures"][0]
-    assert info.model_name == tiny.name
-    assert info.model_revision == f"{xxh64((tiny / 'config.json').read_bytes()):016x}"
+    assert info.model_name == tiny.name == report["name"]
+    assert info.model_revision == report["revision"] and len(info.model_revision) == 16
     assert info.compute_precision == "bf16" and info.default_dtype == hsx_pb[0].DTYPE_BF16
     assert "residual stream entering decoder layer k" in info.layer_convention
     assert info.last_layer_state == "pre-norm"
@@ -458,8 +459,11 @@ def limited(bin_dir, tiny):
     # A fixed mmap threshold makes glibc return every large block to the system
     # when it is freed, so RSS measures live memory rather than the allocator's cache.
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
+    # One sample per batch (--max-batch-tokens LONG): the engine's reused working
+    # memory then has the same shape in the warm-up and in the measured run,
+    # whatever the timing.
     with HsxServer(bin_dir, tiny, "--max-concurrent-requests", LIMITED_STREAMS, "--max-chunk-bytes", LIMITED_CHUNK,
-                   "--max-buffered-bytes-per-stream", LIMITED_BUFFER, env=env) as s:
+                   "--max-buffered-bytes-per-stream", LIMITED_BUFFER, "--max-batch-tokens", LONG, env=env) as s:
         yield s
 
 

@@ -241,3 +241,28 @@ TEST(Checkpoint, NoWeightsAtAll) {
 
 }  // namespace
 }  // namespace hsx
+
+namespace hsx {
+namespace {
+
+TEST(CheckpointIdentity, RevisionSeparatesWeightsNotJustConfigs) {
+  TempDir dir;
+  for (const char* name : {"a", "b", "c"}) {
+    GeneratorOptions options;
+    options.seed = std::string(name) == "c" ? 2 : 1;
+    ASSERT_TRUE(WriteRandomCheckpoint(*PresetConfig("tiny"), dir / name, options).ok());
+  }
+  absl::StatusOr<std::string> a = CheckpointRevision(dir / "a");
+  absl::StatusOr<std::string> b = CheckpointRevision(dir / "b");
+  absl::StatusOr<std::string> c = CheckpointRevision(dir / "c");
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->size(), 16u);
+  EXPECT_EQ(*a, *b);  // same bytes
+  EXPECT_NE(*a, *c);  // same config, other weights
+  EXPECT_EQ(CheckpointName(dir / "a"), "a");
+  EXPECT_EQ(CheckpointName((dir / "a") + "/"), "a");
+  EXPECT_FALSE(CheckpointRevision(dir / "missing").ok());
+}
+
+}  // namespace
+}  // namespace hsx

@@ -1,5 +1,6 @@
 // Property tests: a sample's states do not depend on its batch, on the batch
 // budget or order, and (within float32 rounding) on the tensor-parallel degree.
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <random>
@@ -207,9 +208,10 @@ TEST_F(InvarianceTest, BatcherDeliversEachSampleItsOwnCapture) {
     options.max_batch_tokens = 64;
     Batcher batcher(engine, options);
     for (size_t i = 0; i < samples.size(); ++i) {
-      ASSERT_TRUE(batcher.Submit({samples[i], wanted[i], [&got, i](absl::StatusOr<SampleStates> s) {
-                                    got[i] = std::move(s);
-                                  }}).ok());
+      ASSERT_TRUE(batcher.Submit({samples[i], wanted[i],
+                                  [&got, i](absl::StatusOr<SampleStates> s) { got[i] = std::move(s); },
+                                  /*abandoned=*/nullptr})
+                      .ok());
     }
   }  // the destructor finishes every queued sample
   for (size_t i = 0; i < samples.size(); ++i) {
@@ -222,7 +224,27 @@ TEST_F(InvarianceTest, BatcherDeliversEachSampleItsOwnCapture) {
   BatcherOptions small;
   small.max_batch_tokens = 8;
   Batcher batcher(engine, small);
-  EXPECT_FALSE(batcher.Submit({std::vector<int32_t>(9, 1), wanted[0], [](auto) {}}).ok());
+  EXPECT_FALSE(batcher.Submit({std::vector<int32_t>(9, 1), wanted[0], [](auto) {}, nullptr}).ok());
+}
+
+TEST_F(InvarianceTest, AbandonedSamplesAreDroppedNotComputed) {
+  Engine& engine = GetEngine(1, Precision::kFp32);
+  const CaptureSpec capture = AllLayers();
+  std::atomic<bool> gone{true};
+  absl::Status dropped = absl::OkStatus();
+  bool kept_ran = false;
+  {
+    Batcher batcher(engine, BatcherOptions{});
+    ASSERT_TRUE(batcher.Submit({std::vector<int32_t>(5, 3), capture,
+                                [&](absl::StatusOr<SampleStates> s) { dropped = s.status(); },
+                                [&] { return gone.load(); }})
+                    .ok());
+    ASSERT_TRUE(batcher.Submit({std::vector<int32_t>(4, 2), capture,
+                                [&](absl::StatusOr<SampleStates> s) { kept_ran = s.ok(); }, nullptr})
+                    .ok());
+  }
+  EXPECT_EQ(dropped.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(kept_ran);
 }
 
 TEST(Packing, OldestAlwaysRunsAndBudgetHolds) {
