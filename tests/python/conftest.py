@@ -120,3 +120,15 @@ def hsx_pb(tmp_path_factory):
     assert rc == 0, "protoc failed on proto/hsx/v1/hsx.proto"
     sys.path.insert(0, str(out))
     return (importlib.import_module("hsx.v1.hsx_pb2"), importlib.import_module("hsx.v1.hsx_pb2_grpc"))
+
+
+@pytest.fixture(scope="session")
+def tiny(make_model):
+    """The tiny preset (K2 layout, seed 0), shared by the tests that do not need their own."""
+    return make_model("k2", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tools(bin_dir):
+    """The binary directory (all of BINARIES checked present by bin_dir)."""
+    return bin_dir

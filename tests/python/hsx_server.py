@@ -5,7 +5,6 @@ on stderr ("hsx-server: listening on 127.0.0.1:PORT", "hsx-server: metrics on
 127.0.0.1:PORT"); start() waits until grpc.health.v1 reports SERVING.
 """
 
-import os
 import re
 import signal
 import subprocess

@@ -9,19 +9,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from dump_helpers import write_jsonl
+
 N_LAYERS = 8  # the tiny preset
 HIDDEN = 128
 VOCAB = 2048
 
 
-@pytest.fixture(scope="module")
-def tiny(make_model):
-    return make_model("k2", seed=0)
 
 
-def write_jsonl(path, rows):
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    return path
 
 
 def sample_rows(lengths, seed=0, with_mask=False):

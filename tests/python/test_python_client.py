@@ -3,17 +3,16 @@ read_sample and the format converters, against real hsx-server processes."""
 
 import json
 import random
-import socket
 import threading
 import time
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import hsx
 from hsx.convert import convert
+from dump_helpers import free_port
 from hsx_server import HsxServer
 
 VOCAB = 2048
@@ -21,10 +20,6 @@ HIDDEN = 128
 N = 8
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rows(count, seed=0, max_len=60, with_mask=True):
@@ -39,9 +34,6 @@ def rows(count, seed=0, max_len=60, with_mask=True):
     return out
 
 
-@pytest.fixture(scope="module")
-def tiny(make_model):
-    return make_model("k2", seed=0)
 
 
 @pytest.fixture(scope="module")

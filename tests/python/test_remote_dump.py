@@ -4,11 +4,8 @@ every sample once; samples go round-robin over servers; UNAVAILABLE is
 retried (a server that starts late, one killed and restarted mid-dump); other
 statuses fail at once with the server's message; TLS, mTLS and tokens work."""
 
-import json
-import os
 import random
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -18,54 +15,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from dump_helpers import VOCAB, free_port, manifest, sample_rows, write_jsonl
 from hsx_server import HsxServer
 
-VOCAB = 2048  # the tiny preset
 
 
-@pytest.fixture(scope="module")
-def tiny(make_model):
-    return make_model("k2", seed=0)
 
 
-@pytest.fixture(scope="module")
-def tools(bin_dir):
-    missing = [b for b in ("hsx-server", "hsx-dump", "hsx-verify") if not os.access(bin_dir / b, os.X_OK)]
-    if missing:
-        pytest.fail(f"not built in {bin_dir}: {', '.join(missing)}", pytrace=False)
-    return bin_dir
 
 
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
-def sample_rows(n, lo=1, hi=40, seed=0):
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        length = rng.randrange(lo, hi + 1)
-        row = {"input_ids": [rng.randrange(VOCAB) for _ in range(length)], "id": f"s{i}"}
-        if i % 2:
-            row["loss_mask"] = [rng.randrange(2) for _ in range(length)]
-        rows.append(row)
-    return rows
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def manifest(out):
-    """The complete lines of OUT/manifest.jsonl, parsed."""
-    path = Path(out) / "manifest.jsonl"
-    if not path.exists():
-        return []
-    text = path.read_text()
-    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 def start_dump(tools, *args):

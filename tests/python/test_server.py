@@ -19,7 +19,6 @@ import threading
 import time
 import urllib.request
 from datetime import datetime
-from pathlib import Path
 
 import grpc
 import pytest

@@ -1,0 +1,43 @@
+"""Helpers shared by the tests that run hsx-dump and hsx-server: input files,
+sample generation, free ports and the journal."""
+
+import json
+import random
+import socket
+from pathlib import Path
+
+VOCAB = 2048  # the tiny preset
+
+
+def write_jsonl(path, rows):
+    """Writes rows (dicts, or raw strings for malformed lines) one per line."""
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def sample_rows(n, lo=1, hi=40, seed=0, with_mask=lambda i: i % 2 == 1):
+    """n samples of lo..hi random tokens, ids "s{i}", a loss_mask where with_mask(i)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        length = rng.randrange(lo, hi + 1)
+        row = {"input_ids": [rng.randrange(VOCAB) for _ in range(length)], "id": f"s{i}"}
+        if with_mask(i):
+            row["loss_mask"] = [rng.randrange(2) for _ in range(length)]
+        rows.append(row)
+    return rows
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def manifest(out):
+    """The complete lines of OUT/manifest.jsonl, parsed."""
+    path = Path(out) / "manifest.jsonl"
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
