@@ -53,5 +53,5 @@ cp tests/fuzz/seeds/* "$corpus/"
 "$fuzz_build/bin/safetensors_header_fuzzer" "$corpus" -max_total_time="$fuzz_seconds" \
   -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 12
 
-stage "Python cross-checks (compressed-tensors, transformers)"
+stage "Python tests: oracle (transformers, compressed-tensors), service, clients, deploy"
 HSX_BIN_DIR="$root/$build/bin" "$venv/bin/python" -m pytest tests/python -q
