@@ -4,6 +4,7 @@ sample generation, free ports and the journal."""
 import json
 import random
 import socket
+import time
 from pathlib import Path
 
 VOCAB = 2048  # the tiny preset
@@ -41,3 +42,14 @@ def manifest(out):
         return []
     text = path.read_text()
     return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
+def wait_for_lines(out, count, proc, timeout=60):
+    """Waits until OUT/manifest.jsonl has `count` complete lines while hsx-dump `proc` runs."""
+    deadline = time.time() + timeout
+    while len(manifest(out)) < count:
+        if proc.poll() is not None:
+            raise AssertionError(f"hsx-dump exited ({proc.returncode}) before {count} samples:\n"
+                                 f"{proc.stderr.read()}")
+        assert time.time() < deadline, f"fewer than {count} samples after {timeout}s"
+        time.sleep(0.005)

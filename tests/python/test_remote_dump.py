@@ -12,10 +12,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import xxhash
 import torch
 from safetensors.torch import load_file
 
-from dump_helpers import VOCAB, free_port, manifest, sample_rows, write_jsonl
+from dump_helpers import VOCAB, free_port, manifest, sample_rows, wait_for_lines, write_jsonl
 from hsx_server import HsxServer
 
 
@@ -42,14 +43,6 @@ def finish(proc, timeout=90):
     return proc.returncode, out, err
 
 
-def wait_for_lines(out, count, proc, timeout=60):
-    deadline = time.time() + timeout
-    while len(manifest(out)) < count:
-        if proc.poll() is not None:
-            raise AssertionError(f"hsx-dump exited ({proc.returncode}) before {count} samples:\n"
-                                 f"{proc.stderr.read()}")
-        assert time.time() < deadline, f"fewer than {count} samples after {timeout}s"
-        time.sleep(0.005)
 
 
 def metric(server, name):
@@ -259,45 +252,8 @@ def test_mtls_and_token(run, tools, tiny, tmp_path):
 # --- A misbehaving server: every way a response stream can be wrong is caught
 # before anything is written (design principle 1).
 
-P1, P2, P3, P4, P5 = (11400714785074694791, 14029467366897019727, 1609587929392839161,
-                      9650029242287828579, 2870177450012600261)
-M64 = (1 << 64) - 1
-
-
 def xxh64(data, seed=0):
-    """XXH64, as the server and the clients compute it."""
-    rotl = lambda x, r: ((x << r) | (x >> (64 - r))) & M64  # noqa: E731
-    word = lambda i, n: int.from_bytes(data[i:i + n], "little")  # noqa: E731
-
-    def rnd(acc, value):
-        return (rotl((acc + value * P2) & M64, 31) * P1) & M64
-
-    n, i = len(data), 0
-    if n >= 32:
-        v = [(seed + P1 + P2) & M64, (seed + P2) & M64, seed, (seed - P1) & M64]
-        while i + 32 <= n:
-            v = [rnd(v[k], word(i + 8 * k, 8)) for k in range(4)]
-            i += 32
-        h = (rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18)) & M64
-        for x in v:
-            h = ((h ^ rnd(0, x)) * P1 + P4) & M64
-    else:
-        h = (seed + P5) & M64
-    h = (h + n) & M64
-    while i + 8 <= n:
-        h = (rotl(h ^ rnd(0, word(i, 8)), 27) * P1 + P4) & M64
-        i += 8
-    if i + 4 <= n:
-        h = (rotl(h ^ ((word(i, 4) * P1) & M64), 23) * P2 + P3) & M64
-        i += 4
-    while i < n:
-        h = (rotl(h ^ ((data[i] * P5) & M64), 11) * P1) & M64
-        i += 1
-    h ^= h >> 33
-    h = (h * P2) & M64
-    h ^= h >> 29
-    h = (h * P3) & M64
-    return h ^ (h >> 32)
+    return xxhash.xxh64(data, seed=seed).intdigest()
 
 
 FAKE_HIDDEN = 16

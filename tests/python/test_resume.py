@@ -7,12 +7,11 @@ import json
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from dump_helpers import VOCAB, free_port, manifest, sample_rows, write_jsonl
+from dump_helpers import VOCAB, free_port, manifest, sample_rows, wait_for_lines, write_jsonl
 from hsx_server import HsxServer
 
 N = 240       # samples in the kill tests (at least 200)
@@ -50,14 +49,6 @@ def start_dump(tools, *args):
                             stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_lines(out, count, proc, timeout=60):
-    deadline = time.time() + timeout
-    while len(manifest(out)) < count:
-        if proc.poll() is not None:
-            raise AssertionError(f"hsx-dump exited ({proc.returncode}) before {count} samples:\n"
-                                 f"{proc.stderr.read()}")
-        assert time.time() < deadline, f"fewer than {count} samples after {timeout}s"
-        time.sleep(0.005)
 
 
 def verify(run, out, inputs, *args):
