@@ -6,6 +6,7 @@ import random
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -190,3 +191,50 @@ def test_training_example_runs_from_the_stream(server, tmp_path):
     summary = proc.stdout.strip().splitlines()[-1]
     first, last = (float(x) for x in summary.split("loss ")[1].split(" -> "))
     assert last < first, proc.stdout
+
+
+def _stream(ids, layers, dtype_name="fp32", corrupt_checksum=False):
+    """A hand-built Extract response stream for hsx.client.assemble."""
+    import xxhash
+
+    from hsx.client import DTYPES, token_hash
+    from hsx.v1 import hsx_pb2 as pb
+
+    np_dtype = {"fp32": "<f4", "fp16": "<f2"}[dtype_name]
+    header = pb.Header(sample_id="x", num_tokens=len(ids), token_ids_xxh64=token_hash(ids),
+                       capture_ids=list(range(len(layers))), hidden_size=4, dtype=DTYPES[dtype_name])
+    out = [pb.ExtractResponse(header=header)]
+    sums = []
+    for c, values in enumerate(layers):
+        data = np.asarray(values, dtype=np_dtype).tobytes()
+        out.append(pb.ExtractResponse(chunk=pb.Chunk(capture_id=c, first_row=0, num_rows=len(ids), data=data)))
+        digest = xxhash.xxh64(data).intdigest() ^ (1 if corrupt_checksum else 0)
+        sums.append(pb.TensorChecksum(capture_id=c, xxh64=digest))
+    out.append(pb.ExtractResponse(trailer=pb.Trailer(checksums=sums, token_ids_xxh64=token_hash(ids))))
+    return out
+
+
+@pytest.mark.parametrize("case,message", [
+    ("checksum", "checksum mismatch"),
+    ("inf", "non-finite"),
+    ("zeros", "all zeros"),
+    ("other_tokens", "token-id hash"),
+])
+def test_client_refuses_a_bad_stream(case, message):
+    from hsx.client import IntegrityError, assemble
+
+    ids = [5, 6]
+    good = np.arange(8, dtype=np.float32).reshape(2, 4) + 1
+    layers = [good, good * 2]
+    if case == "inf":
+        layers[1] = good.copy()
+        layers[1][1, 2] = np.inf
+    if case == "zeros":
+        layers[0] = np.zeros_like(good)
+    stream = _stream(ids, layers, corrupt_checksum=(case == "checksum"))
+    sent = [5, 7] if case == "other_tokens" else ids
+    with pytest.raises(IntegrityError, match=message):
+        assemble(stream, sent, "x", [0, 1], False)
+    if case == "checksum":  # the same stream with honest checksums is accepted
+        sample = assemble(_stream(ids, layers), ids, "x", [0, 1], False)
+        assert sample["hidden_states"].shape == (2, 2, 4)

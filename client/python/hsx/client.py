@@ -116,13 +116,12 @@ def assemble(responses, token_ids, sample_id, capture_ids, final_norm, use_torch
     sums = {c.capture_id: c.xxh64 for c in trailer.checksums}
     arrays = {}
     for t in order:
-        if sums.get(t) != xxhash.xxh64(bytes(buffers[t])).intdigest():
+        if sums.get(t) != xxhash.xxh64(buffers[t]).intdigest():  # hashes the buffer in place
             raise IntegrityError(f"sample {sample_id!r}: checksum mismatch for capture {t}")
         array = np.frombuffer(buffers[t], dtype=dtype).reshape(n, hidden)
-        as_float = array.astype(np.float32)
-        if not np.isfinite(as_float).all():
+        if not _all_finite(array):
             raise IntegrityError(f"sample {sample_id!r}: non-finite values in capture {t}")
-        if t != FINAL_NORM and not as_float.any():
+        if t != FINAL_NORM and not _any_nonzero(array):
             raise IntegrityError(f"sample {sample_id!r}: capture {t} is all zeros")
         arrays[t] = array
     tensors = {
@@ -134,6 +133,22 @@ def assemble(responses, token_ids, sample_id, capture_ids, final_norm, use_torch
     if use_torch:
         tensors = {k: to_torch(v) for k, v in tensors.items()}
     return Sample(tensors, header.capture_ids, sample_id)
+
+
+def _bits(array):
+    """The raw bits of a float array, as unsigned integers of the same width."""
+    return array.view(np.uint32 if array.dtype.itemsize == 4 else np.uint16)
+
+
+def _all_finite(array):
+    # Exponent all ones means inf or NaN, whatever the format.
+    exponent = {4: 0x7F800000, 2: 0x7F80 if array.dtype == NUMPY_DTYPES["bf16"] else 0x7C00}[array.dtype.itemsize]
+    return not np.any((_bits(array) & exponent) == exponent)
+
+
+def _any_nonzero(array):
+    sign = 0x80000000 if array.dtype.itemsize == 4 else 0x8000
+    return bool(np.any(_bits(array) & ~np.array(sign, dtype=_bits(array).dtype)))
 
 
 class Client:
