@@ -86,7 +86,14 @@ def assemble(responses, token_ids, sample_id, capture_ids, final_norm, use_torch
     dtype = NUMPY_DTYPES[dtype_name]
     order = list(header.capture_ids) + ([FINAL_NORM] if header.final_norm else [])
     row_bytes = hidden * dtype.itemsize
-    buffers = {t: bytearray(n * row_bytes) for t in order}
+    # Chunks go straight into their final places: captured layers into the
+    # [T, L, H] array, the final norm into its own; each tensor's checksum is
+    # computed as its rows stream in (they must arrive in order anyway).
+    layers = len(header.capture_ids)
+    hidden_states = np.empty((n, layers, hidden), dtype=dtype)
+    final = np.empty((n, hidden), dtype=dtype) if header.final_norm else None
+    targets = [hidden_states[:, l, :] for l in range(layers)] + ([final] if header.final_norm else [])
+    hashers = [xxhash.xxh64() for _ in order]
     position = 0  # index into `order` of the tensor being received
     next_row = 0
     trailer = None
@@ -101,7 +108,9 @@ def assemble(responses, token_ids, sample_id, capture_ids, final_norm, use_torch
                                      f"row {chunk.first_row} out of order")
             if chunk.num_rows <= 0 or next_row + chunk.num_rows > n or len(chunk.data) != chunk.num_rows * row_bytes:
                 raise IntegrityError(f"sample {sample_id!r}: malformed chunk for capture {chunk.capture_id}")
-            buffers[order[position]][next_row * row_bytes:(next_row + chunk.num_rows) * row_bytes] = chunk.data
+            hashers[position].update(chunk.data)
+            rows = np.frombuffer(chunk.data, dtype=dtype).reshape(chunk.num_rows, hidden)
+            targets[position][next_row:next_row + chunk.num_rows] = rows
             next_row += chunk.num_rows
         elif part == "trailer":
             trailer = message.trailer
@@ -114,22 +123,17 @@ def assemble(responses, token_ids, sample_id, capture_ids, final_norm, use_torch
     if trailer.token_ids_xxh64 != header.token_ids_xxh64:
         raise IntegrityError(f"sample {sample_id!r}: trailer token hash differs from the header's")
     sums = {c.capture_id: c.xxh64 for c in trailer.checksums}
-    arrays = {}
-    for t in order:
-        if sums.get(t) != xxhash.xxh64(buffers[t]).intdigest():  # hashes the buffer in place
+    for k, t in enumerate(order):
+        if sums.get(t) != hashers[k].intdigest():
             raise IntegrityError(f"sample {sample_id!r}: checksum mismatch for capture {t}")
-        array = np.frombuffer(buffers[t], dtype=dtype).reshape(n, hidden)
-        if not _all_finite(array):
-            raise IntegrityError(f"sample {sample_id!r}: non-finite values in capture {t}")
-        if t != FINAL_NORM and not _any_nonzero(array):
+    if not _all_finite(hidden_states) or (final is not None and not _all_finite(final)):
+        raise IntegrityError(f"sample {sample_id!r}: non-finite values in the states")
+    for l, t in enumerate(header.capture_ids):
+        if not _any_nonzero(targets[l]):
             raise IntegrityError(f"sample {sample_id!r}: capture {t} is all zeros")
-        arrays[t] = array
-    tensors = {
-        "hidden_states": np.stack([arrays[t] for t in header.capture_ids], axis=1),
-        "token_ids": np.asarray(token_ids, dtype=np.int64),
-    }
+    tensors = {"hidden_states": hidden_states, "token_ids": np.asarray(token_ids, dtype=np.int64)}
     if header.final_norm:
-        tensors["final_norm_hidden_states"] = arrays[FINAL_NORM]
+        tensors["final_norm_hidden_states"] = final
     if use_torch:
         tensors = {k: to_torch(v) for k, v in tensors.items()}
     return Sample(tensors, header.capture_ids, sample_id)
