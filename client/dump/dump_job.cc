@@ -74,41 +74,6 @@ absl::StatusOr<ShardSpec> ParseShard(const std::string& text) {
   return shard;
 }
 
-absl::Status VerifySample(const InputSample& input, const CaptureSpec& capture,
-                          const SampleStates& states) {
-  const int64_t layers = static_cast<int64_t>(states.capture_ids.size());
-  const std::string where = Where(input);
-  if (states.capture_ids != capture.ids) {
-    return absl::DataLossError(absl::StrCat(where, ": received other capture ids than requested"));
-  }
-  if (states.tokens != static_cast<int64_t>(input.input_ids.size()) ||
-      static_cast<int64_t>(states.hidden_states.size()) != states.tokens * layers * states.hidden) {
-    return absl::DataLossError(absl::StrCat(where, ": ", states.tokens, " rows of states for ",
-                                            input.input_ids.size(), " tokens"));
-  }
-  if (capture.final_norm != !states.final_norm.empty() ||
-      (capture.final_norm && static_cast<int64_t>(states.final_norm.size()) != states.tokens * states.hidden)) {
-    return absl::DataLossError(absl::StrCat(where, ": final norm state missing or misshapen"));
-  }
-  for (int64_t l = 0; l < layers; ++l) {
-    bool all_zero = true;
-    for (int64_t t = 0; t < states.tokens; ++t) {
-      const float* row = &states.hidden_states[(t * layers + l) * states.hidden];
-      for (int64_t i = 0; i < states.hidden; ++i) {
-        if (!std::isfinite(row[i])) {
-          return absl::DataLossError(absl::StrCat(where, ": non-finite value in capture id ",
-                                                  states.capture_ids[l], " row ", t));
-        }
-        all_zero &= row[i] == 0.0f;
-      }
-    }
-    if (all_zero) {
-      return absl::DataLossError(absl::StrCat(where, ": capture id ", states.capture_ids[l], " is all zeros"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
                           const EncodedSample& sample) {
   const std::string where = Where(input);

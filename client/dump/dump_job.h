@@ -59,11 +59,9 @@ struct DumpStats {
   double seconds = 0.0;
 };
 
-// Checks what a consumer relies on: shape [len(input_ids), L, H] with the
-// requested capture ids, finite values, no all-zero layer.
-absl::Status VerifySample(const InputSample& input, const CaptureSpec& capture,
-                          const SampleStates& states);
-// The same on the bytes that will be written (also the dtype and final norm).
+// Checks what a consumer relies on, on the bytes that will be written: shape
+// [len(input_ids), L, H] with the requested capture ids, dtype and final norm,
+// finite values, no all-zero layer.
 absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
                           const EncodedSample& sample);
 

@@ -97,12 +97,6 @@ absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtyp
 }
 
 absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
-                             const SampleStates& states, OutputDType dtype,
-                             const SampleFileInfo& info) {
-  return WriteSampleFile(path, input, EncodeSampleStates(states, dtype), info);
-}
-
-absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
                              const EncodedSample& sample, const SampleFileInfo& info) {
   const int64_t tokens = sample.tokens;
   const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());

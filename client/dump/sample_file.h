@@ -66,10 +66,7 @@ absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtyp
 // File name of sample `index`: hs_{index}.safetensors.
 std::string SampleFileName(int64_t index);
 
-absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
-                             const SampleStates& states, OutputDType dtype,
-                             const SampleFileInfo& info);
-// The same file from already encoded states (identical bytes for the same values).
+// Writes one sample's file from its encoded states (see EncodeSampleStates).
 absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
                              const EncodedSample& sample, const SampleFileInfo& info);
 

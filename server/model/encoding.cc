@@ -83,12 +83,6 @@ void AppendEncoded(std::span<const float> values, OutputDType dtype, std::string
   }
 }
 
-std::vector<uint8_t> EncodeValues(const std::vector<float>& values, OutputDType dtype) {
-  std::string bytes;
-  AppendEncoded(values, dtype, &bytes);
-  return {bytes.begin(), bytes.end()};
-}
-
 std::vector<float> DecodeValues(std::span<const uint8_t> bytes, OutputDType dtype) {
   const size_t count = bytes.size() / OutputDTypeSize(dtype);
   std::vector<float> values(count);

@@ -28,8 +28,7 @@ int64_t OutputDTypeSize(OutputDType dtype);
 
 // Appends float32 values converted to the output dtype's bytes.
 void AppendEncoded(std::span<const float> values, OutputDType dtype, std::string* out);
-std::vector<uint8_t> EncodeValues(const std::vector<float>& values, OutputDType dtype);
-// The inverse (exact for values that came from EncodeValues).
+// The inverse (exact for values that came from AppendEncoded).
 std::vector<float> DecodeValues(std::span<const uint8_t> bytes, OutputDType dtype);
 
 uint64_t Xxh64(const void* data, size_t size);

@@ -135,11 +135,6 @@ double Batcher::fill() const {
                              static_cast<double>(batches_ * options_.max_batch_tokens);
 }
 
-int64_t Batcher::batches_run() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return batches_;
-}
-
 void Batcher::Loop() {
   for (;;) {
     std::vector<WorkItem> batch;

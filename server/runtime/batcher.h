@@ -75,7 +75,6 @@ class Batcher {
   int64_t queued_tokens() const;
   // Real tokens over capacity, summed over every batch run so far.
   double fill() const;
-  int64_t batches_run() const;
 
  private:
   void Loop();
