@@ -1,5 +1,7 @@
 // cpu_backend.cc: the reference ops. Each loop's comment says where the BF16
-// reference rounds; R() applies that rounding in kBf16 mode only.
+// reference rounds; R() applies that rounding in kBf16 mode only. Matrices of
+// either element type are read and written through float32 rows (row_io.h
+// below): an f32 row is used in place, a bf16 row is converted.
 #include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -9,13 +11,11 @@
 #include <mutex>
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
 #include "kernels/cpu/gemm.h"
 
 namespace hsx {
-namespace {
-
-}  // namespace
 
 // Reuses host blocks across batches: fresh multi-megabyte allocations come
 // from mmap and cost a page fault per 4 KiB on every batch otherwise. Holds at
@@ -23,17 +23,17 @@ namespace {
 class CpuBackend::BlockPool {
  public:
   struct Block {
-    std::unique_ptr<float[]> data;
+    std::unique_ptr<char[]> data;
     size_t capacity = 0;
   };
 
-  Block Take(size_t count) {
+  Block Take(size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto best = free_.end();
     for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->capacity >= count && (best == free_.end() || it->capacity < best->capacity)) best = it;
+      if (it->capacity >= bytes && (best == free_.end() || it->capacity < best->capacity)) best = it;
     }
-    if (best == free_.end()) return {std::unique_ptr<float[]>(new float[count]), count};
+    if (best == free_.end()) return {std::unique_ptr<char[]>(new char[bytes]), bytes};
     Block block = std::move(*best);
     free_.erase(best);
     return block;
@@ -52,19 +52,109 @@ class CpuBackend::BlockPool {
 namespace {
 
 // Host memory from the pool, left uninitialised (every op writes its whole output).
-class HostBuffer : public Buffer {
+class PooledBuffer : public Buffer {
  public:
-  HostBuffer(CpuBackend::BlockPool* pool, int64_t rows, int64_t cols)
-      : pool_(pool), rows_(rows), cols_(cols), block_(pool->Take(static_cast<size_t>(rows * cols))) {}
-  ~HostBuffer() override { pool_->Give(std::move(block_)); }
-  Matrix matrix() const override { return {block_.data.get(), rows_, cols_, cols_}; }
+  PooledBuffer(CpuBackend::BlockPool* pool, int64_t rows, int64_t cols, ElementType type)
+      : pool_(pool), matrix_{nullptr, type, rows, cols, cols},
+        block_(pool->Take(static_cast<size_t>(rows * cols) * ElementSize(type))) {
+    matrix_.data = block_.data.get();
+  }
+  ~PooledBuffer() override { pool_->Give(std::move(block_)); }
+  Matrix matrix() const override { return matrix_; }
 
  private:
   CpuBackend::BlockPool* pool_;
-  int64_t rows_;
-  int64_t cols_;
+  Matrix matrix_;
   CpuBackend::BlockPool::Block block_;
 };
+
+class CpuHostBuffer : public HostBuffer {
+ public:
+  explicit CpuHostBuffer(size_t bytes) : data_(new char[bytes]), bytes_(bytes) {}
+  void* data() const override { return data_.get(); }
+  size_t bytes() const override { return bytes_; }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t bytes_;
+};
+
+class CpuExpertTable : public ExpertTable {
+ public:
+  CpuExpertTable(std::span<const ExpertWeights> experts, std::span<const bool> held)
+      : experts_(experts.begin(), experts.end()), held_(held.begin(), held.end()) {}
+  int64_t num_experts() const override { return static_cast<int64_t>(experts_.size()); }
+  bool holds(int64_t expert) const override { return held_[expert]; }
+  const ExpertWeights& expert(int64_t e) const { return experts_[e]; }
+
+ private:
+  std::vector<ExpertWeights> experts_;
+  std::vector<bool> held_;
+};
+
+class CpuStagedBatch : public StagedBatch {
+ public:
+  int64_t tokens() const override { return static_cast<int64_t>(token_ids.size()); }
+  int64_t num_samples() const override { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
+  int64_t longest() const override { return longest_length; }
+
+  std::vector<int32_t> token_ids;
+  std::vector<int32_t> positions;
+  std::vector<int64_t> cu_seqlens;
+  int64_t longest_length = 0;
+};
+
+class CpuRopeTable : public RopeTable {
+ public:
+  int64_t positions() const override { return half == 0 ? 0 : static_cast<int64_t>(cos.size()) / half; }
+  int64_t half_dim() const override { return half; }
+
+  int64_t half = 0;
+  std::vector<float> cos;
+  std::vector<float> sin;
+};
+
+class CpuRouting : public Routing {
+ public:
+  CpuRouting(int64_t tokens, int64_t top_k)
+      : tokens_(tokens), top_k_(top_k), experts(tokens * top_k), weights(tokens * top_k) {}
+  int64_t tokens() const override { return tokens_; }
+  int64_t top_k() const override { return top_k_; }
+
+  int64_t tokens_;
+  int64_t top_k_;
+  std::vector<int32_t> experts;  // [tokens, top_k], ascending id per token
+  std::vector<float> weights;
+};
+
+// Row r of m as float32: m's own memory when it is f32, else the row converted
+// into `scratch` (which must hold m.cols floats).
+const float* ReadRow(const Matrix& m, int64_t r, float* scratch) {
+  if (m.type == ElementType::kF32) return static_cast<const float*>(m.at(r, 0));
+  const uint16_t* bits = static_cast<const uint16_t*>(m.at(r, 0));
+  for (int64_t c = 0; c < m.cols; ++c) scratch[c] = Bf16ToFloat(bits[c]);
+  return scratch;
+}
+
+// Where to compute row r of m in float32: m's own memory when it is f32, else `scratch`.
+float* WriteTarget(const Matrix& m, int64_t r, float* scratch) {
+  return m.type == ElementType::kF32 ? static_cast<float*>(m.at(r, 0)) : scratch;
+}
+
+// Stores a row computed in WriteTarget's memory (a no-op for f32; bf16 rounds,
+// which is exact for values already rounded).
+void Commit(const Matrix& m, int64_t r, const float* values) {
+  if (m.type == ElementType::kF32) return;
+  uint16_t* bits = static_cast<uint16_t*>(m.at(r, 0));
+  for (int64_t c = 0; c < m.cols; ++c) bits[c] = FloatToBf16(values[c]);
+}
+
+// A per-thread float row of at least n values (index picks one of a few).
+float* ThreadRow(int index, int64_t n) {
+  thread_local std::vector<float> rows[4];
+  if (rows[index].size() < static_cast<size_t>(n)) rows[index].resize(static_cast<size_t>(n));
+  return rows[index].data();
+}
 
 GemmB ToGemmB(const LinearWeight& w) {
   GemmB b;
@@ -117,6 +207,49 @@ void MaskGroups(const RouterParams& router, std::vector<float>& choice) {
   }
 }
 
+std::string Shape(const Matrix& m) {
+  return absl::StrCat("[", m.rows, ", ", m.cols, "] ", ElementTypeName(m.type));
+}
+
+// A float32 view of a whole matrix for the GEMM: the matrix itself when it is
+// f32, else a converted copy in a pooled block (converted back by Store()).
+class FloatMatrix {
+ public:
+  FloatMatrix(CpuBackend::BlockPool* blocks, ThreadPool* pool, const Matrix& m, bool load)
+      : blocks_(blocks), matrix_(m) {
+    if (m.type == ElementType::kF32) {
+      data_ = static_cast<float*>(m.data);
+      ld_ = m.ld;
+      return;
+    }
+    block_ = blocks->Take(static_cast<size_t>(m.rows * m.cols) * sizeof(float));
+    data_ = reinterpret_cast<float*>(block_.data.get());
+    ld_ = m.cols;
+    if (!load) return;
+    pool->ParallelFor(m.rows, [&](int64_t r) {
+      const uint16_t* bits = static_cast<const uint16_t*>(m.at(r, 0));
+      for (int64_t c = 0; c < m.cols; ++c) data_[r * ld_ + c] = Bf16ToFloat(bits[c]);
+    });
+  }
+  ~FloatMatrix() {
+    if (block_.data) blocks_->Give(std::move(block_));
+  }
+  float* data() const { return data_; }
+  int64_t ld() const { return ld_; }
+  // Writes the float copy back into the matrix (bf16), if it is a copy.
+  void Store(ThreadPool* pool) const {
+    if (matrix_.type == ElementType::kF32) return;
+    pool->ParallelFor(matrix_.rows, [&](int64_t r) { Commit(matrix_, r, data_ + r * ld_); });
+  }
+
+ private:
+  CpuBackend::BlockPool* blocks_;
+  Matrix matrix_;
+  CpuBackend::BlockPool::Block block_;
+  float* data_ = nullptr;
+  int64_t ld_ = 0;
+};
+
 }  // namespace
 
 CpuBackend::CpuBackend(Precision precision, int threads)
@@ -128,44 +261,173 @@ float CpuBackend::R(float value) const {
   return precision_ == Precision::kBf16 ? RoundToBf16(value) : value;
 }
 
-std::unique_ptr<Buffer> CpuBackend::Allocate(int64_t rows, int64_t cols) {
-  return std::make_unique<HostBuffer>(blocks_.get(), rows, cols);
+bool CpuBackend::Check(bool ok, const char* op, const std::string& what) {
+  if (!ok && error_.ok()) error_ = absl::InvalidArgumentError(absl::StrCat("cpu ", op, ": ", what));
+  return ok;
 }
 
-void CpuBackend::CopyToHost(const Matrix& src, float* dst) {
-  for (int64_t r = 0; r < src.rows; ++r) std::memcpy(dst + r * src.cols, src.row(r), sizeof(float) * src.cols);
-}
+// ---- Memory -----------------------------------------------------------------
 
-void CpuBackend::Embed(std::span<const int32_t> tokens, const uint16_t* table, int64_t vocab_begin,
-                       int64_t vocab_rows, const Matrix& out) {
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    float* row = out.row(static_cast<int64_t>(t));
-    const int64_t local = tokens[t] - vocab_begin;
-    if (local < 0 || local >= vocab_rows) {
-      std::fill(row, row + out.cols, 0.0f);
-      continue;
-    }
-    const uint16_t* source = table + local * out.cols;
-    for (int64_t i = 0; i < out.cols; ++i) row[i] = Bf16ToFloat(source[i]);
+absl::StatusOr<std::unique_ptr<Buffer>> CpuBackend::Allocate(int64_t rows, int64_t cols, ElementType type) {
+  if (rows < 0 || cols < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu Allocate: bad shape [", rows, ", ", cols, "]"));
   }
+  return std::make_unique<PooledBuffer>(blocks_.get(), rows, cols, type);
+}
+
+absl::StatusOr<std::unique_ptr<HostBuffer>> CpuBackend::AllocateHost(size_t bytes) {
+  return std::make_unique<CpuHostBuffer>(bytes);
+}
+
+void CpuBackend::CopyToHost(const Matrix& src, void* dst) {
+  const size_t row_bytes = static_cast<size_t>(src.cols) * ElementSize(src.type);
+  for (int64_t r = 0; r < src.rows; ++r) {
+    std::memcpy(static_cast<char*>(dst) + r * row_bytes, src.at(r, 0), row_bytes);
+  }
+}
+
+void CpuBackend::CopyFromHost(const void* src, const Matrix& dst) {
+  const size_t row_bytes = static_cast<size_t>(dst.cols) * ElementSize(dst.type);
+  for (int64_t r = 0; r < dst.rows; ++r) {
+    std::memcpy(dst.at(r, 0), static_cast<const char*>(src) + r * row_bytes, row_bytes);
+  }
+}
+
+absl::Status CpuBackend::Synchronize() {
+  absl::Status error = std::move(error_);
+  error_ = absl::OkStatus();
+  return error;
+}
+
+// ---- Placement: zero copy ---------------------------------------------------
+
+absl::StatusOr<LinearWeight> CpuBackend::PlaceLinear(const LinearWeight& host) {
+  placed_bytes_ += host.bytes();
+  return host;
+}
+
+absl::StatusOr<const void*> CpuBackend::PlaceTensor(const void* host, size_t bytes) {
+  placed_bytes_ += static_cast<int64_t>(bytes);
+  return host;
+}
+
+absl::StatusOr<std::unique_ptr<ExpertTable>> CpuBackend::PlaceExperts(std::span<const ExpertWeights> host,
+                                                                      std::span<const bool> held) {
+  if (host.size() != held.size()) {
+    return absl::InvalidArgumentError("cpu PlaceExperts: one held flag per expert expected");
+  }
+  for (size_t e = 0; e < host.size(); ++e) {
+    if (held[e]) placed_bytes_ += host[e].gate.bytes() + host[e].up.bytes() + host[e].down.bytes();
+  }
+  return std::make_unique<CpuExpertTable>(host, held);
+}
+
+// ---- Per batch ----------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<StagedBatch>> CpuBackend::Stage(std::span<const int32_t> tokens,
+                                                               std::span<const int64_t> cu_seqlens) {
+  if (cu_seqlens.size() < 2 || cu_seqlens.front() != 0 ||
+      cu_seqlens.back() != static_cast<int64_t>(tokens.size())) {
+    return absl::InvalidArgumentError("cpu Stage: cu_seqlens must run from 0 to the token count");
+  }
+  auto batch = std::make_unique<CpuStagedBatch>();
+  batch->token_ids.assign(tokens.begin(), tokens.end());
+  batch->cu_seqlens.assign(cu_seqlens.begin(), cu_seqlens.end());
+  batch->positions.resize(tokens.size());
+  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+    if (cu_seqlens[s + 1] <= cu_seqlens[s]) {
+      return absl::InvalidArgumentError(absl::StrCat("cpu Stage: sample ", s, " is empty"));
+    }
+    batch->longest_length = std::max(batch->longest_length, cu_seqlens[s + 1] - cu_seqlens[s]);
+    for (int64_t t = cu_seqlens[s]; t < cu_seqlens[s + 1]; ++t) {
+      batch->positions[t] = static_cast<int32_t>(t - cu_seqlens[s]);
+    }
+  }
+  return batch;
+}
+
+absl::StatusOr<std::unique_ptr<RopeTable>> CpuBackend::PlaceRopeTable(std::span<const float> cos,
+                                                                     std::span<const float> sin,
+                                                                     int64_t half_dim) {
+  if (half_dim <= 0 || cos.size() != sin.size() || cos.size() % half_dim != 0) {
+    return absl::InvalidArgumentError("cpu PlaceRopeTable: cos and sin must be [positions, half_dim]");
+  }
+  auto table = std::make_unique<CpuRopeTable>();
+  table->half = half_dim;
+  table->cos.assign(cos.begin(), cos.end());
+  table->sin.assign(sin.begin(), sin.end());
+  return table;
+}
+
+absl::StatusOr<std::unique_ptr<Routing>> CpuBackend::AllocateRouting(int64_t tokens, int64_t top_k) {
+  return std::make_unique<CpuRouting>(tokens, top_k);
+}
+
+// ---- Ops ------------------------------------------------------------------------
+
+void CpuBackend::Embed(const StagedBatch& staged, const uint16_t* table, int64_t vocab_begin,
+                       int64_t vocab_rows, const Matrix& out) {
+  const auto& batch = static_cast<const CpuStagedBatch&>(staged);
+  if (!Check(out.rows == batch.tokens(), "Embed", absl::StrCat("out ", Shape(out), " for ", batch.tokens(),
+                                                               " tokens"))) {
+    return;
+  }
+  pool_.ParallelFor(out.rows, [&](int64_t t) {
+    const int64_t local = batch.token_ids[t] - vocab_begin;
+    const bool here = local >= 0 && local < vocab_rows;
+    const uint16_t* source = table + local * out.cols;
+    if (out.type == ElementType::kBf16) {
+      uint16_t* row = static_cast<uint16_t*>(out.at(t, 0));
+      if (here) {
+        std::memcpy(row, source, sizeof(uint16_t) * out.cols);
+      } else {
+        std::fill(row, row + out.cols, uint16_t{0});
+      }
+      return;
+    }
+    float* row = static_cast<float*>(out.at(t, 0));
+    for (int64_t i = 0; i < out.cols; ++i) row[i] = here ? Bf16ToFloat(source[i]) : 0.0f;
+  });
 }
 
 void CpuBackend::Linear(const Matrix& x, const LinearWeight& w, const Matrix& y, bool partial) {
-  Gemm(x.data, x.ld, x.rows, ToGemmB(w), y.data, y.ld, !partial && precision_ == Precision::kBf16,
+  const ElementType want = partial ? ElementType::kF32 : activation_type();
+  if (!Check(x.cols == w.in && y.cols == w.out && x.rows == y.rows && x.type == activation_type() &&
+                 y.type == want,
+             "Linear", absl::StrCat("x ", Shape(x), ", W [", w.out, ", ", w.in, "], y ", Shape(y),
+                                    partial ? " (partial: f32)" : ""))) {
+    return;
+  }
+  const FloatMatrix a(blocks_.get(), &pool_, x, /*load=*/true);
+  const FloatMatrix c(blocks_.get(), &pool_, y, /*load=*/false);
+  Gemm(a.data(), a.ld(), x.rows, ToGemmB(w), c.data(), c.ld(), !partial && precision_ == Precision::kBf16,
        &pool_);
+  c.Store(&pool_);
 }
 
-void CpuBackend::Round(const Matrix& x) {
-  if (precision_ != Precision::kBf16) return;
-  for (int64_t r = 0; r < x.rows; ++r) {
-    for (int64_t i = 0; i < x.cols; ++i) x.row(r)[i] = RoundToBf16(x.row(r)[i]);
+void CpuBackend::Round(const Matrix& partial, const Matrix& out) {
+  if (!Check(partial.type == ElementType::kF32 && out.type == activation_type() && partial.rows == out.rows &&
+                 partial.cols == out.cols,
+             "Round", absl::StrCat("partial ", Shape(partial), " into ", Shape(out)))) {
+    return;
   }
+  if (out.data == partial.data && out.ld == partial.ld) return;  // f32 in place: nothing rounds
+  pool_.ParallelFor(out.rows, [&](int64_t r) {
+    const float* in = static_cast<const float*>(partial.at(r, 0));
+    float* o = WriteTarget(out, r, ThreadRow(0, out.cols));
+    for (int64_t i = 0; i < out.cols; ++i) o[i] = R(in[i]);
+    Commit(out, r, o);
+  });
 }
 
 void CpuBackend::RmsNorm(const Matrix& x, const uint16_t* weight, float eps, const Matrix& y) {
+  if (!Check(x.rows == y.rows && x.cols == y.cols && y.type == activation_type(), "RmsNorm",
+             absl::StrCat("x ", Shape(x), ", y ", Shape(y)))) {
+    return;
+  }
   pool_.ParallelFor(x.rows, [&](int64_t r) {
-    const float* in = x.row(r);
-    float* out = y.row(r);
+    const float* in = ReadRow(x, r, ThreadRow(0, x.cols));
+    float* out = WriteTarget(y, r, ThreadRow(1, y.cols));
     // Four double accumulators in a fixed order: deterministic, vectorisable.
     double lanes[4] = {0.0, 0.0, 0.0, 0.0};
     int64_t i = 0;
@@ -181,39 +443,65 @@ void CpuBackend::RmsNorm(const Matrix& x, const uint16_t* weight, float eps, con
     } else {
       for (int64_t c = 0; c < x.cols; ++c) out[c] = Bf16ToFloat(weight[c]) * (in[c] * inv);
     }
+    Commit(y, r, out);
   });
 }
 
 void CpuBackend::Add(const Matrix& a, const Matrix& b, const Matrix& out) {
+  if (!Check(a.rows == b.rows && a.cols == b.cols && out.rows == a.rows && out.cols == a.cols, "Add",
+             absl::StrCat(Shape(a), " + ", Shape(b), " into ", Shape(out)))) {
+    return;
+  }
   const bool bf16 = precision_ == Precision::kBf16;
   pool_.ParallelFor(a.rows, [&](int64_t r) {
-    const float* x = a.row(r);
-    const float* y = b.row(r);
-    float* z = out.row(r);
+    const float* x = ReadRow(a, r, ThreadRow(0, a.cols));
+    const float* y = ReadRow(b, r, ThreadRow(1, b.cols));
+    float* z = WriteTarget(out, r, ThreadRow(2, out.cols));
     if (bf16) {
       for (int64_t i = 0; i < a.cols; ++i) z[i] = RoundToBf16(x[i] + y[i]);
     } else {
       for (int64_t i = 0; i < a.cols; ++i) z[i] = x[i] + y[i];
     }
+    Commit(out, r, z);
   });
 }
 
 void CpuBackend::SiluMul(const Matrix& gate, const Matrix& up, const Matrix& out) {
+  if (!Check(gate.rows == up.rows && gate.cols == up.cols && out.rows == gate.rows && out.cols == gate.cols,
+             "SiluMul", absl::StrCat(Shape(gate), " * ", Shape(up), " into ", Shape(out)))) {
+    return;
+  }
   pool_.ParallelFor(gate.rows, [&](int64_t r) {
+    const float* g = ReadRow(gate, r, ThreadRow(0, gate.cols));
+    const float* u = ReadRow(up, r, ThreadRow(1, up.cols));
+    float* o = WriteTarget(out, r, ThreadRow(2, out.cols));
     // HF: bf16(bf16(silu(gate)) * up).
-    for (int64_t i = 0; i < gate.cols; ++i) out.row(r)[i] = R(R(Silu(gate.row(r)[i])) * up.row(r)[i]);
+    for (int64_t i = 0; i < gate.cols; ++i) o[i] = R(R(Silu(g[i])) * u[i]);
+    Commit(out, r, o);
   });
 }
 
 void CpuBackend::Rope(const Matrix& x, int64_t heads, int64_t stride, int64_t offset,
-                      std::span<const int32_t> positions, const RopeTable& table) {
-  const int64_t half = table.half_dim;
+                      const StagedBatch& staged, const RopeTable& rope) {
+  const auto& batch = static_cast<const CpuStagedBatch&>(staged);
+  const auto& table = static_cast<const CpuRopeTable&>(rope);
+  const int64_t half = table.half;
+  if (!Check(x.rows == batch.tokens() && batch.longest() <= table.positions() &&
+                 offset + (heads - 1) * stride + 2 * half <= x.cols,
+             "Rope", absl::StrCat("x ", Shape(x), ", ", heads, " heads at ", offset, " + h * ", stride,
+                                  ", table of ", table.positions(), " positions for samples up to ",
+                                  batch.longest()))) {
+    return;
+  }
   std::vector<float> rotated(2 * half);
+  std::vector<float> row(x.cols);
   for (int64_t r = 0; r < x.rows; ++r) {
-    const float* cos = table.cos.data() + positions[r] * half;
-    const float* sin = table.sin.data() + positions[r] * half;
+    const float* cos = table.cos.data() + batch.positions[r] * half;
+    const float* sin = table.sin.data() + batch.positions[r] * half;
+    float* values = WriteTarget(x, r, row.data());
+    if (values == row.data()) ReadRow(x, r, row.data());
     for (int64_t h = 0; h < heads; ++h) {
-      float* v = x.row(r) + offset + h * stride;
+      float* v = values + offset + h * stride;
       for (int64_t i = 0; i < half; ++i) {
         const float even = v[2 * i];
         const float odd = v[2 * i + 1];
@@ -223,16 +511,26 @@ void CpuBackend::Rope(const Matrix& x, int64_t heads, int64_t stride, int64_t of
       }
       std::memcpy(v, rotated.data(), sizeof(float) * 2 * half);
     }
+    Commit(x, r, values);
   }
 }
 
 void CpuBackend::Attention(const Matrix& q, const Matrix& kv, const Matrix& k_rope, int64_t heads,
-                           int64_t nope_dim, int64_t rope_dim, int64_t v_dim,
-                           std::span<const int64_t> cu_seqlens, float scale, const Matrix& out) {
-  const int64_t samples = static_cast<int64_t>(cu_seqlens.size()) - 1;
+                           int64_t nope_dim, int64_t rope_dim, int64_t v_dim, const StagedBatch& staged,
+                           float scale, const Matrix& out) {
+  const auto& batch = static_cast<const CpuStagedBatch&>(staged);
+  const int64_t samples = batch.num_samples();
   const int64_t qk_dim = nope_dim + rope_dim;
   const int64_t kv_head = nope_dim + v_dim;
+  if (!Check(q.rows == batch.tokens() && kv.rows == q.rows && k_rope.rows == q.rows && out.rows == q.rows &&
+                 q.cols >= heads * qk_dim && kv.cols >= heads * kv_head && k_rope.cols == rope_dim &&
+                 out.cols == heads * v_dim,
+             "Attention", absl::StrCat("q ", Shape(q), ", kv ", Shape(kv), ", k_rope ", Shape(k_rope), ", out ",
+                                       Shape(out), ", ", heads, " heads"))) {
+    return;
+  }
   const bool bf16 = precision_ == Precision::kBf16;
+  const std::vector<int64_t>& cu_seqlens = batch.cu_seqlens;
   pool_.ParallelFor(samples * heads, [&](int64_t task) {
     const int64_t s = task / heads;
     const int64_t h = task % heads;
@@ -240,14 +538,57 @@ void CpuBackend::Attention(const Matrix& q, const Matrix& kv, const Matrix& k_ro
     const int64_t len = cu_seqlens[s + 1] - begin;
     // Per-thread scratch, grown as needed and reused: a fresh multi-megabyte
     // score matrix per head would cost a page fault per 4 KiB every time.
-    thread_local std::vector<float> keys;
-    thread_local std::vector<float> scores;
-    if (keys.size() < static_cast<size_t>(len * qk_dim)) keys.resize(static_cast<size_t>(len * qk_dim));
-    if (scores.size() < static_cast<size_t>(len * len)) scores.resize(static_cast<size_t>(len * len));
+    thread_local std::vector<float> keys, scores, queries, values, outputs;
+    auto grow = [](std::vector<float>& v, int64_t n) {
+      if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+    };
+    grow(keys, len * qk_dim);
+    grow(scores, len * len);
     // K_h = [k_nope | k_rope], as HF concatenates them.
     for (int64_t j = 0; j < len; ++j) {
-      std::memcpy(&keys[j * qk_dim], kv.row(begin + j) + h * kv_head, sizeof(float) * nope_dim);
-      std::memcpy(&keys[j * qk_dim + nope_dim], k_rope.row(begin + j), sizeof(float) * rope_dim);
+      const float* kv_row = ReadRow(kv, begin + j, ThreadRow(0, kv.cols));
+      std::memcpy(&keys[j * qk_dim], kv_row + h * kv_head, sizeof(float) * nope_dim);
+      const float* rope_row = ReadRow(k_rope, begin + j, ThreadRow(1, rope_dim));
+      std::memcpy(&keys[j * qk_dim + nope_dim], rope_row, sizeof(float) * rope_dim);
+    }
+    // Q_h, V_h and the output in float32: in place when f32, else converted copies.
+    const float* q_data;
+    int64_t q_ld;
+    if (q.type == ElementType::kF32) {
+      q_data = static_cast<const float*>(q.at(begin, h * qk_dim));
+      q_ld = q.ld;
+    } else {
+      grow(queries, len * qk_dim);
+      for (int64_t j = 0; j < len; ++j) {
+        const uint16_t* bits = static_cast<const uint16_t*>(q.at(begin + j, h * qk_dim));
+        for (int64_t d = 0; d < qk_dim; ++d) queries[j * qk_dim + d] = Bf16ToFloat(bits[d]);
+      }
+      q_data = queries.data();
+      q_ld = qk_dim;
+    }
+    const float* v_data;
+    int64_t v_ld;
+    if (kv.type == ElementType::kF32) {
+      v_data = static_cast<const float*>(kv.at(begin, h * kv_head + nope_dim));
+      v_ld = kv.ld;
+    } else {
+      grow(values, len * v_dim);
+      for (int64_t j = 0; j < len; ++j) {
+        const uint16_t* bits = static_cast<const uint16_t*>(kv.at(begin + j, h * kv_head + nope_dim));
+        for (int64_t d = 0; d < v_dim; ++d) values[j * v_dim + d] = Bf16ToFloat(bits[d]);
+      }
+      v_data = values.data();
+      v_ld = v_dim;
+    }
+    float* o_data;
+    int64_t o_ld;
+    if (out.type == ElementType::kF32) {
+      o_data = static_cast<float*>(out.at(begin, h * v_dim));
+      o_ld = out.ld;
+    } else {
+      grow(outputs, len * v_dim);
+      o_data = outputs.data();
+      o_ld = v_dim;
     }
     // Causal attention in blocks of query rows: block [q0, q0 + rows) needs
     // keys [0, q0 + rows) only, which skips most of the masked triangle. A
@@ -259,7 +600,7 @@ void CpuBackend::Attention(const Matrix& q, const Matrix& kv, const Matrix& k_ro
       const int64_t keys_seen = q0 + rows;
       // scores = Q_h · K_hᵀ (a bf16 matmul output in the reference).
       GemmB key_matrix{GemmB::Kind::kF32, keys.data(), qk_dim, nullptr, 0, keys_seen, qk_dim};
-      Gemm(q.row(begin + q0) + h * qk_dim, q.ld, rows, key_matrix, scores.data(), keys_seen, bf16, nullptr);
+      Gemm(q_data + q0 * q_ld, q_ld, rows, key_matrix, scores.data(), keys_seen, bf16, nullptr);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = q0 + r;
         float* row = scores.data() + r * keys_seen;
@@ -277,23 +618,32 @@ void CpuBackend::Attention(const Matrix& q, const Matrix& kv, const Matrix& k_ro
         for (int64_t j = 0; j <= i; ++j) row[j] = R(row[j] / sum);
         std::fill(row + i + 1, row + keys_seen, 0.0f);
       }
-      GemmB values{GemmB::Kind::kF32Transposed, kv.row(begin) + h * kv_head + nope_dim, kv.ld,
-                   nullptr, 0, v_dim, keys_seen};
-      Gemm(scores.data(), keys_seen, rows, values, out.row(begin + q0) + h * v_dim, out.ld, bf16, nullptr);
+      GemmB value_matrix{GemmB::Kind::kF32Transposed, v_data, v_ld, nullptr, 0, v_dim, keys_seen};
+      Gemm(scores.data(), keys_seen, rows, value_matrix, o_data + q0 * o_ld, o_ld, bf16, nullptr);
+    }
+    if (out.type != ElementType::kF32) {
+      for (int64_t j = 0; j < len; ++j) {
+        uint16_t* bits = static_cast<uint16_t*>(out.at(begin + j, h * v_dim));
+        for (int64_t d = 0; d < v_dim; ++d) bits[d] = FloatToBf16(outputs[j * v_dim + d]);
+      }
     }
   });
 }
 
-void CpuBackend::Route(const Matrix& x, const RouterParams& router, Routing* routing) {
+void CpuBackend::Route(const Matrix& x, const RouterParams& router, Routing& routing_handle) {
+  auto& routing = static_cast<CpuRouting&>(routing_handle);
   const int64_t tokens = x.rows;
   const int64_t experts = router.num_experts;
+  if (!Check(routing.tokens() == tokens && routing.top_k() == router.top_k && x.type == activation_type(),
+             "Route", absl::StrCat("x ", Shape(x), ", routing for ", routing.tokens(), " tokens x top ",
+                                   routing.top_k(), ", router top ", router.top_k))) {
+    return;
+  }
   std::vector<float> logits(tokens * experts);
   // Router logits in float32 (HF keeps the gate in float32 in every mode).
   GemmB gate{GemmB::Kind::kBf16, router.weight, x.cols, nullptr, 0, experts, x.cols};
-  Gemm(x.data, x.ld, tokens, gate, logits.data(), experts, /*round_bf16=*/false, &pool_);
-  routing->top_k = router.top_k;
-  routing->experts.assign(tokens * router.top_k, 0);
-  routing->weights.assign(tokens * router.top_k, 0.0f);
+  const FloatMatrix a(blocks_.get(), &pool_, x, /*load=*/true);
+  Gemm(a.data(), a.ld(), tokens, gate, logits.data(), experts, /*round_bf16=*/false, &pool_);
   pool_.ParallelFor(tokens, [&](int64_t t) {
     std::vector<float> scores(logits.begin() + t * experts, logits.begin() + (t + 1) * experts);
     if (router.softmax_scores) {
@@ -315,20 +665,23 @@ void CpuBackend::Route(const Matrix& x, const RouterParams& router, Routing* rou
     for (int64_t i = 0; i < router.top_k; ++i) {
       float w = scores[chosen[i]];
       if (router.normalize) w /= (sum + 1e-20f);
-      routing->experts[t * router.top_k + i] = chosen[i];
-      routing->weights[t * router.top_k + i] = w * router.scaling;
+      routing.experts[t * router.top_k + i] = chosen[i];
+      routing.weights[t * router.top_k + i] = w * router.scaling;
     }
   });
 }
 
-void CpuBackend::RunExpert(const Matrix& x, const std::vector<int64_t>& rows,
-                           const ExpertWeights& expert, std::vector<float>& y) {
+void CpuBackend::RunExpert(const Matrix& x, const std::vector<int64_t>& rows, const ExpertWeights& expert,
+                           std::vector<float>& y) {
   const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t hidden = x.cols;
   const int64_t inter = expert.gate.out;
   const bool bf16 = precision_ == Precision::kBf16;
   std::vector<float> input(n * hidden), gate(n * inter), up(n * inter);
-  for (int64_t i = 0; i < n; ++i) std::memcpy(&input[i * hidden], x.row(rows[i]), sizeof(float) * hidden);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = ReadRow(x, rows[i], &input[i * hidden]);
+    if (row != &input[i * hidden]) std::memcpy(&input[i * hidden], row, sizeof(float) * hidden);
+  }
   Gemm(input.data(), hidden, n, ToGemmB(expert.gate), gate.data(), inter, bf16, nullptr);
   Gemm(input.data(), hidden, n, ToGemmB(expert.up), up.data(), inter, bf16, nullptr);
   for (int64_t i = 0; i < n * inter; ++i) gate[i] = R(R(Silu(gate[i])) * up[i]);
@@ -336,35 +689,45 @@ void CpuBackend::RunExpert(const Matrix& x, const std::vector<int64_t>& rows,
   Gemm(gate.data(), inter, n, ToGemmB(expert.down), y.data(), hidden, bf16, nullptr);
 }
 
-void CpuBackend::MoeExperts(const Matrix& x, const Routing& routing,
-                            std::span<const ExpertWeights* const> experts, const Matrix& out,
-                            bool partial) {
+void CpuBackend::MoeExperts(const Matrix& x, const Routing& routing_handle, const ExpertTable& table,
+                            const Matrix& out, bool partial) {
+  const auto& routing = static_cast<const CpuRouting&>(routing_handle);
+  const auto& experts = static_cast<const CpuExpertTable&>(table);
   const int64_t tokens = x.rows;
-  const int64_t top_k = routing.top_k;
+  const int64_t top_k = routing.top_k();
+  const ElementType want = partial ? ElementType::kF32 : activation_type();
+  if (!Check(routing.tokens() == tokens && out.rows == tokens && out.cols == x.cols && out.type == want &&
+                 x.type == activation_type(),
+             "MoeExperts", absl::StrCat("x ", Shape(x), ", out ", Shape(out), ", routing for ",
+                                        routing.tokens(), " tokens", partial ? " (partial: f32)" : ""))) {
+    return;
+  }
+  const int64_t num_experts = experts.num_experts();
   // Rows per expert, in ascending token order.
-  std::vector<std::vector<int64_t>> rows(experts.size());
+  std::vector<std::vector<int64_t>> rows(num_experts);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t i = 0; i < top_k; ++i) rows[routing.experts[t * top_k + i]].push_back(t);
   }
   std::vector<int64_t> active;
-  for (size_t e = 0; e < experts.size(); ++e) {
-    if (experts[e] != nullptr && !rows[e].empty()) active.push_back(static_cast<int64_t>(e));
+  for (int64_t e = 0; e < num_experts; ++e) {
+    if (experts.holds(e) && !rows[e].empty()) active.push_back(e);
   }
-  std::vector<std::vector<float>> results(experts.size());
+  std::vector<std::vector<float>> results(num_experts);
   pool_.ParallelFor(static_cast<int64_t>(active.size()), [&](int64_t a) {
     const int64_t e = active[a];
-    RunExpert(x, rows[e], *experts[e], results[e]);
+    RunExpert(x, rows[e], experts.expert(e), results[e]);
   });
   // Combine per token in ascending expert id. The reference (transformers 5.x
   // grouped_mm experts) multiplies each bf16 expert output by its float32
   // weight, sums the top-k terms in float32 and rounds once at the end.
-  std::vector<size_t> cursor(experts.size(), 0);
+  std::vector<size_t> cursor(num_experts, 0);
+  std::vector<float> row(out.cols);
   for (int64_t t = 0; t < tokens; ++t) {
-    float* acc = out.row(t);
+    float* acc = WriteTarget(out, t, row.data());
     std::fill(acc, acc + out.cols, 0.0f);
     for (int64_t i = 0; i < top_k; ++i) {  // chosen experts are stored in ascending id
       const int32_t e = routing.experts[t * top_k + i];
-      if (experts[e] == nullptr) continue;
+      if (!experts.holds(e)) continue;
       const float w = routing.weights[t * top_k + i];
       const float* y = results[e].data() + cursor[e]++ * out.cols;
       for (int64_t c = 0; c < out.cols; ++c) acc[c] += y[c] * w;
@@ -372,7 +735,14 @@ void CpuBackend::MoeExperts(const Matrix& x, const Routing& routing,
     if (!partial) {
       for (int64_t c = 0; c < out.cols; ++c) acc[c] = R(acc[c]);
     }
+    Commit(out, t, acc);
   }
+}
+
+void CpuBackend::CopyRoutingToHost(const Routing& routing_handle, int32_t* experts, float* weights) {
+  const auto& routing = static_cast<const CpuRouting&>(routing_handle);
+  std::copy(routing.experts.begin(), routing.experts.end(), experts);
+  std::copy(routing.weights.begin(), routing.weights.end(), weights);
 }
 
 std::unique_ptr<Backend> MakeCpuBackend(Precision precision, int threads) {

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "kernels/bf16.h"
 
 namespace hsx {
@@ -60,6 +61,16 @@ std::vector<float> InverseFrequencies(const ModelConfig& c, double* attention_fa
   return inv;
 }
 
+// Widens a row of `type` to float32 (exact: bf16 is a float32 prefix).
+void DecodeRow(ElementType type, const char* row, int64_t n, float* dst) {
+  if (type == ElementType::kF32) {
+    std::memcpy(dst, row, sizeof(float) * n);
+    return;
+  }
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(row);
+  for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(bits[i]);
+}
+
 }  // namespace
 
 absl::StatusOr<CaptureSpec> ParseCaptureSpec(const std::string& text, const ModelConfig& config,
@@ -106,10 +117,10 @@ float Model::SoftmaxScale(const ModelConfig& c) {
   return static_cast<float>(scale);
 }
 
-RopeTable Model::MakeRopeTable(const ModelConfig& config, int64_t positions, Precision precision) {
+RopeValues Model::MakeRopeValues(const ModelConfig& config, int64_t positions, Precision precision) {
   double attention_factor;
   const std::vector<float> inv = InverseFrequencies(config, &attention_factor);
-  RopeTable table;
+  RopeValues table;
   table.half_dim = static_cast<int64_t>(inv.size());
   table.cos.resize(positions * table.half_dim);
   table.sin.resize(positions * table.half_dim);
@@ -130,6 +141,17 @@ RopeTable Model::MakeRopeTable(const ModelConfig& config, int64_t positions, Pre
   return table;
 }
 
+void Captures::LayerRow(size_t index, int64_t t, float* dst) const {
+  const size_t element = ElementSize(type);
+  const char* row = static_cast<const char*>(layers->data()) + ((index * tokens + t) * hidden) * element;
+  DecodeRow(type, row, hidden, dst);
+}
+
+void Captures::FinalNormRow(int64_t t, float* dst) const {
+  const char* row = static_cast<const char*>(final_norm->data()) + t * hidden * ElementSize(type);
+  DecodeRow(type, row, hidden, dst);
+}
+
 Model::Model(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
              Communicator* communicator)
     : config_(config),
@@ -138,17 +160,28 @@ Model::Model(const ModelConfig& config, const ModelWeights& weights, Backend& ba
       communicator_(communicator),
       softmax_scale_(SoftmaxScale(config)) {}
 
-Matrix Model::Scratch(int64_t rows, int64_t cols) {
-  scratch_.push_back(backend_.Allocate(rows, cols));
+absl::StatusOr<Matrix> Model::Scratch(int64_t rows, int64_t cols) {
+  return Scratch(rows, cols, backend_.activation_type());
+}
+
+absl::StatusOr<Matrix> Model::Scratch(int64_t rows, int64_t cols, ElementType type) {
+  HSX_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buffer, backend_.Allocate(rows, cols, type));
+  scratch_.push_back(std::move(buffer));
   return scratch_.back()->matrix();
 }
 
 bool Model::split() const { return communicator_ != nullptr && communicator_->size() > 1; }
 
-void Model::AllReduce(const Matrix& partial) {
-  if (!split()) return;  // unsplit outputs were rounded by the op itself
-  communicator_->AllReduceSum(partial);
-  backend_.Round(partial);
+absl::StatusOr<Matrix> Model::PartialFor(const Matrix& out) {
+  if (!split() || out.type == ElementType::kF32) return out;
+  return Scratch(out.rows, out.cols, ElementType::kF32);
+}
+
+absl::Status Model::Reduce(const Matrix& partial, const Matrix& out) {
+  if (!split()) return absl::OkStatus();  // unsplit outputs were rounded by the op itself
+  HSX_RETURN_IF_ERROR(communicator_->AllReduceSum(partial));
+  backend_.Round(partial, out);
+  return absl::OkStatus();
 }
 
 absl::Status Model::CheckBatch(const Batch& batch) const {
@@ -171,89 +204,109 @@ absl::Status Model::CheckBatch(const Batch& batch) const {
   return absl::OkStatus();
 }
 
-void Model::RunAttention(const LayerWeights& layer, const Matrix& x, const Batch& batch,
-                         const std::vector<int32_t>& positions, const Matrix& out) {
+absl::Status Model::EnsureRope(int64_t positions) {
+  if (rope_ != nullptr && rope_->positions() >= positions) return absl::OkStatus();
+  const RopeValues values = MakeRopeValues(config_, std::max<int64_t>(positions, 256), backend_.precision());
+  HSX_ASSIGN_OR_RETURN(rope_, backend_.PlaceRopeTable(values.cos, values.sin, values.half_dim));
+  // The host vectors may go: PlaceRopeTable copied them (stream-ordered).
+  return backend_.Synchronize();
+}
+
+absl::Status Model::Embed(const StagedBatch& batch, const Matrix& h) {
+  HSX_ASSIGN_OR_RETURN(Matrix partial, PartialFor(h));
+  backend_.Embed(batch, weights_.embedding, weights_.vocab_begin, weights_.vocab_rows, partial);
+  return Reduce(partial, h);
+}
+
+absl::Status Model::RunAttention(const LayerWeights& layer, const Matrix& x, const StagedBatch& batch,
+                                 const Matrix& out) {
   const ModelConfig& c = config_;
   const AttentionWeights& a = layer.attention;
   const int64_t tokens = x.rows;
   const int64_t heads = weights_.local_heads;
-  Matrix q = Scratch(tokens, heads * c.qk_head_dim());
+  HSX_ASSIGN_OR_RETURN(Matrix q, Scratch(tokens, heads * c.qk_head_dim()));
   if (a.has_q_lora) {
-    Matrix q_latent = Scratch(tokens, c.q_lora_rank);
+    HSX_ASSIGN_OR_RETURN(Matrix q_latent, Scratch(tokens, c.q_lora_rank));
     backend_.Linear(x, a.q_a, q_latent, false);
     backend_.RmsNorm(q_latent, a.q_a_norm, 1e-6f, q_latent);  // HF builds it without eps: 1e-6
     backend_.Linear(q_latent, a.q_b, q, false);
   } else {
     backend_.Linear(x, a.q_b, q, false);
   }
-  Matrix compressed = Scratch(tokens, c.kv_lora_rank + c.qk_rope_head_dim);
+  HSX_ASSIGN_OR_RETURN(Matrix compressed, Scratch(tokens, c.kv_lora_rank + c.qk_rope_head_dim));
   backend_.Linear(x, a.kv_a, compressed, false);
-  Matrix latent = Scratch(tokens, c.kv_lora_rank);
+  HSX_ASSIGN_OR_RETURN(Matrix latent, Scratch(tokens, c.kv_lora_rank));
   backend_.RmsNorm(compressed.Cols(0, c.kv_lora_rank), a.kv_a_norm, 1e-6f, latent);
-  Matrix kv = Scratch(tokens, heads * (c.qk_nope_head_dim + c.v_head_dim));
+  HSX_ASSIGN_OR_RETURN(Matrix kv, Scratch(tokens, heads * (c.qk_nope_head_dim + c.v_head_dim)));
   backend_.Linear(latent, a.kv_b, kv, false);
-  backend_.Rope(q, heads, c.qk_head_dim(), c.qk_nope_head_dim, positions, rope_);
-  Matrix k_rope = compressed.Cols(c.kv_lora_rank, c.qk_rope_head_dim);
-  backend_.Rope(k_rope, 1, c.qk_rope_head_dim, 0, positions, rope_);
-  Matrix attention = Scratch(tokens, heads * c.v_head_dim);
-  backend_.Attention(q, kv, k_rope, heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
-                     batch.cu_seqlens, softmax_scale_, attention);
-  backend_.Linear(attention, a.o, out, split());
-  AllReduce(out);
+  backend_.Rope(q, heads, c.qk_head_dim(), c.qk_nope_head_dim, batch, *rope_);
+  const Matrix k_rope = compressed.Cols(c.kv_lora_rank, c.qk_rope_head_dim);
+  backend_.Rope(k_rope, 1, c.qk_rope_head_dim, 0, batch, *rope_);
+  HSX_ASSIGN_OR_RETURN(Matrix attention, Scratch(tokens, heads * c.v_head_dim));
+  backend_.Attention(q, kv, k_rope, heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, batch,
+                     softmax_scale_, attention);
+  HSX_ASSIGN_OR_RETURN(Matrix partial, PartialFor(out));
+  backend_.Linear(attention, a.o, partial, split());
+  return Reduce(partial, out);
 }
 
-void Model::RunMlp(const MlpWeights& mlp, const Matrix& x, const Matrix& out) {
-  Matrix gate = Scratch(x.rows, mlp.gate.out);
-  Matrix up = Scratch(x.rows, mlp.up.out);
+absl::Status Model::RunMlp(const MlpWeights& mlp, const Matrix& x, const Matrix& out) {
+  HSX_ASSIGN_OR_RETURN(Matrix gate, Scratch(x.rows, mlp.gate.out));
+  HSX_ASSIGN_OR_RETURN(Matrix up, Scratch(x.rows, mlp.up.out));
   backend_.Linear(x, mlp.gate, gate, false);
   backend_.Linear(x, mlp.up, up, false);
   backend_.SiluMul(gate, up, gate);
-  backend_.Linear(gate, mlp.down, out, split());
-  AllReduce(out);
+  HSX_ASSIGN_OR_RETURN(Matrix partial, PartialFor(out));
+  backend_.Linear(gate, mlp.down, partial, split());
+  return Reduce(partial, out);
 }
 
-void Model::RunMoe(const LayerWeights& layer, const Matrix& x, const Matrix& out) {
-  Routing routing;
-  backend_.Route(x, layer.router, &routing);
+absl::Status Model::RunMoe(const LayerWeights& layer, const Matrix& x, const Matrix& out) {
+  HSX_ASSIGN_OR_RETURN(std::unique_ptr<Routing> routing, backend_.AllocateRouting(x.rows, layer.router.top_k));
+  backend_.Route(x, layer.router, *routing);
   if (!layer.has_shared) {
-    backend_.MoeExperts(x, routing, layer.owned, out, split());
-    AllReduce(out);
-    return;
+    HSX_ASSIGN_OR_RETURN(Matrix partial, PartialFor(out));
+    backend_.MoeExperts(x, *routing, *layer.experts, partial, split());
+    return Reduce(partial, out);
   }
   // HF: bf16(routed) + shared_experts(x). Both halves are reduced in one
   // collective and rounded separately, so the split sum rounds where the
   // unsplit one does.
-  Matrix both = Scratch(x.rows, 2 * x.cols);
-  Matrix routed = both.Cols(0, x.cols);
-  Matrix shared = both.Cols(x.cols, x.cols);
-  backend_.MoeExperts(x, routing, layer.owned, routed, split());
-  Matrix gate = Scratch(x.rows, layer.shared.gate.out);
-  Matrix up = Scratch(x.rows, layer.shared.up.out);
+  HSX_ASSIGN_OR_RETURN(Matrix both, Scratch(x.rows, 2 * x.cols));
+  HSX_ASSIGN_OR_RETURN(Matrix partial, PartialFor(both));
+  backend_.MoeExperts(x, *routing, *layer.experts, partial.Cols(0, x.cols), split());
+  HSX_ASSIGN_OR_RETURN(Matrix gate, Scratch(x.rows, layer.shared.gate.out));
+  HSX_ASSIGN_OR_RETURN(Matrix up, Scratch(x.rows, layer.shared.up.out));
   backend_.Linear(x, layer.shared.gate, gate, false);
   backend_.Linear(x, layer.shared.up, up, false);
   backend_.SiluMul(gate, up, gate);
-  backend_.Linear(gate, layer.shared.down, shared, split());
-  AllReduce(both);
-  backend_.Add(routed, shared, out);
+  backend_.Linear(gate, layer.shared.down, partial.Cols(x.cols, x.cols), split());
+  HSX_RETURN_IF_ERROR(Reduce(partial, both));
+  backend_.Add(both.Cols(0, x.cols), both.Cols(x.cols, x.cols), out);
+  return absl::OkStatus();
+}
+
+absl::Status Model::RunLayer(const LayerWeights& layer, const StagedBatch& batch, const Matrix& h) {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  HSX_ASSIGN_OR_RETURN(Matrix x, Scratch(h.rows, h.cols));
+  HSX_ASSIGN_OR_RETURN(Matrix update, Scratch(h.rows, h.cols));
+  backend_.RmsNorm(h, layer.input_norm, eps, x);
+  HSX_RETURN_IF_ERROR(RunAttention(layer, x, batch, update));
+  backend_.Add(h, update, h);
+  backend_.RmsNorm(h, layer.post_attention_norm, eps, x);
+  HSX_RETURN_IF_ERROR(layer.is_moe ? RunMoe(layer, x, update) : RunMlp(layer.dense, x, update));
+  backend_.Add(h, update, h);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& capture) {
-  if (absl::Status s = CheckBatch(batch); !s.ok()) return s;
+  HSX_RETURN_IF_ERROR(CheckBatch(batch));
+  scratch_.clear();
   const ModelConfig& c = config_;
   const int64_t tokens = static_cast<int64_t>(batch.tokens.size());
   const int64_t hidden = c.hidden_size;
-  const int64_t layers = c.num_hidden_layers;
-  std::vector<int32_t> positions(tokens);
-  int64_t longest = 0;
-  for (int64_t s = 0; s < batch.num_samples(); ++s) {
-    longest = std::max(longest, batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]);
-    for (int64_t t = batch.cu_seqlens[s]; t < batch.cu_seqlens[s + 1]; ++t) {
-      positions[t] = static_cast<int32_t>(t - batch.cu_seqlens[s]);
-    }
-  }
-  if (static_cast<int64_t>(rope_.cos.size()) < longest * rope_.half_dim || rope_.half_dim == 0) {
-    rope_ = MakeRopeTable(c, std::max<int64_t>(longest, 256), backend_.precision());
-  }
+  HSX_ASSIGN_OR_RETURN(std::unique_ptr<StagedBatch> staged, backend_.Stage(batch.tokens, batch.cu_seqlens));
+  HSX_RETURN_IF_ERROR(EnsureRope(staged->longest()));
   // With tensor parallelism every rank holds the same residual stream; only
   // rank 0 copies it out.
   const bool captures_here = communicator_ == nullptr || communicator_->rank() == 0;
@@ -261,43 +314,35 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   result.ids = capture.ids;
   result.tokens = tokens;
   result.hidden = hidden;
-  if (captures_here) result.layers.resize(capture.ids.size() * tokens * hidden);
-  const int64_t last_layer =
-      capture.final_norm ? layers : (capture.ids.empty() ? 0 : capture.ids.back());
+  result.type = backend_.activation_type();
+  const size_t layer_bytes = static_cast<size_t>(tokens * hidden) * ElementSize(result.type);
+  if (captures_here) {
+    HSX_ASSIGN_OR_RETURN(result.layers, backend_.AllocateHost(capture.ids.size() * layer_bytes));
+  }
+  const int64_t last_layer = capture.final_norm ? c.num_hidden_layers : (capture.ids.empty() ? 0 : capture.ids.back());
 
-  std::unique_ptr<Buffer> residual_buffer = backend_.Allocate(tokens, hidden);
-  const Matrix h = residual_buffer->matrix();
-  backend_.Embed(batch.tokens, weights_.embedding, 0, c.vocab_size, h);
+  HSX_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> residual, backend_.Allocate(tokens, hidden, result.type));
+  const Matrix h = residual->matrix();
+  HSX_RETURN_IF_ERROR(Embed(*staged, h));
   auto capture_if_wanted = [&](int64_t id) {
     auto it = std::find(capture.ids.begin(), capture.ids.end(), id);
     if (!captures_here || it == capture.ids.end()) return;
-    backend_.CopyToHost(h, result.layers.data() + (it - capture.ids.begin()) * tokens * hidden);
+    backend_.CopyToHost(h, static_cast<char*>(result.layers->data()) + (it - capture.ids.begin()) * layer_bytes);
   };
   for (int64_t l = 0; l < last_layer; ++l) {
     capture_if_wanted(l);
+    HSX_RETURN_IF_ERROR(RunLayer(weights_.layers[l], *staged, h));
     scratch_.clear();
-    const LayerWeights& layer = weights_.layers[l];
-    Matrix x = Scratch(tokens, hidden);
-    Matrix update = Scratch(tokens, hidden);
-    backend_.RmsNorm(h, layer.input_norm, static_cast<float>(c.rms_norm_eps), x);
-    RunAttention(layer, x, batch, positions, update);
-    backend_.Add(h, update, h);
-    backend_.RmsNorm(h, layer.post_attention_norm, static_cast<float>(c.rms_norm_eps), x);
-    if (layer.is_moe) {
-      RunMoe(layer, x, update);
-    } else {
-      RunMlp(layer.dense, x, update);
-    }
-    backend_.Add(h, update, h);
   }
-  scratch_.clear();
   capture_if_wanted(last_layer);  // the stream after the last layer run (N, or the largest id)
+  std::unique_ptr<Buffer> normed;
   if (capture.final_norm && captures_here) {
-    std::unique_ptr<Buffer> normed = backend_.Allocate(tokens, hidden);
+    HSX_ASSIGN_OR_RETURN(normed, backend_.Allocate(tokens, hidden, result.type));
+    HSX_ASSIGN_OR_RETURN(result.final_norm, backend_.AllocateHost(layer_bytes));
     backend_.RmsNorm(h, weights_.final_norm, static_cast<float>(c.rms_norm_eps), normed->matrix());
-    result.final_norm.resize(tokens * hidden);
-    backend_.CopyToHost(normed->matrix(), result.final_norm.data());
+    backend_.CopyToHost(normed->matrix(), result.final_norm->data());
   }
+  HSX_RETURN_IF_ERROR(backend_.Synchronize());
   return result;
 }
 

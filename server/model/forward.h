@@ -4,7 +4,7 @@
 // samples (cu_seqlens), causal attention within each sample and positions
 // restarting at 0 per sample. Capture id k (0 <= k <= N) is R_k, the residual
 // stream entering decoder layer k; k = N is the last layer's raw output
-// (pre-norm); the post-final-norm state is a separate output (DESIGN.md,
+// (pre-norm); the post-final-norm state is a separate output (docs/design.md,
 // "Layer convention"). The pass stops after the last layer a capture needs,
 // and never computes lm_head.
 #ifndef HSX_SERVER_MODEL_FORWARD_H_
@@ -44,71 +44,79 @@ struct Batch {
   int64_t num_samples() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
 };
 
-// An allocator whose resize() leaves floats uninitialised: capture buffers
-// are written in full right after, and zeroing gigabytes first costs a pass
-// over memory (and its page faults) for nothing.
-template <typename T>
-struct UninitializedAllocator : std::allocator<T> {
-  template <typename U>
-  struct rebind {
-    using other = UninitializedAllocator<U>;
-  };
-  template <typename U, typename... Args>
-  void construct(U* p, Args&&... args) {
-    if constexpr (sizeof...(Args) == 0) {
-      ::new (static_cast<void*>(p)) U;
-    } else {
-      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-    }
-  }
-};
-using UninitializedFloats = std::vector<float, UninitializedAllocator<float>>;
-
-// Captured states in host memory, float32 (bfloat16-exact in BF16 mode).
+// Captured states of one batch in host memory the backend allocated (pinned
+// on CUDA), in the activation element type (bf16 in BF16 mode: exactly the
+// values the model computed, half the bytes of float32). Must be released
+// before the engine that produced it.
 struct Captures {
   std::vector<int> ids;
   int64_t tokens = 0;
   int64_t hidden = 0;
-  UninitializedFloats layers;      // [ids.size(), tokens, hidden]
-  UninitializedFloats final_norm;  // [tokens, hidden] when requested
+  ElementType type = ElementType::kF32;
+  std::unique_ptr<HostBuffer> layers;      // [ids.size(), tokens, hidden]
+  std::unique_ptr<HostBuffer> final_norm;  // [tokens, hidden] when requested
 
-  const float* layer(size_t index) const { return layers.data() + index * tokens * hidden; }
+  // Row t of captured layer `index` (or of the final norm) as float32 into dst[hidden].
+  void LayerRow(size_t index, int64_t t, float* dst) const;
+  void FinalNormRow(int64_t t, float* dst) const;
 };
 
+// Host-side rotary table: cos/sin [positions, half_dim] exactly as HF computes
+// them (model-spec.md §4.1), bf16-rounded in BF16 mode.
+struct RopeValues {
+  int64_t half_dim = 0;
+  std::vector<float> cos;
+  std::vector<float> sin;
+};
+
+// One rank's forward pass. Every call runs on the rank's own thread (the
+// backend's contract); with tensor parallelism every rank runs the same batch
+// and meets the others in the communicator's all-reduces.
 class Model {
  public:
-  // `weights` and `backend` must outlive the model; `communicator` is null for tp = 1.
+  // `weights`, `backend` and `communicator` must outlive the model; the
+  // communicator is null for tp = 1.
   Model(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
         Communicator* communicator);
 
   // Runs the batch. With tensor parallelism every rank calls Run with the same
-  // batch; every rank returns the same captures.
+  // batch; rank 0 returns the captures (the others return empty ones). An
+  // error from the backend or a collective fails the whole batch.
   absl::StatusOr<Captures> Run(const Batch& batch, const CaptureSpec& capture);
 
   // The softmax scale: qk_head_dim^-0.5 times YaRN's mscale² (model-spec.md §4.2).
   static float SoftmaxScale(const ModelConfig& config);
   // cos/sin for positions [0, positions) exactly as HF computes them (§4.1).
-  static RopeTable MakeRopeTable(const ModelConfig& config, int64_t positions, Precision precision);
+  static RopeValues MakeRopeValues(const ModelConfig& config, int64_t positions, Precision precision);
 
  private:
   absl::Status CheckBatch(const Batch& batch) const;
-  void RunAttention(const LayerWeights& layer, const Matrix& x, const Batch& batch,
-                    const std::vector<int32_t>& positions, const Matrix& out);
-  void RunMlp(const MlpWeights& mlp, const Matrix& x, const Matrix& out);
-  void RunMoe(const LayerWeights& layer, const Matrix& x, const Matrix& out);
+  absl::Status EnsureRope(int64_t positions);
+  absl::Status RunLayer(const LayerWeights& layer, const StagedBatch& batch, const Matrix& h);
+  absl::Status RunAttention(const LayerWeights& layer, const Matrix& x, const StagedBatch& batch,
+                            const Matrix& out);
+  absl::Status RunMlp(const MlpWeights& mlp, const Matrix& x, const Matrix& out);
+  absl::Status RunMoe(const LayerWeights& layer, const Matrix& x, const Matrix& out);
+  absl::Status Embed(const StagedBatch& batch, const Matrix& h);
   // True when this model is one rank of several: split blocks end in partial sums.
   bool split() const;
-  // Sums a partial result over ranks, then rounds it as the unsplit op would.
-  void AllReduce(const Matrix& partial);
-  Matrix Scratch(int64_t rows, int64_t cols);
+  // Where a split block writes its partial sum for `out`: `out` itself when
+  // nothing is split or it is already f32, else an f32 scratch of its shape.
+  absl::StatusOr<Matrix> PartialFor(const Matrix& out);
+  // Sums a partial over ranks, then rounds it into `out` as the unsplit op
+  // would have (nothing to do unsplit: the op wrote `out` itself).
+  absl::Status Reduce(const Matrix& partial, const Matrix& out);
+  // A scratch matrix that lives until the end of the current layer.
+  absl::StatusOr<Matrix> Scratch(int64_t rows, int64_t cols);
+  absl::StatusOr<Matrix> Scratch(int64_t rows, int64_t cols, ElementType type);
 
   const ModelConfig& config_;
   const ModelWeights& weights_;
   Backend& backend_;
   Communicator* communicator_;
-  RopeTable rope_;
+  std::unique_ptr<RopeTable> rope_;
   float softmax_scale_;
-  std::vector<std::unique_ptr<Buffer>> scratch_;  // live for one Run
+  std::vector<std::unique_ptr<Buffer>> scratch_;  // released after each layer, in stream order
 };
 
 }  // namespace hsx

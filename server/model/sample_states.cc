@@ -15,16 +15,17 @@ std::vector<SampleStates> SplitBySample(const Captures& captures, std::span<cons
     sample.capture_ids = captures.ids;
     sample.tokens = cu_seqlens[s + 1] - begin;
     sample.hidden = hidden;
-    sample.hidden_states.reserve(sample.tokens * layers * hidden);  // filled by appends, never zeroed
+    sample.hidden_states.resize(sample.tokens * layers * hidden);
     for (int64_t t = 0; t < sample.tokens; ++t) {
       for (int64_t l = 0; l < layers; ++l) {
-        const float* row = captures.layer(l) + (begin + t) * hidden;
-        sample.hidden_states.insert(sample.hidden_states.end(), row, row + hidden);
+        captures.LayerRow(l, begin + t, &sample.hidden_states[(t * layers + l) * hidden]);
       }
     }
-    if (!captures.final_norm.empty()) {
-      sample.final_norm.assign(captures.final_norm.begin() + begin * hidden,
-                               captures.final_norm.begin() + (begin + sample.tokens) * hidden);
+    if (captures.final_norm != nullptr) {
+      sample.final_norm.resize(sample.tokens * hidden);
+      for (int64_t t = 0; t < sample.tokens; ++t) {
+        captures.FinalNormRow(begin + t, &sample.final_norm[t * hidden]);
+      }
     }
   }
   return samples;

@@ -106,6 +106,10 @@ int64_t WeightSpec::stored_bytes(int group_size) const {
   return packed + scales + 2 * 8;
 }
 
+int64_t WeightSpec::placed_bytes(int group_size) const {
+  return quantized ? stored_bytes(group_size) - 2 * 8 : stored_bytes(group_size);
+}
+
 std::vector<WeightSpec> TextModelWeights(const ModelConfig& c) {
   std::vector<WeightSpec> specs;
   SpecBuilder b(c, &specs);
@@ -151,23 +155,42 @@ int ExpertOwner(int64_t expert, int64_t num_experts, int tp) {
   return static_cast<int>(expert * tp / num_experts);
 }
 
-int64_t BytesOnRank(const WeightSpec& spec, const ModelConfig& c, int rank, int tp) {
-  const int group = c.quantization ? c.quantization->group_size : 32;
-  const int64_t whole = spec.stored_bytes(group);
+RankShare ShareOf(const WeightSpec& spec, const ModelConfig& c, int rank, int tp) {
+  const int64_t rows = spec.shape.empty() ? 0 : spec.shape[0];
   switch (spec.split) {
-    case TpSplit::kReplicated: return whole;
-    case TpSplit::kNotLoaded: return 0;
-    case TpSplit::kRows:
-    case TpSplit::kCols: return whole / tp;  // divisibility checked by CheckTensorParallelDegree
-    case TpSplit::kExpert: return ExpertOwner(spec.expert, c.n_routed_experts, tp) == rank ? whole : 0;
+    case TpSplit::kNotLoaded: return {false, 0, 0};
+    case TpSplit::kReplicated: return {true, 0, rows};
+    case TpSplit::kExpert:
+      return {ExpertOwner(spec.expert, c.n_routed_experts, tp) == rank, 0, rows};
+    case TpSplit::kRows:  // divisibility checked by CheckTensorParallelDegree
+      return {true, rows / tp * rank, rows / tp};
+    case TpSplit::kCols: {
+      const int64_t cols = spec.shape[1];
+      return {true, cols / tp * rank, cols / tp};
+    }
     case TpSplit::kVocabRows: {
-      const int64_t rows = spec.shape[0];
       const int64_t begin = rows * rank / tp;
-      const int64_t end = rows * (rank + 1) / tp;
-      return whole / rows * (end - begin);
+      return {true, begin, rows * (rank + 1) / tp - begin};
     }
   }
-  return whole;
+  return {true, 0, rows};
+}
+
+int64_t BytesOnRank(const WeightSpec& spec, const ModelConfig& c, int rank, int tp) {
+  const RankShare share = ShareOf(spec, c, rank, tp);
+  if (!share.held) return 0;
+  const int group = c.quantization ? c.quantization->group_size : 32;
+  const int64_t whole = spec.placed_bytes(group);
+  const int64_t dimension = spec.split == TpSplit::kCols ? spec.shape[1] : spec.shape[0];
+  return dimension == 0 ? whole : whole / dimension * share.count;
+}
+
+std::vector<int64_t> BytesPerRank(const ModelConfig& c, int tp) {
+  std::vector<int64_t> bytes(tp, 0);
+  for (const WeightSpec& spec : TextModelWeights(c)) {
+    for (int rank = 0; rank < tp; ++rank) bytes[rank] += BytesOnRank(spec, c, rank, tp);
+  }
+  return bytes;
 }
 
 }  // namespace hsx

@@ -58,6 +58,9 @@ struct WeightSpec {
   int64_t num_elements() const;
   // Bytes on disk (packed + scales + shape for an INT4 Linear).
   int64_t stored_bytes(int group_size) const;
+  // Bytes a backend places for the whole weight (packed + scales for an INT4
+  // Linear: its weight_shape is read at load, not placed).
+  int64_t placed_bytes(int group_size) const;
 };
 
 // The weights of the text model in checkpoint order (embeddings, layers,
@@ -71,8 +74,22 @@ absl::Status CheckTensorParallelDegree(const ModelConfig& config, int tp);
 // The rank (0..tp-1) that owns routed expert `expert`: contiguous, balanced blocks.
 int ExpertOwner(int64_t expert, int64_t num_experts, int tp);
 
-// Bytes of `spec` that rank `rank` of `tp` holds, as stored (INT4 stays INT4).
+// The part of a weight that rank `rank` of `tp` holds. This is the one table
+// of tensor-parallel placement: the loader slices by it and hsx-inspect's
+// per-rank plan counts by it.
+struct RankShare {
+  bool held = false;  // false: kNotLoaded, or another rank's routed expert
+  // Along the split dimension (output rows for kRows and kVocabRows, input
+  // columns for kCols): [begin, begin + count). The whole dimension otherwise.
+  int64_t begin = 0;
+  int64_t count = 0;
+};
+RankShare ShareOf(const WeightSpec& spec, const ModelConfig& config, int rank, int tp);
+
+// Bytes of `spec` that rank `rank` of `tp` places (INT4 stays INT4).
 int64_t BytesOnRank(const WeightSpec& spec, const ModelConfig& config, int rank, int tp);
+// Bytes every rank places, summed over the model's weights: the memory plan.
+std::vector<int64_t> BytesPerRank(const ModelConfig& config, int tp);
 
 }  // namespace hsx
 

@@ -1,58 +1,158 @@
-// engine.cc: rank setup and the lockstep run.
+// engine.cc: rank workers, their set-up and tear-down, and the lockstep run.
 #include "server/runtime/engine.h"
 
-#include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace hsx {
 
-struct Engine::Rank {
-  ModelWeights weights;
+// What one rank owns; created, used and destroyed on the rank's own thread.
+struct Engine::RankState {
   std::unique_ptr<Backend> backend;
+  ModelWeights weights;
   std::unique_ptr<Model> model;
+  absl::StatusOr<Captures> result;
+};
+
+// One persistent thread running the tasks posted to it, one at a time.
+class Engine::RankWorker {
+ public:
+  RankWorker() : thread_([this] { Loop(); }) {}
+  ~RankWorker() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+
+  RankState& state() { return state_; }
+
+  void Post(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      task_ = std::move(task);
+    }
+    wake_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || task_ != nullptr; });
+        if (task_ == nullptr) return;  // stopping, nothing left to run
+        task = std::move(task_);
+        task_ = nullptr;
+      }
+      task();
+    }
+  }
+
+  RankState state_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::function<void()> task_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once everything above exists
 };
 
 Engine::Engine(const Checkpoint& checkpoint, const EngineOptions& options)
     : checkpoint_(checkpoint), options_(options) {}
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // Models hold communicators, and everything a backend made must go before
+  // the backend: models first, then the group, then weights and backends.
+  (void)OnEveryRank([](RankState& s, int) {
+    s.model.reset();
+    s.result = absl::CancelledError();
+    return absl::OkStatus();
+  });
+  group_.reset();
+  (void)OnEveryRank([](RankState& s, int) {
+    s.weights = ModelWeights();
+    s.backend.reset();
+    return absl::OkStatus();
+  });
+  workers_.clear();
+}
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Checkpoint& checkpoint,
-                                                       const EngineOptions& options) {
-  if (absl::Status s = CheckTensorParallelDegree(checkpoint.config(), options.tp); !s.ok()) return s;
-  std::unique_ptr<Engine> engine(new Engine(checkpoint, options));
-  const int cores = options.threads > 0 ? options.threads
-                                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int per_rank = std::max(1, cores / options.tp);
-  engine->group_ = std::make_unique<InProcessGroup>(options.tp);
-  for (int r = 0; r < options.tp; ++r) {
-    auto rank = std::make_unique<Rank>();
-    absl::StatusOr<ModelWeights> weights = LoadModelWeights(checkpoint, r, options.tp);
-    if (!weights.ok()) return weights.status();
-    rank->weights = *std::move(weights);
-    rank->backend = MakeCpuBackend(options.precision, per_rank);
-    rank->model = std::make_unique<Model>(checkpoint.config(), rank->weights, *rank->backend,
-                                          options.tp > 1 ? engine->group_->rank(r) : nullptr);
-    engine->ranks_.push_back(std::move(rank));
+absl::Status Engine::OnEveryRank(const std::function<absl::Status(RankState&, int)>& fn) {
+  std::mutex mutex;
+  std::condition_variable done;
+  size_t remaining = workers_.size();
+  absl::Status first_error;
+  for (size_t r = 0; r < workers_.size(); ++r) {
+    RankWorker* worker = workers_[r].get();
+    worker->Post([&, worker, r] {
+      absl::Status status = fn(worker->state(), static_cast<int>(r));
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!status.ok() && first_error.ok()) {
+        first_error = status;
+        // Nobody may wait for this rank in a collective any more.
+        if (group_ != nullptr) group_->Abort(status);
+      }
+      if (--remaining == 0) done.notify_one();
+    });
   }
+  std::unique_lock<std::mutex> lock(mutex);
+  done.wait(lock, [&] { return remaining == 0; });
+  if (!first_error.ok() && group_ != nullptr) {
+    if (absl::Status s = group_->Reset(); !s.ok()) {
+      return absl::InternalError(absl::StrCat(first_error.message(), "; re-arming the ranks failed: ", s.message()));
+    }
+  }
+  return first_error;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Checkpoint& checkpoint, const EngineOptions& options) {
+  HSX_RETURN_IF_ERROR(CheckTensorParallelDegree(checkpoint.config(), options.tp));
+  std::unique_ptr<Engine> engine(new Engine(checkpoint, options));
+  if (options.factory != nullptr) {
+    engine->factory_ = options.factory.get();
+  } else {
+    HSX_ASSIGN_OR_RETURN(engine->owned_factory_,
+                         MakeDeviceFactory(options.device, options.precision, options.tp, options.threads));
+    engine->factory_ = engine->owned_factory_.get();
+  }
+  for (int r = 0; r < options.tp; ++r) engine->workers_.push_back(std::make_unique<RankWorker>());
+  Engine* e = engine.get();
+  HSX_RETURN_IF_ERROR(e->OnEveryRank([e](RankState& s, int rank) -> absl::Status {
+    HSX_ASSIGN_OR_RETURN(s.backend, e->factory_->MakeBackend(rank));
+    HSX_ASSIGN_OR_RETURN(s.weights, LoadModelWeights(e->checkpoint_, rank, e->options_.tp, *s.backend));
+    return s.backend->Synchronize();
+  }));
+  std::vector<Backend*> backends;
+  for (auto& worker : e->workers_) backends.push_back(worker->state().backend.get());
+  HSX_ASSIGN_OR_RETURN(e->group_, e->factory_->MakeGroup(backends));
+  HSX_RETURN_IF_ERROR(e->OnEveryRank([e](RankState& s, int rank) {
+    Communicator* communicator = e->options_.tp > 1 ? e->group_->rank(rank) : nullptr;
+    s.model = std::make_unique<Model>(e->checkpoint_.config(), s.weights, *s.backend, communicator);
+    return absl::OkStatus();
+  }));
   return engine;
 }
 
+int64_t Engine::placed_bytes(int rank) const { return workers_[rank]->state().backend->placed_bytes(); }
+
 absl::StatusOr<Captures> Engine::Run(const Batch& batch, const CaptureSpec& capture) {
-  if (ranks_.size() == 1) return ranks_[0]->model->Run(batch, capture);
-  std::vector<absl::StatusOr<Captures>> results(ranks_.size());
-  std::vector<std::thread> threads;
-  for (size_t r = 1; r < ranks_.size(); ++r) {
-    threads.emplace_back([&, r] { results[r] = ranks_[r]->model->Run(batch, capture); });
-  }
-  results[0] = ranks_[0]->model->Run(batch, capture);
-  for (std::thread& t : threads) t.join();
-  // Every rank validated the same batch, so they fail (before any
-  // collective) or succeed together; rank 0 speaks for all.
-  return std::move(results[0]);
+  absl::Status status = OnEveryRank([&](RankState& s, int) {
+    s.result = s.model->Run(batch, capture);
+    return s.result.status();
+  });
+  RankState& first = workers_[0]->state();
+  absl::StatusOr<Captures> result = std::move(first.result);
+  for (auto& worker : workers_) worker->state().result = absl::CancelledError();  // drop other ranks' buffers
+  if (!status.ok()) return status;
+  return result;
 }
 
 }  // namespace hsx

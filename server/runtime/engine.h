@@ -1,14 +1,21 @@
-// engine.h: the model behind one process: N tensor-parallel ranks, one thread
-// each, every rank holding its own slice of the weights (read in place from
-// the checkpoint mapping) and its own backend.
+// engine.h: the model behind one process: N tensor-parallel ranks, each a
+// persistent worker thread that owns its backend, its placed share of the
+// weights and its forward pass for the engine's whole life.
 //
 // Run() hands the same batch to every rank; the ranks meet in all-reduces
 // after each split block, so after each one the residual stream is whole on
 // every rank and rank 0's captures are the result. No reassembly of partial
-// results exists to get wrong (DESIGN.md principle 2).
+// results exists to get wrong (docs/design.md, principle 2).
+//
+// Failure: if any rank fails (an op's error reported by its backend, an
+// allocation, a collective), the batch fails with that rank's error; the
+// engine aborts the communicator group at the first error so that no rank
+// waits forever in a collective, re-arms it afterwards, and serves the next
+// batch.
 #ifndef HSX_SERVER_RUNTIME_ENGINE_H_
 #define HSX_SERVER_RUNTIME_ENGINE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,8 +24,7 @@
 #include "kernels/backend.h"
 #include "server/model/checkpoint.h"
 #include "server/model/forward.h"
-#include "server/model/model_weights.h"
-#include "server/runtime/in_process_communicator.h"
+#include "server/runtime/device_factory.h"
 
 namespace hsx {
 
@@ -26,6 +32,9 @@ struct EngineOptions {
   int tp = 1;
   Precision precision = Precision::kBf16;
   int threads = 0;  // CPU threads in all (0: every core), shared out among the ranks
+  Device device = Device::kCpu;
+  // Tests: builds the ranks' backends and communicators instead of `device`'s factory.
+  std::shared_ptr<DeviceFactory> factory;
 };
 
 class Engine {
@@ -37,18 +46,27 @@ class Engine {
 
   const ModelConfig& config() const { return checkpoint_.config(); }
   const EngineOptions& options() const { return options_; }
+  // Bytes of weights rank `rank`'s backend placed at load.
+  int64_t placed_bytes(int rank) const;
 
   // Runs one batch on all ranks. Not thread-safe: one caller (the batcher).
+  // The captures must be released before the engine.
   absl::StatusOr<Captures> Run(const Batch& batch, const CaptureSpec& capture);
 
  private:
-  struct Rank;
+  struct RankState;
+  class RankWorker;
   Engine(const Checkpoint& checkpoint, const EngineOptions& options);
+  // Runs fn on every rank's thread at once and waits for all; the first error
+  // aborts the communicator group (if any) and is returned.
+  absl::Status OnEveryRank(const std::function<absl::Status(RankState&, int)>& fn);
 
   const Checkpoint& checkpoint_;
   EngineOptions options_;
-  std::unique_ptr<InProcessGroup> group_;
-  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<DeviceFactory> owned_factory_;
+  DeviceFactory* factory_ = nullptr;
+  std::unique_ptr<CommunicatorGroup> group_;
+  std::vector<std::unique_ptr<RankWorker>> workers_;
 };
 
 }  // namespace hsx

@@ -50,7 +50,8 @@ json Report(const hsx::Checkpoint& checkpoint, int tp) {
   const int group = c.quantization ? c.quantization->group_size : 32;
   std::map<std::string, json> categories;
   int64_t total_params = 0, int4_bytes = 0, bf16_bytes = 0, other_bytes = 0;
-  std::vector<int64_t> rank_bytes(tp, 0);
+  // The per-rank plan comes from the same table the loader places by.
+  const std::vector<int64_t> rank_bytes = hsx::BytesPerRank(c, tp);
   for (const hsx::WeightSpec& spec : checkpoint.weights()) {
     json& entry = categories[Category(spec, c)];
     if (entry.is_null()) entry = {{"params", 0}, {"bytes", 0}};
@@ -65,7 +66,6 @@ json Report(const hsx::Checkpoint& checkpoint, int tp) {
     } else {
       other_bytes += bytes;
     }
-    for (int rank = 0; rank < tp; ++rank) rank_bytes[rank] += hsx::BytesOnRank(spec, c, rank, tp);
   }
   json ranks = json::array();
   for (int rank = 0; rank < tp; ++rank) {

@@ -1,0 +1,45 @@
+// device_factory.h: which backend and communicators an engine's ranks get.
+//
+// The engine never names a backend class: it asks a DeviceFactory, chosen by
+// the device name ("cpu", "cuda"), for one backend per rank (built on that
+// rank's own thread, which then owns it) and for the communicator group that
+// joins them. Adding a device means adding a factory here; tests inject their
+// own (for example one whose backend fails an op on purpose).
+#ifndef HSX_SERVER_RUNTIME_DEVICE_FACTORY_H_
+#define HSX_SERVER_RUNTIME_DEVICE_FACTORY_H_
+
+#include <memory>
+#include <span>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/communicator.h"
+
+namespace hsx {
+
+enum class Device { kCpu, kCuda };
+
+// "cpu" or "cuda"; anything else is an InvalidArgument naming the value.
+absl::StatusOr<Device> ParseDevice(absl::string_view name);
+const char* DeviceName(Device device);
+
+class DeviceFactory {
+ public:
+  virtual ~DeviceFactory() = default;
+  // The backend of rank `rank`; called on that rank's thread.
+  virtual absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(int rank) = 0;
+  // The group joining the ranks' backends (backends[r] is rank r's), made once
+  // every backend exists.
+  virtual absl::StatusOr<std::unique_ptr<CommunicatorGroup>> MakeGroup(std::span<Backend* const> backends) = 0;
+};
+
+// The factory for `device`: `tp` ranks sharing `threads` CPU threads (0: all
+// cores). Unimplemented, with a message saying so, for a device this build
+// cannot drive.
+absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeDeviceFactory(Device device, Precision precision, int tp,
+                                                                 int threads);
+
+}  // namespace hsx
+
+#endif  // HSX_SERVER_RUNTIME_DEVICE_FACTORY_H_
