@@ -37,7 +37,7 @@ void LogFailure(const char* method, const std::string& sample_id, const std::str
   const bool server_fault = code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNKNOWN ||
                             code == grpc::StatusCode::DATA_LOSS;
   std::string line = absl::StrFormat("%s sample_id='%s' (%d tokens) from %s: %s: %s", method,
-                                     sample_id.substr(0, 128), tokens, peer, StatusCodeName(code),
+                                     TruncateForLog(sample_id, 128), tokens, peer, StatusCodeName(code),
                                      status.error_message());
   if (messages_sent > 0) absl::StrAppend(&line, " (after ", messages_sent, " messages)");
   LogLine(server_fault ? LogLevel::kError : LogLevel::kInfo, line);

@@ -147,6 +147,11 @@ absl::Status Serve() {
   health.Attach(server.get());
   LogInfo("listening on %s (%s; health NOT_SERVING until the model is loaded)", WithPort(options.listen, port),
           options.tls() ? (options.tls_client_ca.empty() ? "TLS" : "mTLS") : "plaintext");
+  if (!options.tls() && options.auth_token_file.empty() && !IsLoopbackAddress(options.listen)) {
+    LogWarning("serving plaintext without a token on %s, a non-loopback address: anyone who can reach it can "
+               "extract hidden states; use --tls-cert/--tls-key and --auth-token-file, or listen on loopback",
+               options.listen);
+  }
 
   auto shutdown_now = [&] {
     server->Shutdown(std::chrono::system_clock::now());
