@@ -296,44 +296,53 @@ class Context:
 
     def execute(self, argv, timeout_s):
         """Runs argv with the bundle's environment; returns (exit status, output, timed out).
-        The process group is killed at the timeout or when the run's budget is spent."""
+        The process group is killed at the timeout or when the run's budget is spent. Output
+        goes to a file, not a pipe, so a child that outlives its parent cannot hold us up."""
         timeout_s = max(1.0, min(timeout_s, self.remaining_s()))
         self.log.write("\n$ %s\n" % " ".join(argv))
         start = time.monotonic()
-        try:
-            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       env=self.env, cwd=self.work_dir, start_new_session=True)
-        except OSError as error:
-            self.log.write("could not start: %s\n" % error)
-            return 127, str(error), False
-        timed_out = False
-        try:
-            output, _ = process.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        with tempfile.TemporaryFile(dir=self.work_dir) as output_file:
+            try:
+                process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output_file,
+                                           stderr=subprocess.STDOUT, env=self.env, cwd=self.work_dir,
+                                           start_new_session=True)
+            except OSError as error:
+                self.log.write("could not start: %s\n" % error)
+                return 127, str(error), False
+            timed_out = False
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            # Also after a normal exit: whatever the command left running in its group goes.
             kill_group(process)
-            output, _ = process.communicate()
-        text = output.decode("utf-8", "replace")
+            output_file.seek(0)
+            text = output_file.read().decode("utf-8", "replace")
         if len(text) > LOG_TAIL_BYTES:
             text = "[... %d bytes cut ...]\n" % (len(text) - LOG_TAIL_BYTES) + text[-LOG_TAIL_BYTES:]
         self.log.write(text)
         self.log.write("[exit %s%s, %.1f s]\n" % (process.returncode, ", TIMED OUT" if timed_out else "",
-                                                  time.monotonic() - start))
+                                                   time.monotonic() - start))
         self.log.flush()
         return process.returncode, text, timed_out
 
 
 def kill_group(process):
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """Ends the command's process group (start_new_session): SIGTERM, up to 5 s for the
+    leader, then SIGKILL for whatever of the group is left."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return  # nothing left in the group
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
 
 
 def find_library(soname, roots):
@@ -421,23 +430,23 @@ def probe_gpu(ctx):
 
 
 def gpu_verdict(gpu):
-    """(available, reason it is not) from what nvidia-smi, the probe and the loader said."""
+    """(available, why not) from what nvidia-smi, the loader and the CUDA probe said: the
+    driver's absence first, as it explains the rest."""
     probe = gpu.get("probe")
+    if probe is not None and any("error" not in d for d in probe.get("devices", [])):
+        return True, None
+    smi = gpu.get("nvidia_smi", {})
+    if probe is None and smi.get("gpus"):
+        return True, None  # no probe in the bundle (no nvcc at prepare): nvidia-smi's word
     reasons = []
-    if probe is not None:
-        usable = [d for d in probe.get("devices", []) if "error" not in d]
-        if usable:
-            return True, None
-        reasons.append(probe.get("error") or "; ".join(d["error"] for d in probe.get("devices", [])))
-    else:
-        reasons.append("CUDA probe: %s" % gpu.get("probe_error"))
-    smi = gpu["nvidia_smi"]
     if "error" in smi:
         reasons.append(smi["error"])
-    elif probe is None and smi.get("gpus"):
-        return True, None  # no probe built (no nvcc at prepare): nvidia-smi's word
-    if not gpu["libraries"].get("libcuda.so.1"):
+    if not gpu.get("libraries", {}).get("libcuda.so.1"):
         reasons.append("libcuda.so.1 (the driver) not found")
+    if probe is None:
+        reasons.append("CUDA probe: %s" % gpu.get("probe_error"))
+    else:
+        reasons.append(probe.get("error") or "; ".join(d["error"] for d in probe.get("devices", [])))
     return False, "; ".join(r for r in reasons if r)
 
 
@@ -522,7 +531,11 @@ def run(args):
             print(gpu_line(gpu), flush=True)
             results = []
             for step in STEPS:
-                results.append(run_step(step, ctx, gpu))
+                if args.steps and step.name not in args.steps:
+                    results.append({"name": step.name, "title": step.title, "status": "not run",
+                                    "summary": "not in --steps", "seconds": 0.0})
+                else:
+                    results.append(run_step(step, ctx, gpu))
                 print("%-16s %-13s %s" % (step.name, results[-1]["status"], results[-1]["summary"]), flush=True)
         finally:
             shutil.rmtree(ctx.work_dir, ignore_errors=True)
@@ -574,12 +587,20 @@ def main(argv):
     parser.add_argument("--out", default=os.environ.get("OUT"), help="folder for the report (default $OUT)")
     parser.add_argument("--budget-s", type=float, default=480,
                         help="hard limit for the whole run in seconds (default 480, at most %d)" % MAX_BUDGET_S)
+    parser.add_argument("--steps", default="",
+                        help="comma-separated names of the steps to run (default: all): "
+                        + ", ".join(step.name for step in STEPS))
     parser.add_argument("--list-binaries", action="store_true",
                         help="print the binaries the steps need, one a line (used by prepare), and exit")
     args = parser.parse_args(argv)
     if args.list_binaries:
         print("\n".join(required_binaries()))
         return 0
+    args.steps = [name for name in args.steps.split(",") if name]
+    unknown = [name for name in args.steps if name not in [step.name for step in STEPS]]
+    if unknown:
+        parser.error("--steps: no step named %s (the steps: %s)" % (
+            ", ".join(unknown), ", ".join(step.name for step in STEPS)))
     if not args.out:
         parser.error("--out: no folder given and OUT is not set")
     if not 10 <= args.budget_s <= MAX_BUDGET_S:
