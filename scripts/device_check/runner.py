@@ -19,6 +19,7 @@ import glob
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import signal
@@ -44,7 +45,7 @@ DRIVER = re.compile(r"^lib(cuda|nvidia-[\w.-]+)\.so")
 # CUDA libraries the GPU machine has (toolkit, Python nvidia-* packages); hundreds of MB each.
 GPU_MACHINE_CUDA = re.compile(r"^lib(cublas|cublasLt|cudnn[\w]*|nccl)\.so")
 # What is looked for on the GPU machine and reported, needed by a binary or not (the CUDA
-# backend will link these): so the first run there already says where they are.
+# backend will link these), so the first run there already says where they are.
 CUDA_LIBRARIES_TO_FIND = ["libcublasLt.so.13", "libcublas.so.13", "libcudnn.so.9", "libnccl.so.2"]
 
 
@@ -95,10 +96,13 @@ class BundleCheck(Step):
     def run(self, ctx):
         problems = []
         need = ctx.manifest.get("glibc_required", "")
-        have = platform.libc_ver()[1]
+        have = glibc_version()
         if need and have and version_tuple(have) < version_tuple(need):
             problems.append("glibc %s here, the binaries need %s" % (have, need))
         binaries = sorted(os.listdir(ctx.bin_dir))
+        if shutil.which("ldd") is None:
+            return {"status": "skip", "summary": "ldd not on PATH: libraries not checked; " + (
+                "; ".join(problems) or "glibc %s, need %s" % (have or "?", need or "?"))}
         for binary in binaries:
             rc, output, timed_out = ctx.execute(["ldd", os.path.join(ctx.bin_dir, binary)], 30)
             if rc != 0 or timed_out:
@@ -207,6 +211,15 @@ def required_binaries():
 # --- parsing ----------------------------------------------------------------------------------
 
 
+def glibc_version():
+    """The running glibc's version ("2.39"): asked of the C library itself, since a Python
+    may be linked against an older one than the machine has."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
+    except (ValueError, OSError, AttributeError, IndexError):
+        return platform.libc_ver()[1]
+
+
 def version_tuple(text):
     return tuple(int(part) for part in re.findall(r"\d+", text))
 
@@ -251,7 +264,6 @@ def parse_gtest_xml(path):
 
 def write_samples(config_path, path, count, seed):
     """count JSONL samples of random token ids below the model's vocabulary; returns the tokens."""
-    import random
     with open(config_path) as f:
         vocab = json.load(f)["vocab_size"]
     rng = random.Random(seed)
@@ -355,8 +367,8 @@ def find_library(soname, roots):
 
 def library_roots():
     """Where a GPU machine keeps the driver and CUDA's libraries: the loader's cache, the
-    Python packages nvidia-* (CUDA 13 wheels put theirs in nvidia/cu13/lib, cuDNN and NCCL in
-    nvidia/cudnn/lib and nvidia/nccl/lib), CUDA toolkits, the driver's own folder."""
+    lib folders of the Python packages nvidia-* (site-packages/nvidia/<package>/lib), CUDA
+    toolkits, the driver's own folder."""
     roots = []
     try:
         cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
@@ -460,7 +472,7 @@ def machine_facts():
             os_name = dict(re.findall(r'^(\w+)="?([^"\n]*)"?$', f.read(), re.M)).get("PRETTY_NAME", "")
     except OSError:
         pass
-    return {"os": os_name, "kernel": platform.release(), "glibc": platform.libc_ver()[1],
+    return {"os": os_name, "kernel": platform.release(), "glibc": glibc_version(),
             "cpus": os.cpu_count(), "python": platform.python_version()}
 
 
@@ -514,12 +526,10 @@ def write_whole(path, text):
 
 def run(args):
     out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
     with open(os.path.join(HERE, "manifest.json")) as f:
         manifest = json.load(f)
     started = time.monotonic()
-    log_path = os.path.join(out, "device-check.log")
-    with open(log_path, "w") as log:
+    with open(os.path.join(out, "device-check.log"), "w") as log:
         ctx = Context(args, manifest, log)
         ctx.add_library_dirs([])
         try:
@@ -608,6 +618,13 @@ def main(argv):
     if not os.path.exists(os.path.join(HERE, "manifest.json")):
         parser.error("no manifest.json beside %s: run it from a bundle made by "
                      "scripts/device-check.sh --prepare" % os.path.basename(__file__))
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        probe_file = os.path.join(args.out, ".writable")
+        open(probe_file, "w").close()
+        os.remove(probe_file)
+    except OSError as error:
+        parser.error("--out: cannot write to %s: %s" % (args.out, error.strerror or error))
     return run(args)
 
 

@@ -227,14 +227,40 @@ def test_parse_ldd():
         [False, True, False, False, False, False, True, False]
 
 
+def test_a_gpu_step_is_skipped_without_a_gpu_and_a_broken_step_is_reported(tmp_path):
+    class NeedsGpu(runner.Step):
+        needs_gpu = True
+
+        def run(self, ctx):
+            raise AssertionError("ran without a GPU")
+
+    class Broken(runner.Step):
+        def run(self, ctx):
+            raise KeyError("boom")
+
+    class Ctx:
+        manifest = {"binaries": []}
+        log = open(tmp_path / "log", "w")
+
+        def remaining_s(self):
+            return 100
+
+    no_gpu = {"available": False}
+    assert runner.run_step(NeedsGpu("g", "t"), Ctx(), no_gpu)["status"] == "skip"
+    result = runner.run_step(Broken("b", "t"), Ctx(), no_gpu)
+    assert (result["status"], result["summary"]) == ("error", "KeyError: 'boom'")
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "--out: no folder given and OUT is not set"),
+    (["--out", "F"], "--out: cannot write to"),
     (["--out", "X", "--budget-s", "600"], "--budget-s: 600 is outside 10..540"),
     (["--out", "X", "--steps", "cpu_unit,nope"], "--steps: no step named nope"),
 ])
 def test_run_rejects_bad_arguments(bundle, tmp_path, args, message):
     env = {k: v for k, v in os.environ.items() if k != "OUT"}
-    proc = run(["bash", bundle / "run.sh", *[str(tmp_path / a) if a == "X" else a for a in args]], env=env)
+    (tmp_path / "F").write_text("a file, not a folder")
+    proc = run(["bash", bundle / "run.sh", *[str(tmp_path / a) if a in ("X", "F") else a for a in args]], env=env)
     assert proc.returncode == 2 and message in proc.stderr
     assert not (tmp_path / "X").exists()
 
