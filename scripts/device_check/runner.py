@@ -14,6 +14,7 @@ each step names, and the report lists each step's outcome.
 """
 
 import argparse
+import collections
 import datetime
 import glob
 import json
@@ -34,6 +35,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE = "hsx_cuda_probe"  # versions and devices (tests/cuda/cuda_probe.cc)
 MAX_BUDGET_S = 540  # a device command runs at most 10 minutes; leave room for start and copy-back
 LOG_TAIL_BYTES = 64 * 1024  # of each command's output, in the log
+
+# What Context.execute returns: exit status, output (its tail), whether it was killed at its
+# time limit, and how long it ran.
+Outcome = collections.namedtuple("Outcome", "rc output timed_out seconds")
 
 # Shared libraries the bundle does not carry. Prepare and the bundle check both use these.
 # glibc's own libraries: every Linux machine has them, and they must match its loader.
@@ -104,11 +109,11 @@ class BundleCheck(Step):
             return {"status": "skip", "summary": "ldd not on PATH: libraries not checked; " + (
                 "; ".join(problems) or "glibc %s, need %s" % (have or "?", need or "?"))}
         for binary in binaries:
-            rc, output, timed_out = ctx.execute(["ldd", os.path.join(ctx.bin_dir, binary)], 30)
-            if rc != 0 or timed_out:
-                problems.append("%s: ldd failed (exit %s)" % (binary, rc))
+            ldd = ctx.execute(["ldd", os.path.join(ctx.bin_dir, binary)], 30)
+            if ldd.rc != 0 or ldd.timed_out:
+                problems.append("%s: ldd failed (exit %s)" % (binary, ldd.rc))
                 continue
-            for soname, path in parse_ldd(output):
+            for soname, path in parse_ldd(ldd.output):
                 if path is None:
                     problems.append("%s: %s not found" % (binary, soname))
                 elif carried(soname) and not os.path.realpath(path).startswith(ctx.lib_dir + os.sep):
@@ -131,16 +136,16 @@ class GTestSuite(Step):
     def run(self, ctx):
         xml_path = os.path.join(ctx.work_dir, self.name + ".xml")
         argv = [ctx.binary(self.binaries[0]), "--gtest_brief=1", "--gtest_output=xml:" + xml_path]
-        rc, _, timed_out = ctx.execute(argv, self.timeout_s)
-        if timed_out:
-            return {"status": "timeout", "summary": "killed after %d s" % self.timeout_s}
+        outcome = ctx.execute(argv, self.timeout_s)
+        if outcome.timed_out:
+            return {"status": "timeout", "summary": "killed at its time limit, after %.0f s" % outcome.seconds}
         if not os.path.exists(xml_path):
-            return {"status": "error", "summary": "no XML report (exit status %d)" % rc}
+            return {"status": "error", "summary": "no XML report (exit status %d)" % outcome.rc}
         counts, skip_reasons = parse_gtest_xml(xml_path)
         summary = "%(passed)d passed, %(failed)d failed, %(skipped)d skipped of %(tests)d" % counts
         if skip_reasons:
             summary += " (skipped: %s)" % "; ".join(skip_reasons[:3])
-        if rc != 0 or counts["failed"]:
+        if outcome.rc != 0 or counts["failed"]:
             status = "fail"
         elif counts["tests"] and counts["skipped"] == counts["tests"]:
             status = "skip"
@@ -175,12 +180,13 @@ class CpuPipeline(Step):
             if argv is None:
                 tokens = write_samples(os.path.join(model, "config.json"), samples, count=8, seed=1)
                 continue
-            rc, _, timed_out = ctx.execute(argv, self.timeout_s)
+            outcome = ctx.execute(argv, self.timeout_s)
             tool = os.path.basename(argv[0])
-            if timed_out:
-                return {"status": "timeout", "summary": "%s killed after %d s" % (tool, self.timeout_s)}
-            if rc != 0:
-                return {"status": "fail", "summary": "%s exited %d (see the log)" % (tool, rc)}
+            if outcome.timed_out:
+                return {"status": "timeout",
+                        "summary": "%s killed at its time limit, after %.0f s" % (tool, outcome.seconds)}
+            if outcome.rc != 0:
+                return {"status": "fail", "summary": "%s exited %d (see the log)" % (tool, outcome.rc)}
         return {"status": "pass", "summary": "8 samples, %d tokens dumped and verified" % tokens}
 
 
@@ -307,7 +313,7 @@ class Context:
         return self.deadline - time.monotonic()
 
     def execute(self, argv, timeout_s):
-        """Runs argv with the bundle's environment; returns (exit status, output, timed out).
+        """Runs argv with the bundle's environment; returns an Outcome.
         The process group is killed at the timeout or when the run's budget is spent. Output
         goes to a file, not a pipe, so a child that outlives its parent cannot hold us up."""
         timeout_s = max(1.0, min(timeout_s, self.remaining_s()))
@@ -320,7 +326,7 @@ class Context:
                                            start_new_session=True)
             except OSError as error:
                 self.log.write("could not start: %s\n" % error)
-                return 127, str(error), False
+                return Outcome(127, str(error), False, 0.0)
             timed_out = False
             try:
                 process.wait(timeout=timeout_s)
@@ -333,10 +339,10 @@ class Context:
         if len(text) > LOG_TAIL_BYTES:
             text = "[... %d bytes cut ...]\n" % (len(text) - LOG_TAIL_BYTES) + text[-LOG_TAIL_BYTES:]
         self.log.write(text)
-        self.log.write("[exit %s%s, %.1f s]\n" % (process.returncode, ", TIMED OUT" if timed_out else "",
-                                                   time.monotonic() - start))
+        seconds = time.monotonic() - start
+        self.log.write("[exit %s%s, %.1f s]\n" % (process.returncode, ", TIMED OUT" if timed_out else "", seconds))
         self.log.flush()
-        return process.returncode, text, timed_out
+        return Outcome(process.returncode, text, timed_out, seconds)
 
 
 def kill_group(process):
@@ -396,18 +402,17 @@ def nvidia_smi(ctx):
     if shutil.which("nvidia-smi") is None:
         return {"error": "nvidia-smi not on PATH"}
     query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
-    rc, output, timed_out = ctx.execute(query, 30)
-    if rc != 0 or timed_out:
-        last = output.strip().splitlines()[-1] if output.strip() else "no output"
-        return {"error": "nvidia-smi failed (exit %s): %s" % (rc, last)}
+    listed = ctx.execute(query, 30)
+    if listed.rc != 0 or listed.timed_out:
+        last = listed.output.strip().splitlines()[-1] if listed.output.strip() else "no output"
+        return {"error": "nvidia-smi failed (exit %s): %s" % (listed.rc, last)}
     gpus = []
-    for line in output.strip().splitlines():
+    for line in listed.output.strip().splitlines():
         fields = [f.strip() for f in line.split(",")]
         if len(fields) == 3:
             gpus.append({"name": fields[0], "driver": fields[1], "memory": fields[2]})
     result = {"gpus": gpus}
-    rc, output, _ = ctx.execute(["nvidia-smi"], 30)
-    match = re.search(r"CUDA Version:\s*([\d.]+)", output)
+    match = re.search(r"CUDA Version:\s*([\d.]+)", ctx.execute(["nvidia-smi"], 30).output)
     if match:
         result["cuda_version"] = match.group(1)
     return result
@@ -428,13 +433,13 @@ def probe_gpu(ctx):
     if missing:
         gpu["missing_libraries"] = missing
     if PROBE in ctx.manifest.get("binaries", []):
-        rc, output, timed_out = ctx.execute([ctx.binary(PROBE)], 60)
+        probe = ctx.execute([ctx.binary(PROBE)], 60)
         try:
-            gpu["probe"] = json.loads(output.strip().splitlines()[-1]) if rc == 0 and not timed_out else None
+            gpu["probe"] = json.loads(probe.output.strip().splitlines()[-1]) if probe.rc == 0 else None
         except (ValueError, IndexError):
             gpu["probe"] = None
         if gpu["probe"] is None:
-            gpu["probe_error"] = "timed out" if timed_out else "exit %s" % rc
+            gpu["probe_error"] = "timed out" if probe.timed_out else "exit %s" % probe.rc
     else:
         gpu["probe_error"] = ctx.manifest.get("missing_binaries", {}).get(PROBE, "not bundled")
     gpu["available"], gpu["reason"] = gpu_verdict(gpu)

@@ -159,6 +159,7 @@ def test_a_hung_suite_is_killed_within_the_budget(bundle_copy, tmp_path):
     assert proc.returncode == 1
     assert step(report, "cpu_unit")["status"] == "timeout"
     assert step(report, "cpu_unit")["seconds"] < 20
+    assert step(report, "cpu_unit")["summary"].startswith("killed at its time limit, after ")
     assert report["seconds"] < 25
     # The suite's own children die with it (the process group is killed), not only the suite.
     stat = Path("/proc/%s/stat" % pid_file.read_text().strip())
