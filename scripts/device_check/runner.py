@@ -454,7 +454,7 @@ def gpu_verdict(gpu):
         return True, None
     smi = gpu.get("nvidia_smi", {})
     if probe is None and smi.get("gpus"):
-        return True, None  # no probe in the bundle (no nvcc at prepare): nvidia-smi's word
+        return True, None  # no word from the probe (not bundled, or it failed): nvidia-smi's
     reasons = []
     if "error" in smi:
         reasons.append(smi["error"])
