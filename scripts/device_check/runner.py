@@ -312,8 +312,9 @@ class Context:
     def remaining_s(self):
         return self.deadline - time.monotonic()
 
-    def execute(self, argv, timeout_s):
-        """Runs argv with the bundle's environment; returns an Outcome.
+    def execute(self, argv, timeout_s, system_tool=False):
+        """Runs argv with the bundle's environment (a system_tool with the caller's, so that it
+        loads none of the bundle's libraries); returns an Outcome.
         The process group is killed at the timeout or when the run's budget is spent. Output
         goes to a file, not a pipe, so a child that outlives its parent cannot hold us up."""
         timeout_s = max(1.0, min(timeout_s, self.remaining_s()))
@@ -321,9 +322,9 @@ class Context:
         start = time.monotonic()
         with tempfile.TemporaryFile(dir=self.work_dir) as output_file:
             try:
-                process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output_file,
-                                           stderr=subprocess.STDOUT, env=self.env, cwd=self.work_dir,
-                                           start_new_session=True)
+                process = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=output_file, stderr=subprocess.STDOUT,
+                    env=os.environ if system_tool else self.env, cwd=self.work_dir, start_new_session=True)
             except OSError as error:
                 self.log.write("could not start: %s\n" % error)
                 return Outcome(127, str(error), False, 0.0)
@@ -402,7 +403,7 @@ def nvidia_smi(ctx):
     if shutil.which("nvidia-smi") is None:
         return {"error": "nvidia-smi not on PATH"}
     query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
-    listed = ctx.execute(query, 30)
+    listed = ctx.execute(query, 30, system_tool=True)
     if listed.rc != 0 or listed.timed_out:
         last = listed.output.strip().splitlines()[-1] if listed.output.strip() else "no output"
         return {"error": "nvidia-smi failed (exit %s): %s" % (listed.rc, last)}
@@ -412,7 +413,7 @@ def nvidia_smi(ctx):
         if len(fields) == 3:
             gpus.append({"name": fields[0], "driver": fields[1], "memory": fields[2]})
     result = {"gpus": gpus}
-    match = re.search(r"CUDA Version:\s*([\d.]+)", ctx.execute(["nvidia-smi"], 30).output)
+    match = re.search(r"CUDA Version:\s*([\d.]+)", ctx.execute(["nvidia-smi"], 30, system_tool=True).output)
     if match:
         result["cuda_version"] = match.group(1)
     return result
