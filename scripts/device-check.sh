@@ -6,7 +6,7 @@
 #       build) and makes a self-contained bundle in .device-bundle/ (stripped binaries, their
 #       shared libraries except glibc, the driver and cuBLAS/cuDNN/NCCL, and the runner);
 #       at most 60 MiB, its size printed.
-#   scripts/device-check.sh --run [--out DIR] [--budget-s S] [--bundle DIR]
+#   scripts/device-check.sh --run [--out DIR] [--budget-s S] [--steps A,B] [--bundle DIR]
 #       runs .device-bundle/run.sh: device and versions, each suite's pass/fail/skip counts,
 #       report.md + report.json + device-check.log in DIR (default $OUT). Within 8 minutes.
 #       Without a GPU it says "no GPU: <reason>" and exits 0 unless a test failed.
@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,17p' "$0"; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 mode="${1:-}"
 [[ $# -gt 0 ]] && shift
 case "$mode" in
