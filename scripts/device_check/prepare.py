@@ -67,7 +67,8 @@ def configure_and_build(build, names, jobs):
             continue
         if has_cuda:
             raise PrepareError("%s: no target %s in %s" % (os.path.join(HERE, "runner.py"), name, build))
-        missing[name] = "not built: %s was configured without CUDA (no nvcc found)" % build
+        missing[name] = "not built: %s was configured without CUDA (no nvcc, or HSX_ENABLE_CUDA=OFF)" % (
+            os.path.relpath(build, ROOT))
     print("prepare: building %s in %s" % (" ".join(built), build), flush=True)
     result = subprocess.run(["cmake", "--build", build, "-j", str(jobs), "--target"] + built,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
