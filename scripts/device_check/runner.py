@@ -162,7 +162,7 @@ class CpuPipeline(Step):
     timeout_s = 120
 
     def __init__(self):
-        super().__init__("cpu_pipeline", "hsx-make-model, hsx-inspect, hsx-dump --model, hsx-verify (CPU)")
+        super().__init__("cpu_pipeline", "hsx-make-model, hsx-inspect, hsx-dump --model --device cpu, hsx-verify")
 
     def run(self, ctx):
         model = os.path.join(ctx.work_dir, "tiny")
@@ -172,7 +172,7 @@ class CpuPipeline(Step):
             [ctx.binary("hsx-make-model"), "--preset", "tiny", "--out", model],
             [ctx.binary("hsx-inspect"), "--model", model, "--json"],
             None,  # the samples, once the model's vocabulary is known
-            [ctx.binary("hsx-dump"), "--model", model, "--input", samples, "--out", dump],
+            [ctx.binary("hsx-dump"), "--model", model, "--device", "cpu", "--input", samples, "--out", dump],
             [ctx.binary("hsx-verify"), dump, "--input", samples, "--strict"],
         ]
         tokens = 0
