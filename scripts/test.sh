@@ -4,7 +4,9 @@
 #   1. unit tests (GoogleTest, via ctest); CUDA tests skip, saying why, without a GPU
 #   2. the same unit tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   3. the safetensors header fuzzer (libFuzzer) for HSX_FUZZ_SECONDS (default 60)
-#   4. the Python cross-checks against compressed-tensors and transformers (pytest)
+#   4. the device check's bundle (scripts/device-check.sh --prepare) and its run here, which must
+#      say "no GPU" and exit 0 on a machine without one
+#   5. the Python cross-checks against compressed-tensors and transformers (pytest)
 #
 # Environment: HSX_VENV, HSX_BUILD_DIR (see setup.sh), HSX_FUZZ_SECONDS.
 set -euo pipefail
@@ -52,6 +54,19 @@ trap 'rm -rf "$corpus"' EXIT
 cp tests/fuzz/seeds/* "$corpus/"
 "$fuzz_build/bin/safetensors_header_fuzzer" "$corpus" -max_total_time="$fuzz_seconds" \
   -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 12
+
+stage "device check: the bundle for a GPU machine, and its run here"
+start=$SECONDS
+scripts/device-check.sh --prepare --build-dir "$build"
+device_report=$(mktemp -d)
+trap 'rm -rf "$corpus" "$device_report"' EXIT
+scripts/device-check.sh --run --out "$device_report" >/dev/null
+cat "$device_report/report.md"
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  grep -q '^- no GPU: ' "$device_report/report.md" ||
+    { echo "device check: no 'no GPU: <reason>' line in its report on a machine without a GPU" >&2; exit 1; }
+fi
+echo "device check: prepare and run took $((SECONDS - start)) s"
 
 stage "Python tests: oracle (transformers, compressed-tensors), service, clients, deploy"
 HSX_BIN_DIR="$root/$build/bin" "$venv/bin/python" -m pytest tests/python -q
