@@ -5,6 +5,8 @@
 #   2. the same unit tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   3. the safetensors header fuzzer (libFuzzer) for HSX_FUZZ_SECONDS (default 60)
 #   4. the Python cross-checks against compressed-tensors and transformers (pytest)
+#   5. the trainers' own loaders on hsx output (scripts/trainers.sh: speculators, SpecForge,
+#      ModelOpt in their own pinned environment, ~/.cache/hsx/trainers)
 #
 # Environment: HSX_VENV, HSX_BUILD_DIR (see setup.sh), HSX_FUZZ_SECONDS.
 set -euo pipefail
@@ -55,3 +57,6 @@ cp tests/fuzz/seeds/* "$corpus/"
 
 stage "Python tests: oracle (transformers, compressed-tensors), service, clients, deploy"
 HSX_BIN_DIR="$root/$build/bin" "$venv/bin/python" -m pytest tests/python -q
+
+stage "trainers: speculators, SpecForge and ModelOpt loaders on hsx output (docs/trainers.md)"
+HSX_BUILD_DIR="$build" scripts/trainers.sh

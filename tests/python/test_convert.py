@@ -16,10 +16,11 @@ from hsx.convert import IDS_FILE, ConvertError, convert
 
 FORMATS = ("specforge", "modelopt", "speculators-legacy")
 LONG_ID = "x" * 1000  # longer than any file name may be (NAME_MAX 255)
-# (input "id" field or None for no id) -> the id the dump records
-HOSTILE = [("dup", "dup"), ("dup", "dup"), (None, None), ("2", "2"), (7, "7"), ("a/b", "a/b"),
+# (input "id" field or None for no id) -> the id the dump records (hsx-dump names a sample
+# without an id by its index: sample 2 gets "2", the same as the next sample's explicit id)
+HOSTILE = [("dup", "dup"), ("dup", "dup"), (None, "2"), ("2", "2"), (7, "7"), ("a/b", "a/b"),
            ("../escaped", "../escaped"), ("/tmp/hsx-absolute", "/tmp/hsx-absolute"), ("a\0b", "a\0b"),
-           ("..", ".."), ("", ""), (LONG_ID, LONG_ID)]
+           ("..", ".."), ("", "10"), (LONG_ID, LONG_ID)]  # "" is "no id" too
 
 
 def _files(root):
@@ -62,15 +63,12 @@ def test_hostile_ids_one_file_per_sample_named_by_index(hostile_dump, target):
     ids = [json.loads(line) for line in (out / IDS_FILE).read_text().splitlines()]
     assert [e["index"] for e in ids] == list(range(len(HOSTILE)))
     assert [e["file"] for e in ids] == names
-    recorded = [e["id"] for e in ids]
-    # the dump records a missing id as "" or not at all; every other id verbatim, NUL and all
-    assert recorded[2] in (None, "")
-    assert [r for i, r in enumerate(recorded) if i != 2] == [want for i, (_, want) in enumerate(HOSTILE) if i != 2]
+    assert [e["id"] for e in ids] == [want for _, want in HOSTILE]  # verbatim, NUL and all
     # every file holds its own sample: the two "dup" samples and index 2 vs id "2" did not collide
     for i, row in enumerate(rows):
         record = torch.load(out / names[i], weights_only=True)
         assert record["input_ids"].tolist() == row["input_ids"]
-        if target == "modelopt" and i != 2:
+        if target == "modelopt":
             assert record["conversation_id"] == HOSTILE[i][1]
 
 
@@ -121,7 +119,7 @@ def test_hostile_journal_is_an_error_and_nothing_is_written(hostile_dump, tmp_pa
     with pytest.raises(ConvertError, match=message) as error:
         convert(tmp_path / "dump", "modelopt", tmp_path / "out")
     assert "manifest.jsonl:2" in str(error.value)
-    assert _files(tmp_path) == _files(tmp_path / "dump") and not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["dump"]  # no staging directory left behind
 
 
