@@ -92,11 +92,14 @@ def speculators_data(server, model, tmp_path_factory):
     work = tmp_path_factory.mktemp("speculators")
     data = work / "prepared"
     samples = rows(12, seed=1)
-    # What `speculators prepare-data` saves: input_ids, loss_mask, seq_len, rows shuffled.
+    # What `speculators prepare-data` saves: input_ids, loss_mask, seq_len, rows shuffled,
+    # torch format (speculators.data_generation.preprocessing).
     random.Random(7).shuffle(samples)
-    Dataset.from_dict({"input_ids": [r["input_ids"] for r in samples],
-                       "loss_mask": [r["loss_mask"] for r in samples],
-                       "seq_len": [len(r["input_ids"]) for r in samples]}).save_to_disk(str(data))
+    prepared = Dataset.from_dict({"input_ids": [r["input_ids"] for r in samples],
+                                  "loss_mask": [r["loss_mask"] for r in samples],
+                                  "seq_len": [len(r["input_ids"]) for r in samples]})
+    prepared.set_format(type="torch")
+    prepared.save_to_disk(str(data))
     proc = run_steps("speculators", {"DATA": data, "WORK": work, "HSX_SERVER": server, "MODEL": model})
     assert "checked for speculators; 0 errors" in proc.stdout, proc.stdout
     return data, samples
@@ -133,11 +136,16 @@ def test_speculators_arrow_dataset_and_file_transfer(speculators_data):
             assert torch.equal(item["hidden_states"], hs[:, :3].flatten(1))  # capture ids 2, 4, 5
             assert torch.equal(item["verifier_last_hidden_states"], hs[:, 3])  # capture id N = 8
             items.append(item)
+    # Packed along the sequence: document_ids says which sample each position holds.
+    lengths = [len(r["input_ids"]) for r in samples[:2]]
+    assert sum(lengths) < 64
     batch = CollateFn(max_len=64, hidden_size=HIDDEN, num_target_layers=3)(items[:2])
-    total = sum(len(r["input_ids"]) for r in samples[:2])
     assert batch["hidden_states"].shape == (1, 64, 3 * HIDDEN)
-    assert torch.equal(batch["hidden_states"][0, :len(samples[0]["input_ids"])], items[0]["hidden_states"])
-    assert batch["lengths"].tolist() == [len(r["input_ids"]) for r in samples[:2]] and total <= 64
+    assert torch.equal(batch["hidden_states"][0, :lengths[0]], items[0]["hidden_states"])
+    assert torch.equal(batch["verifier_last_hidden_states"][0, lengths[0]:sum(lengths)],
+                       items[1]["verifier_last_hidden_states"])
+    expected_docs = [0] * lengths[0] + [1] * lengths[1] + [-1] * (64 - sum(lengths))
+    assert batch["document_ids"][0].tolist() == expected_docs
 
 
 def test_speculators_misses_a_row_order_mistake_that_hsx_verify_catches(speculators_data, server, tmp_path):
