@@ -7,6 +7,8 @@
 #   4. the device check's bundle (scripts/device-check.sh --prepare) and its run here, which must
 #      say "no GPU" and exit 0 on a machine without one
 #   5. the Python cross-checks against compressed-tensors and transformers (pytest)
+#   6. the trainers' own loaders on hsx output (scripts/trainers.sh: speculators, SpecForge,
+#      ModelOpt in their own pinned environment, ~/.cache/hsx/trainers)
 #
 # Environment: HSX_VENV, HSX_BUILD_DIR (see setup.sh), HSX_FUZZ_SECONDS.
 set -euo pipefail
@@ -70,3 +72,6 @@ echo "device check: prepare and run took $((SECONDS - start)) s"
 
 stage "Python tests: oracle (transformers, compressed-tensors), service, clients, deploy"
 HSX_BIN_DIR="$root/$build/bin" "$venv/bin/python" -m pytest tests/python -q
+
+stage "trainers: speculators, SpecForge and ModelOpt loaders on hsx output (docs/trainers.md)"
+HSX_BUILD_DIR="$build" scripts/trainers.sh

@@ -20,7 +20,6 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -36,6 +35,7 @@
 #include "server/service/auth.h"
 #include "server/service/credentials.h"
 #include "server/service/health.h"
+#include "server/service/health_service.h"
 #include "server/service/hidden_states_service.h"
 #include "server/service/log.h"
 #include "server/service/metrics.h"
@@ -118,15 +118,16 @@ absl::Status Serve() {
   StopRequests stop;
   SignalWatcher watcher([&](int signal, int count) { stop.OnSignal(signal, count, &service); });
 
-  grpc::EnableDefaultHealthCheckService(true);
+  // NOT_SERVING from here, before any port is open. gRPC's default health
+  // service stays off: it has no descriptor for reflection (see health_service.h).
   Health health;
-  std::unique_ptr<grpc::Server> health_server;
+  HealthService health_service(&health);
+  HealthOnlyServer health_only;
   if (!options.health_listen.empty()) {
     std::string bound;
-    absl::StatusOr<std::unique_ptr<grpc::Server>> started = StartHealthOnlyServer(options.health_listen, &bound);
+    absl::StatusOr<HealthOnlyServer> started = StartHealthOnlyServer(options.health_listen, &health, &bound);
     if (!started.ok()) return started.status();
-    health_server = *std::move(started);
-    health.Attach(health_server.get());
+    health_only = *std::move(started);
     LogInfo("health (grpc.health.v1 only, plaintext) on %s", bound);
   }
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -135,6 +136,7 @@ absl::Status Serve() {
   int port = 0;
   builder.AddListeningPort(options.listen, *credentials, &port);
   builder.RegisterService(&service);
+  builder.RegisterService(&health_service);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(std::max<int64_t>(4 << 20, options.max_chunk_bytes + (64 << 10))));
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second server on the port is an error
@@ -144,7 +146,6 @@ absl::Status Serve() {
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen ", options.listen, ": cannot listen (address in use?)"));
   }
-  health.Attach(server.get());
   LogInfo("listening on %s (%s; health NOT_SERVING until the model is loaded)", WithPort(options.listen, port),
           options.tls() ? (options.tls_client_ca.empty() ? "TLS" : "mTLS") : "plaintext");
   if (!options.tls() && options.auth_token_file.empty() && !IsLoopbackAddress(options.listen)) {
@@ -155,7 +156,7 @@ absl::Status Serve() {
 
   auto shutdown_now = [&] {
     server->Shutdown(std::chrono::system_clock::now());
-    if (health_server) health_server->Shutdown(std::chrono::system_clock::now());
+    if (health_only.server) health_only.server->Shutdown(std::chrono::system_clock::now());
   };
 
   // The model.
