@@ -192,6 +192,17 @@ absl::Status Checkpoint::LoadShards() {
     }
     tensors_[tensor] = TensorRef{info, shard};
   }
+  // And the converse: a shard may hold nothing the index does not map to it,
+  // or a tensor would be invisible to every check below.
+  for (const auto& [name, shard] : by_name) {
+    for (const TensorInfo& info : shard->header().tensors) {
+      auto it = placement.find(info.name);
+      if (it == placement.end() || it->second != name) {
+        return absl::InvalidArgumentError(absl::StrCat(shard->path(), ": holds tensor '", info.name, "', which ",
+                                                       source_, " does not map to this shard"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -104,17 +104,39 @@ TEST_F(ExtraTensors, DeclaredMtpLayersAreAllowed) {
   EXPECT_EQ((*checkpoint)->config().num_hidden_layers, 2);
 }
 
-TEST_F(ExtraTensors, AnUnknownTensorIsRefusedByName) {
-  const std::string shard = dir_ / "m/model.safetensors";
-  ASSERT_TRUE(std::filesystem::exists(shard));
-  ::hsx::testing::EditSafetensorsHeader(shard, [](json& header) {
-    header["model.layers.0.self_attn.unexpected_bias"] = {{"dtype", "BF16"}, {"shape", {0}},
-                                                          {"data_offsets", {0, 0}}};
+// Adds a zero-length tensor to the first shard (and, with `indexed`, to the index).
+void AddExtraTensor(const std::string& model, const std::string& name, bool indexed) {
+  const std::string index_path = model + "/model.safetensors.index.json";
+  std::string shard = model + "/model.safetensors";
+  json index;
+  if (std::filesystem::exists(index_path)) {
+    index = json::parse(ReadFile(index_path));
+    shard = model + "/" + index["weight_map"].begin().value().get<std::string>();
+  }
+  ::hsx::testing::EditSafetensorsHeader(shard, [&](json& header) {
+    header[name] = {{"dtype", "BF16"}, {"shape", {0}}, {"data_offsets", {0, 0}}};
   });
+  if (indexed && !index.is_null()) {
+    index["weight_map"][name] = std::filesystem::path(shard).filename().string();
+    WriteFile(index_path, index.dump());
+  }
+}
+
+TEST_F(ExtraTensors, AnUnknownTensorIsRefusedByName) {
+  AddExtraTensor(dir_ / "m", "model.layers.0.self_attn.unexpected_bias", /*indexed=*/true);
   absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir_ / "m");
   ASSERT_FALSE(checkpoint.ok());
   EXPECT_NE(checkpoint.status().message().find("unexpected tensor 'model.layers.0.self_attn.unexpected_bias'"),
             std::string::npos)
+      << checkpoint.status();
+}
+
+TEST_F(ExtraTensors, AShardTensorTheIndexDoesNotMapIsRefused) {
+  if (!std::filesystem::exists(dir_ / "m/model.safetensors.index.json")) GTEST_SKIP() << "single-file checkpoint";
+  AddExtraTensor(dir_ / "m", "model.layers.0.self_attn.hidden_extra", /*indexed=*/false);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir_ / "m");
+  ASSERT_FALSE(checkpoint.ok());
+  EXPECT_NE(checkpoint.status().message().find("'model.layers.0.self_attn.hidden_extra', which"), std::string::npos)
       << checkpoint.status();
 }
 
