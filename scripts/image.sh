@@ -114,9 +114,20 @@ fi
 
 # --- build -------------------------------------------------------------------------------------
 build_args=(--build-arg "BUILD_IMAGE=$base" --build-arg "RUNTIME_IMAGE=$base" --build-arg HSX_ENABLE_CUDA=OFF)
-bud() {  # bud DOCKERFILE TAG LOG: the image build, niced (the compile shares the machine)
+bud() {  # bud DOCKERFILE TAG LOG: the image build, niced (the compile shares the machine); each
+         # STEP line of the log is prefixed with the seconds since the build started
+  local t0 line
+  t0=$(date +%s)
   nice -n 5 "${sudo_cmd[@]}" env BUILDAH_ISOLATION=chroot buildah bud --isolation chroot --layers --pull=never \
-    --ignorefile deploy/Dockerfile.dockerignore -f "$1" "${build_args[@]}" -t "$2" . >"$3" 2>&1
+    --ignorefile deploy/Dockerfile.dockerignore -f "$1" "${build_args[@]}" -t "$2" . 2>&1 |
+    while IFS= read -r line; do
+      if [[ "$line" == *"STEP "[0-9]* || "$line" == "Using cache"* || "$line" == "COMMIT"* ]]; then
+        printf '%5ss %s\n' "$(($(date +%s) - t0))" "$line"
+      else
+        printf '%s\n' "$line"
+      fi
+    done >"$3"
+  return "${PIPESTATUS[0]}"
 }
 step "buildah bud deploy/Dockerfile -> $image"
 log="$cache/build.log"
@@ -124,7 +135,7 @@ if ! bud deploy/Dockerfile "$image" "$log"; then
   tail -n 40 "$log" >&2
   fail "the image build failed (whole log: $log)"
 fi
-grep -E '^STEP|Using cache|runtime packages for' "$log" | sed 's/^/  /' || true
+grep -E '^ *[0-9]+s |runtime packages for' "$log" | cut -c1-160 | sed 's/^/  /' || true
 
 # --- checks of the image ---------------------------------------------------------------------------
 step "image configuration and contents"

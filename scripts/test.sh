@@ -4,9 +4,13 @@
 #   1. unit tests (GoogleTest, via ctest); CUDA tests skip, saying why, without a GPU
 #   2. the same unit tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   3. the safetensors header fuzzer (libFuzzer) for HSX_FUZZ_SECONDS (default 60)
-#   4. the Python cross-checks against compressed-tensors and transformers (pytest)
+#   4. the container image (scripts/image.sh): deploy/Dockerfile built with buildah on a cached
+#      Debian base, the cpu-demo flow run inside it as uid 10001, broken Dockerfiles refused
+#   5. the Python cross-checks against compressed-tensors and transformers, the deploy checks
+#      (pytest; the image's binaries' flags included)
 #
-# Environment: HSX_VENV, HSX_BUILD_DIR (see setup.sh), HSX_FUZZ_SECONDS.
+# Environment: HSX_VENV, HSX_BUILD_DIR (see setup.sh), HSX_FUZZ_SECONDS, HSX_IMAGE_CACHE (see
+# image.sh), HSX_SKIP_IMAGE=1 (leave out stage 4; the image tests then skip, saying why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -52,6 +56,15 @@ trap 'rm -rf "$corpus"' EXIT
 cp tests/fuzz/seeds/* "$corpus/"
 "$fuzz_build/bin/safetensors_header_fuzzer" "$corpus" -max_total_time="$fuzz_seconds" \
   -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 2>&1 | tail -n 12
+
+if [[ "${HSX_SKIP_IMAGE:-0}" == 1 ]]; then
+  stage "container image: skipped (HSX_SKIP_IMAGE=1)"
+else
+  stage "container image: build (cached Debian base, layer cache) and the cpu-demo flow inside it"
+  scripts/image.sh
+  # The image is there now: its tests in test_deploy.py must run, not skip.
+  export HSX_IMAGE_TESTS=required
+fi
 
 stage "Python tests: oracle (transformers, compressed-tensors), service, clients, deploy"
 HSX_BIN_DIR="$root/$build/bin" "$venv/bin/python" -m pytest tests/python -q
