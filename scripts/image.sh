@@ -121,7 +121,7 @@ bud() {  # bud DOCKERFILE TAG LOG: the image build, niced (the compile shares th
   nice -n 5 "${sudo_cmd[@]}" env BUILDAH_ISOLATION=chroot buildah bud --isolation chroot --layers --pull=never \
     --ignorefile deploy/Dockerfile.dockerignore -f "$1" "${build_args[@]}" -t "$2" . 2>&1 |
     while IFS= read -r line; do
-      if [[ "$line" == *"STEP "[0-9]* || "$line" == "Using cache"* || "$line" == "COMMIT"* ]]; then
+      if [[ "$line" == *"STEP "[0-9]* || "$line" == *"Using cache"* || "$line" == *"COMMIT "* ]]; then
         printf '%5ss %s\n' "$(($(date +%s) - t0))" "$line"
       else
         printf '%s\n' "$line"
@@ -140,11 +140,11 @@ grep -E '^ *[0-9]+s |runtime packages for' "$log" | cut -c1-160 | sed 's/^/  /' 
 # --- checks of the image ---------------------------------------------------------------------------
 step "image configuration and contents"
 user=$(buildah inspect --type image --format '{{.OCIv1.Config.User}}' "$image")
-entry=$(buildah inspect --type image --format '{{json .OCIv1.Config.Entrypoint}}' "$image")
+entry=$(buildah inspect --type image --format '{{.OCIv1.Config.Entrypoint}}' "$image")
 size=$(buildah images --format '{{.Size}}' "$image" | head -n 1)
 echo "image $image: $size, user $user, entrypoint $entry"
 [[ "$user" == 10001:10001 ]] || fail "the image's user is '$user', not 10001:10001"
-[[ "$entry" == '["/usr/local/bin/hsx-server"]' ]] || fail "the image's entrypoint is $entry"
+[[ "$entry" == '[/usr/local/bin/hsx-server]' ]] || fail "the image's entrypoint is $entry"
 
 containers=()
 cleanup() {
