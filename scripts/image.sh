@@ -119,7 +119,7 @@ bud() {  # bud DOCKERFILE TAG LOG: the image build, niced (the compile shares th
   local t0 line
   t0=$(date +%s)
   nice -n 5 "${sudo_cmd[@]}" env BUILDAH_ISOLATION=chroot buildah bud --isolation chroot --layers --pull=never \
-    --ignorefile deploy/Dockerfile.dockerignore -f "$1" "${build_args[@]}" -t "$2" . 2>&1 |
+    --force-rm --ignorefile deploy/Dockerfile.dockerignore -f "$1" "${build_args[@]}" -t "$2" . 2>&1 |
     while IFS= read -r line; do
       if [[ "$line" == *"STEP "[0-9]* || "$line" == *"Using cache"* || "$line" == *"COMMIT "* ]]; then
         printf '%5ss %s\n' "$(($(date +%s) - t0))" "$line"
