@@ -88,19 +88,27 @@ security="${HSX_DEBIAN_SECURITY_MIRROR:-${mirror}-security}"
 base=localhost/hsx-base:bookworm
 rootfs="$cache/debian-bookworm-minbase.tar"
 mkdir -p "$cache"
-if ((refresh_base)); then
-  rm -f "$rootfs"
+if ((refresh_base)) || [[ -d "$rootfs" ]]; then  # (a directory: left by an earlier version)
+  rm -rf "$rootfs"
   buildah rmi -f "$base" >/dev/null 2>&1 || true
 fi
-if [[ ! -s "$rootfs" ]]; then
+if [[ ! -f "$rootfs" ]]; then
   echo "mmdebstrap --variant=minbase bookworm (from $mirror) -> $rootfs"
-  "${sudo_cmd[@]}" mmdebstrap --quiet --variant=minbase --mode=root bookworm "$rootfs.tmp" \
+  # Like Debian's -slim images: no manual pages, info, translations or docs (the copyright
+  # files stay); the dpkg options are kept in the base, so the image's own apt-get installs
+  # follow them too.
+  rm -rf "$cache/rootfs.tmp.tar"
+  "${sudo_cmd[@]}" mmdebstrap --quiet --variant=minbase --mode=root --format=tar \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    bookworm "$cache/rootfs.tmp.tar" \
     "deb $mirror bookworm main" "deb $mirror bookworm-updates main" "deb $security bookworm-security main" \
     </dev/null || fail "mmdebstrap could not make the base (mirror $mirror)"
-  mv "$rootfs.tmp" "$rootfs"
+  mv "$cache/rootfs.tmp.tar" "$rootfs"
   buildah rmi -f "$base" >/dev/null 2>&1 || true
 else
-  echo "cached: $rootfs ($(date -u -r "$rootfs" '+%F %H:%M UTC'))"
+  echo "cached: $rootfs ($(du -m "$rootfs" | cut -f1) MB, $(date -u -r "$rootfs" '+%F %H:%M UTC'))"
 fi
 if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
   echo "importing $rootfs as $base"
