@@ -2,10 +2,15 @@
 
 Docker and a cluster are not available to the tests, so they check what can be checked without
 them:
-- deploy/Dockerfile parsed: a CUDA devel build stage and the matching CUDA runtime stage, the
-  build as scripts/setup.sh's packages + cmake/ninja without tests, the five binaries copied, a
-  numeric non-root USER, no HEALTHCHECK, ENTRYPOINT hsx-server; the ignore file keeps build trees
-  out and the sources in;
+- deploy/Dockerfile parsed: base images as build arguments defaulting to a CUDA devel build
+  stage and the matching CUDA runtime stage, the build as scripts/setup.sh's packages +
+  cmake/ninja without tests, runtime packages derived from the binaries, the five binaries
+  copied, a numeric non-root USER, no HEALTHCHECK, ENTRYPOINT hsx-server; the ignore file keeps
+  build trees out and the sources in;
+- when the CPU image of scripts/image.sh is here (buildah storage; HSX_IMAGE_TESTS=required
+  makes its absence a failure instead of a skip): every flag below is accepted by the binaries
+  inside the image, the cpu-demo overlay deploys that image, its user/entrypoint/command are the
+  Dockerfile's, the derived runtime libraries are installed and no compiler or -dev package is;
 - every overlay (and the base) rendered with `kubectl kustomize` (kubectl from HSX_KUBECTL or
   PATH; Debian's kubernetes-client 1.20 and current kubectl both render these) and every
   document validated strictly against the Kubernetes 1.30 schemas (kubernetes-validate);
