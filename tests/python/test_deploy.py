@@ -570,6 +570,11 @@ def cpu_demo_image():
     return f"{entries[0]['newName']}:{entries[0]['newTag']}"
 
 
+# buildah as scripts/image.sh runs it: as root (sudo -n when the tests are not root), so that it
+# sees the same (rootful) storage.
+BUILDAH = ["buildah"] if os.geteuid() == 0 else ["sudo", "-n", "buildah"]
+
+
 class ImageBinaries:
     """The hsx binaries inside a built image, run in one working container of it with
     `buildah run --isolation chroot` (podman run does not work on these machines) as the image's
@@ -577,7 +582,7 @@ class ImageBinaries:
 
     def __init__(self, image):
         self.image = image
-        proc = subprocess.run(["buildah", "from", "--pull=never", image], capture_output=True, text=True,
+        proc = subprocess.run(BUILDAH + ["from", "--pull=never", image], capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 0, f"buildah from {image}:\n{proc.stderr}"
         self.container = proc.stdout.strip().splitlines()[-1]
@@ -586,7 +591,7 @@ class ImageBinaries:
         return f"image {self.image}"
 
     def run(self, *argv, timeout=120):
-        return subprocess.run(["buildah", "run", "--isolation", "chroot", "--user", "10001:10001", self.container,
+        return subprocess.run(BUILDAH + ["run", "--isolation", "chroot", "--user", "10001:10001", self.container,
                                "--", *argv], capture_output=True, text=True, timeout=timeout)
 
     def helpfull(self, name):
@@ -595,13 +600,13 @@ class ImageBinaries:
 
     def config(self):
         """The image's OCI configuration (User, Entrypoint, Cmd, ...)."""
-        proc = subprocess.run(["buildah", "inspect", "--type", "image", self.image], capture_output=True, text=True,
+        proc = subprocess.run(BUILDAH + ["inspect", "--type", "image", self.image], capture_output=True, text=True,
                               timeout=60)
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)["OCIv1"]["config"]
 
     def close(self):
-        subprocess.run(["buildah", "rm", self.container], capture_output=True, timeout=120)
+        subprocess.run(BUILDAH + ["rm", self.container], capture_output=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -618,7 +623,7 @@ def image_bins():
 
     if not shutil.which("buildah"):
         unavailable("buildah is not installed; scripts/image.sh installs it and builds the CPU image")
-    proc = subprocess.run(["buildah", "inspect", "--type", "image", image], capture_output=True, text=True,
+    proc = subprocess.run(BUILDAH + ["inspect", "--type", "image", image], capture_output=True, text=True,
                           timeout=60)
     if proc.returncode != 0:
         unavailable(f"no image {image} in buildah's storage; build it with scripts/image.sh "
