@@ -536,17 +536,23 @@ def all_invocations(rendered):
     return out
 
 
-def test_every_flag_is_accepted_by_its_binary(bin_dir, rendered):
+def check_every_flag_is_accepted(bin_dir, rendered, where_prefix=""):
+    """Every hsx command of all_invocations is accepted by the binaries of bin_dir (a directory
+    or an ImageBinaries); those of where_prefix ("" = anywhere) include the three main tools."""
     invocations = all_invocations(rendered)
-    used = {b for _, b, _ in invocations}
+    used = {b for where, b, _ in invocations if where.startswith(where_prefix)}
     for needed in ("hsx-server", "hsx-dump", "hsx-make-model"):
-        assert needed in used, f"no {needed} command found in the Dockerfile or the manifests"
+        assert needed in used, f"no {needed} command found in {where_prefix or 'the Dockerfile or the manifests'}"
     problems = []
     for where, binary, args in invocations:
         _, unknown = parse_flags(bin_dir, binary, args)
         if unknown:
-            problems.append(f"{where}: {binary} does not accept {', '.join(unknown)}")
+            problems.append(f"{where}: {binary} ({bin_dir}) does not accept {', '.join(unknown)}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_flag_is_accepted_by_its_binary(bin_dir, rendered):
+    check_every_flag_is_accepted(bin_dir, rendered)
 
 
 def test_defaults_assumed_here_are_the_binaries(bin_dir):
@@ -636,16 +642,7 @@ def image_bins():
 def test_image_accepts_every_flag(image_bins, rendered):
     """The flag-drift check of test_every_flag_is_accepted_by_its_binary, against the binaries
     inside the image rather than the local build."""
-    invocations = all_invocations(rendered)
-    cpu_demo = [b for where, b, _ in invocations if where.startswith("cpu-demo:")]
-    for needed in ("hsx-server", "hsx-dump", "hsx-make-model"):
-        assert needed in cpu_demo, f"no {needed} command found in the cpu-demo manifests"
-    problems = []
-    for where, binary, args in invocations:
-        _, unknown = parse_flags(image_bins, binary, args)
-        if unknown:
-            problems.append(f"{where}: {binary} in {image_bins} does not accept {', '.join(unknown)}")
-    assert not problems, "\n".join(problems)
+    check_every_flag_is_accepted(image_bins, rendered, where_prefix="cpu-demo:")
 
 
 def test_image_is_what_the_cpu_demo_overlay_deploys(image_bins, rendered):
