@@ -9,8 +9,8 @@
 #      and HSX_ENABLE_CUDA=OFF, tagged with the cpu-demo overlay's image (localhost/hsx-cpu:0.1.0,
 #      read from deploy/k8s/overlays/cpu-demo/kustomization.yaml); unchanged steps come from the
 #      layer cache;
-#   3. checks of the image: user 10001, entrypoint hsx-server, no compiler (gcc cc c++ g++
-#      clang nvcc), every binary's libraries resolve;
+#   3. checks of the image: user 10001, entrypoint hsx-server, no compiler or linker (gcc cc
+#      c++ g++ clang clang++ nvcc ld), every binary's libraries resolve;
 #   4. in a container of the image (buildah run --isolation chroot --user 10001:10001):
 #      hsx-make-model --preset tiny, hsx-server in the background, hsx-dump --server against it
 #      with the cpu-demo samples, hsx-verify --strict, SIGTERM (the server drains, exits 0);
@@ -36,7 +36,7 @@ for arg in "$@"; do
   case "$arg" in
     --refresh-base) refresh_base=1 ;;
     --skip-broken) check_broken=0 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "image.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
