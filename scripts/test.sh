@@ -6,11 +6,15 @@
 #   3. the safetensors header fuzzer (libFuzzer) for HSX_FUZZ_SECONDS (default 60)
 #   4. the device check's bundle (scripts/device-check.sh --prepare) and its run here, which must
 #      say "no GPU" and exit 0 on a machine without one
-#   5. the Python cross-checks against compressed-tensors and transformers (pytest)
-#   6. the trainers' own loaders on hsx output (scripts/trainers.sh: speculators, SpecForge,
+#   5. the container image (scripts/image.sh): deploy/Dockerfile built with buildah on a cached
+#      Debian base, the cpu-demo flow run inside it as uid 10001, broken Dockerfiles refused
+#   6. the Python cross-checks against compressed-tensors and transformers, the deploy checks
+#      (pytest; the image's binaries' flags included)
+#   7. the trainers' own loaders on hsx output (scripts/trainers.sh: speculators, SpecForge,
 #      ModelOpt in their own pinned environment, ~/.cache/hsx/trainers)
 #
-# Environment: HSX_VENV, HSX_BUILD_DIR (see setup.sh), HSX_FUZZ_SECONDS.
+# Environment: HSX_VENV, HSX_BUILD_DIR (see setup.sh), HSX_FUZZ_SECONDS, HSX_IMAGE_CACHE (see
+# image.sh), HSX_SKIP_IMAGE=1 (leave out stage 4; the image tests then skip, saying why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -69,6 +73,15 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
     { echo "device check: no 'no GPU: <reason>' line in its report on a machine without a GPU" >&2; exit 1; }
 fi
 echo "device check: prepare and run took $((SECONDS - start)) s"
+
+if [[ "${HSX_SKIP_IMAGE:-0}" == 1 ]]; then
+  stage "container image: skipped (HSX_SKIP_IMAGE=1)"
+else
+  stage "container image: build (cached Debian base, layer cache) and the cpu-demo flow inside it"
+  scripts/image.sh
+  # The image is there now: its tests in test_deploy.py must run, not skip.
+  export HSX_IMAGE_TESTS=required
+fi
 
 stage "Python tests: oracle (transformers, compressed-tensors), service, clients, deploy"
 HSX_BIN_DIR="$root/$build/bin" "$venv/bin/python" -m pytest tests/python -q

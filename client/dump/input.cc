@@ -148,13 +148,13 @@ absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path, 
     XXH64_update(state.get(), buffer.data(), static_cast<size_t>(n));
     absl::string_view chunk(buffer.data(), static_cast<size_t>(n));
     for (size_t newline; status.ok() && (newline = chunk.find('\n')) != absl::string_view::npos;) {
-      pending.append(chunk.substr(0, newline));
+      pending.append(chunk.data(), newline);
       chunk.remove_prefix(newline + 1);
       status = pending.size() > max_line ? too_long() : take_line(std::move(pending));
       pending.clear();
     }
     if (!status.ok()) break;
-    pending.append(chunk);
+    pending.append(chunk.data(), chunk.size());
     if (pending.size() > max_line) status = too_long();
   }
   ::close(fd);
