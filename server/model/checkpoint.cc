@@ -1,6 +1,7 @@
 // checkpoint.cc: shard resolution and whole-checkpoint validation.
 #include "server/model/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -289,8 +290,12 @@ absl::Status Checkpoint::Validate() const {
       expected.insert(spec.is_linear ? spec.name + ".weight" : spec.name);
     }
   }
+  std::vector<std::string> extra;
   for (const auto& [name, ref] : tensors_) {
-    if (expected.contains(name)) continue;
+    if (!expected.contains(name)) extra.push_back(name);
+  }
+  std::sort(extra.begin(), extra.end());  // the same error for the same checkpoint, every time
+  for (const std::string& name : extra) {
     if (absl::Status s = CheckExtraTensor(name); !s.ok()) return s;
   }
   return absl::OkStatus();
