@@ -129,3 +129,40 @@ def test_a_duplicate_key_is_refused(run, tiny, tmp_path):
     path.write_text('{"input_ids": [1, 2]}\n{"input_ids": [1, 2], "input_ids": [3]}\n')
     proc = run("hsx-dump", "--model", tiny, "--input", path, "--out", tmp_path / "out", expect_ok=False)
     assert f"{path}:2: key 'input_ids' appears twice" in proc.stderr, proc.stderr
+
+
+def test_temporaries_of_other_writers_are_left_alone_and_done_ones_cleaned(run, tiny, tmp_path):
+    """Staging names are random per run, never a PID that another host may reuse; a run removes
+    temporaries of samples the journal records as done (provably nobody's work) and nothing else."""
+    inputs = write_jsonl(tmp_path / "in.jsonl", rows(4))
+    out = tmp_path / "out"
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, "--shard", "0/2")  # samples 0 and 2
+    foreign = out / "hs_1.safetensors.partial.999999"  # a writer on another host, PID 999999
+    foreign.write_bytes(b"someone else's half-written file")
+    stale = out / "hs_0.safetensors.partial.1"  # left by a killed writer of a sample now done
+    stale.write_bytes(b"stale")
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)
+    assert foreign.read_bytes() == b"someone else's half-written file"
+    assert not stale.exists()
+    names = sorted(p.name for p in out.iterdir())
+    assert [n for n in names if ".partial." in n or ".tmp." in n] == [foreign.name], names
+
+
+def test_two_writers_that_are_both_pid_1_share_a_directory_safely(bin_dir, tiny, tmp_path):
+    """Two pods on one volume: both hsx-dump processes are PID 1 in their own PID namespaces."""
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create PID namespaces here: {probe.stderr.decode().strip()}")
+    inputs = write_jsonl(tmp_path / "in.jsonl", rows(24))
+    out = tmp_path / "out"
+    cmd = ["unshare", "--pid", "--fork", "--mount-proc", str(bin_dir / "hsx-dump"), "--model", str(tiny),
+           "--input", str(inputs), "--out", str(out), "--concurrency", "4", "--threads", "1"]
+    writers = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for w in writers:
+        stdout, stderr = w.communicate(timeout=300)
+        assert w.returncode == 0, stderr
+    verify = subprocess.run([str(bin_dir / "hsx-verify"), str(out), "--input", str(inputs), "--strict"],
+                            capture_output=True, text=True, timeout=300)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    indices = [json.loads(l)["index"] for l in (out / "manifest.jsonl").read_text().splitlines()]
+    assert sorted(indices) == list(range(24))
