@@ -483,11 +483,17 @@ absl::Status Run(const std::vector<char*>& args) {
   std::sort(strays.begin(), strays.end());
   for (const std::string& name : strays) {
     const bool temporary = absl::StrContains(name, ".tmp.") || absl::StrContains(name, ".partial.");
-    problems.push_back({(root / name).string(),
-                        temporary ? "a leftover temporary file of an interrupted write (not in the journal)"
-                                  : "not in the journal: incomplete (written but never declared done; "
-                                    "hsx-dump writes it again on the next run)",
-                        false});
+    int64_t index = -1;
+    const bool sample_file = absl::StartsWith(name, "hs_") && absl::EndsWith(name, ".safetensors") &&
+                             absl::SimpleAtoi(name.substr(3, name.size() - 3 - 12), &index);
+    const char* what =
+        temporary ? "a temporary of an interrupted (or still running) write, not in the journal; hsx-dump "
+                    "removes it once the journal records that sample as done"
+        : sample_file ? "a sample file the journal does not list: written but never declared done (a crash "
+                        "between rename and journal line); hsx-dump writes it again on the next run"
+                      : "not written by hsx-dump (not in the journal); --strict refuses any file the journal "
+                        "does not list";
+    problems.push_back({(root / name).string(), what, false});
   }
 
   int64_t errors = 0;

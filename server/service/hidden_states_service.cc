@@ -149,7 +149,11 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* HiddenStatesService::Extract(grpc
           metrics_->SampleDone(result.tokens, absl::ToDoubleSeconds(result.elapsed));
         } else {
           metrics_->Error(result.status.error_code());
-          LogFailure("Extract", sample_id, peer, result.tokens, result.status, result.messages_sent);
+          grpc::Status status = result.status;
+          if (status.error_code() == grpc::StatusCode::CANCELLED && drain_expired_.load()) {
+            status = {grpc::StatusCode::CANCELLED, "cancelled by the server: the drain timed out (--drain-timeout)"};
+          }
+          LogFailure("Extract", sample_id, peer, result.tokens, status, result.messages_sent);
         }
         inflight_.fetch_sub(1);
         metrics_->AddInflight(-1);

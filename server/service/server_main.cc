@@ -3,7 +3,7 @@
 // Start-up: flags -> options; config.json (for limits and ModelInfo); the
 // metrics endpoint; the gRPC port(s), health NOT_SERVING; then the checkpoint,
 // the engine and the self-check; then the one shared batcher, health SERVING
-// and "ready". Shutdown (SIGTERM/SIGINT, seen by a sigwait thread, never in a
+// and "ready". Shutdown (SIGTERM/SIGINT/SIGHUP, seen by a sigwait thread, never in a
 // signal handler): health NOT_SERVING, new Extract calls refused with
 // UNAVAILABLE "draining", in-flight samples finish within --drain-timeout (a
 // second signal cuts the wait short), then the rest are cancelled, the servers
@@ -206,8 +206,9 @@ absl::Status Serve() {
   if (service.WaitIdle(absl::Now() + options.drain_timeout)) {
     LogInfo("drained in %.2f s", SecondsSince(start));
   } else {
-    LogWarning("drain incomplete after %.2f s: cancelling %d in-flight Extract calls", SecondsSince(start),
-               service.inflight());
+    LogWarning("drain incomplete after %.2f s (--drain-timeout): cancelling %d in-flight Extract calls",
+               SecondsSince(start), service.inflight());
+    service.DrainExpired();
   }
   shutdown_now();
   server->Wait();
@@ -235,7 +236,7 @@ int main(int argc, char** argv) {
       "             [--precision bf16|fp32] [--tp N] [--metrics-listen 0.0.0.0:9090]\n"
       "             [--tls-cert CRT --tls-key KEY [--tls-client-ca CA]] [--auth-token-file FILE]\n\n"
       "Logs go to stderr; 'hsx-server: listening on HOST:PORT' names the port bound (also with port 0).\n"
-      "SIGTERM/SIGINT drain: health NOT_SERVING, in-flight samples finish (--drain-timeout), exit 0.");
+      "SIGTERM/SIGINT/SIGHUP drain: health NOT_SERVING, in-flight samples finish (--drain-timeout), exit 0.");
   absl::FlagsUsageConfig usage;
   // --help lists the flags of this binary (defined in service_options.cc).
   usage.contains_help_flags = [](absl::string_view file) { return absl::StrContains(file, "server/service/"); };

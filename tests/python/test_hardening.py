@@ -166,3 +166,36 @@ def test_two_writers_that_are_both_pid_1_share_a_directory_safely(bin_dir, tiny,
     assert verify.returncode == 0, verify.stdout + verify.stderr
     indices = [json.loads(l)["index"] for l in (out / "manifest.jsonl").read_text().splitlines()]
     assert sorted(indices) == list(range(24))
+
+
+def test_sighup_drains_and_says_so(bin_dir, tiny):
+    import signal as signals
+    srv = HsxServer(bin_dir, tiny, metrics=False).start()
+    srv.signal(signals.SIGHUP)
+    assert srv.proc.wait(60) == 0, srv.text()
+    assert "received Hangup: draining" in srv.text(), srv.text()
+
+
+def test_a_duplicate_journal_line_is_refused_on_resume(run, tiny, tmp_path):
+    inputs = write_jsonl(tmp_path / "in.jsonl", rows(3))
+    out = tmp_path / "out"
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, "--shard", "0/2")
+    journal = out / "manifest.jsonl"
+    first = journal.read_text().splitlines()[0]
+    with journal.open("a") as f:
+        f.write(first + "\n")
+    proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, expect_ok=False)
+    assert "manifest.jsonl:3: sample 0 is journaled twice (also at line 1)" in proc.stderr, proc.stderr
+
+
+def test_verify_names_what_a_stray_file_is(run, tiny, tmp_path):
+    inputs = write_jsonl(tmp_path / "in.jsonl", rows(2))
+    out = tmp_path / "out"
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)
+    (out / "README.txt").write_text("notes")
+    (out / "hs_7.safetensors.partial.0123456789abcdef").write_bytes(b"x")
+    proc = run("hsx-verify", out, "--strict", expect_ok=False)
+    assert "README.txt: error: not written by hsx-dump" in proc.stdout, proc.stdout
+    assert "partial.0123456789abcdef: error: a temporary of an interrupted (or still running) write" in proc.stdout
+    assert "hsx-dump writes it again" not in proc.stdout
+    assert run("hsx-verify", out).returncode == 0  # without --strict these are warnings
