@@ -17,6 +17,9 @@
 #   5. two deliberately broken copies of the Dockerfile (a COPY of a missing path before the
 #      compile, one after it) must fail to build (--skip-broken leaves this out).
 #
+# --base-only stops after step 1 (the network-bound part; scripts/test.sh runs it in the
+# background while the CPU-bound stages run).
+#
 # Prints the image size and the time of each step. Exits non-zero, saying what failed, on any
 # failure; removes the containers it created. Needs root (or sudo) for buildah and mmdebstrap.
 #
@@ -32,10 +35,12 @@ root=$(pwd)
 
 refresh_base=0
 check_broken=1
+base_only=0
 for arg in "$@"; do
   case "$arg" in
     --refresh-base) refresh_base=1 ;;
     --skip-broken) check_broken=0 ;;
+    --base-only) base_only=1 ;;  # tools and the cached base only (test.sh starts this early, in the background)
     -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "image.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
@@ -118,6 +123,10 @@ if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
   buildah rm "$ctr" >/dev/null
 else
   echo "present: $base"
+fi
+if ((base_only)); then
+  echo "image.sh: base ready ($(($(date +%s) - t_start)) s)"
+  exit 0
 fi
 
 # --- build -------------------------------------------------------------------------------------

@@ -28,6 +28,27 @@ stage() { printf '\n== %s\n' "$*"; }
 stage "setup and build"
 scripts/setup.sh --python
 
+# The network-bound preparations of two later stages (the trainers' environment, the image's
+# Debian base) run in the background while the CPU-bound stages run; each stage waits for its own.
+prep_logs="$build/ci-prep"
+mkdir -p "$prep_logs"
+scripts/trainers.sh --install-only >"$prep_logs/trainers.log" 2>&1 &
+trainers_prep=$!
+if [[ "${HSX_SKIP_IMAGE:-0}" != 1 ]]; then
+  scripts/image.sh --base-only >"$prep_logs/image.log" 2>&1 &
+  image_prep=$!
+fi
+# Waits for a background preparation; prints its log; fails the run if it failed.
+await() {
+  local pid=$1 log=$2
+  if ! wait "$pid"; then
+    cat "$log"
+    echo "test.sh: the background preparation logged above failed" >&2
+    exit 1
+  fi
+  cat "$log"
+}
+
 if [[ -f "$build/kernels/cuda/libhsx_kernels_cuda.a" ]]; then
   stage "CUDA kernels: nvcc targets"
   ninja -C "$build" -t commands hsx_kernels_cuda | grep -o -- '-gencode=[^ ]*' | sort -u
@@ -78,6 +99,7 @@ if [[ "${HSX_SKIP_IMAGE:-0}" == 1 ]]; then
   stage "container image: skipped (HSX_SKIP_IMAGE=1)"
 else
   stage "container image: build (cached Debian base, layer cache) and the cpu-demo flow inside it"
+  await "$image_prep" "$prep_logs/image.log"
   scripts/image.sh
   # The image is there now: its tests in test_deploy.py must run, not skip.
   export HSX_IMAGE_TESTS=required
@@ -87,4 +109,5 @@ stage "Python tests: oracle (transformers, compressed-tensors), service, clients
 HSX_BIN_DIR="$root/$build/bin" "$venv/bin/python" -m pytest tests/python -q
 
 stage "trainers: speculators, SpecForge and ModelOpt loaders on hsx output (docs/trainers.md)"
+await "$trainers_prep" "$prep_logs/trainers.log"
 HSX_BUILD_DIR="$build" scripts/trainers.sh

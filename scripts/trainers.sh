@@ -6,8 +6,13 @@
 # tests/python/requirements.txt) into their own virtual environment, reused while the
 # requirements are unchanged; installs the hsx client into it; runs the tests.
 #
+# --install-only prepares the environment and stops (the network-bound part; scripts/test.sh
+# runs it in the background while the CPU-bound stages run).
+#
 # Environment: HSX_TRAINERS_VENV (default ~/.cache/hsx/trainers), HSX_BUILD_DIR (default build).
 set -euo pipefail
+install_only=0
+[[ "${1:-}" == --install-only ]] && install_only=1
 cd "$(dirname "$0")/.."
 venv="${HSX_TRAINERS_VENV:-$HOME/.cache/hsx/trainers}"
 build="${HSX_BUILD_DIR:-build}"
@@ -31,5 +36,6 @@ fi
 # The hsx client, rebuilt each time (its stubs come from proto/); its own dependencies only.
 "$venv/bin/pip" install -q ./client/python
 echo "trainers: environment ready in $(($(date +%s) - start)) s"
+((install_only)) && exit 0
 HSX_BIN_DIR="$(pwd)/$build/bin" "$venv/bin/python" -m pytest tests/trainers -q -p no:cacheprovider
 echo "trainers: stage took $(($(date +%s) - start)) s"
