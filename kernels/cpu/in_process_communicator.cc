@@ -1,9 +1,10 @@
-// in_process_communicator.cc: post, reduce a row slice each, copy back.
+// in_process_communicator.cc: post, reduce a slice each (collective_plan.h), copy back.
 #include "kernels/cpu/in_process_communicator.h"
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/collective_plan.h"
 
 namespace hsx {
 
@@ -49,24 +50,24 @@ absl::Status InProcessCommunicator::AllReduceSum(const Matrix& data) {
     return absl::InvalidArgumentError(
         absl::StrCat("AllReduceSum: partials must be f32, got ", ElementTypeName(data.type)));
   }
+  if (data.ld != data.cols && data.rows > 1) {
+    return absl::InvalidArgumentError("AllReduceSum: the matrix must be contiguous (ld == cols)");
+  }
+  const int64_t elements = data.rows * data.cols;
   g.posted_[rank_] = data;
-  if (rank_ == 0) g.result_.resize(static_cast<size_t>(data.rows * data.cols));
+  if (rank_ == 0) g.result_.resize(static_cast<size_t>(elements));
   if (absl::Status s = g.ArriveAndWait(); !s.ok()) return s;
-  // Rank r reduces rows [r * rows / n, (r + 1) * rows / n) in rank order.
-  const int64_t begin = data.rows * rank_ / n;
-  const int64_t end = data.rows * (rank_ + 1) / n;
-  for (int64_t row = begin; row < end; ++row) {
-    float* out = g.result_.data() + row * data.cols;
-    std::memcpy(out, g.posted_[0].at(row, 0), sizeof(float) * data.cols);
-    for (int r = 1; r < n; ++r) {
-      const float* in = static_cast<const float*>(g.posted_[r].at(row, 0));
-      for (int64_t c = 0; c < data.cols; ++c) out[c] += in[c];
-    }
+  // Reduce-scatter: this rank sums its slice of everyone's partials in rank order.
+  const SliceRange slice = ReduceSlice(elements, n, rank_);
+  float* out = g.result_.data() + slice.begin;
+  std::memcpy(out, static_cast<const float*>(g.posted_[0].data) + slice.begin, sizeof(float) * slice.size());
+  for (int r = 1; r < n; ++r) {
+    const float* in = static_cast<const float*>(g.posted_[r].data) + slice.begin;
+    for (int64_t i = 0; i < slice.size(); ++i) out[i] += in[i];
   }
   if (absl::Status s = g.ArriveAndWait(); !s.ok()) return s;
-  for (int64_t row = 0; row < data.rows; ++row) {
-    std::memcpy(data.at(row, 0), g.result_.data() + row * data.cols, sizeof(float) * data.cols);
-  }
+  // All-gather.
+  std::memcpy(data.data, g.result_.data(), sizeof(float) * elements);
   // Nobody reuses result_ or its matrix before all have copied.
   return g.ArriveAndWait();
 }

@@ -1,10 +1,10 @@
 // in_process_communicator.h: collectives between the rank threads of one
 // process, on host memory (the CPU backend's stand-in for NCCL).
 //
-// AllReduceSum posts every rank's matrix, lets rank r sum a slice of rows in
-// rank order (((r0 + r1) + r2) + ...), and copies the result back to every
-// rank: exact float32 arithmetic, identical on all ranks, independent of the
-// matrix's size. The CPU backend runs its ops synchronously, so a collective
+// AllReduceSum follows the plan of kernels/collective_plan.h: every rank
+// posts its matrix, rank r sums its slice of everyone's in rank order
+// (((r0 + r1) + r2) + ...), and every rank copies the result back: exact
+// float32 arithmetic, identical on all ranks, independent of the matrix's size. The CPU backend runs its ops synchronously, so a collective
 // called after an op is already ordered after it.
 //
 // Abort() wakes every rank waiting in a collective (and fails later ones) with
