@@ -3,6 +3,7 @@
 // Finish) runs after the lock is released.
 #include "server/service/extract_reactor.h"
 
+#include <grpcpp/server_context.h>
 #include <grpcpp/support/config.h>
 
 #include "absl/status/status.h"
@@ -87,6 +88,8 @@ void ExtractReactor::OnWriteDone(bool ok) {
     message_bytes_ = 0;
     if (finish_called_) {
       // Nothing to do: Finish is never called with a write outstanding.
+    } else if (stalled_for_ > absl::ZeroDuration()) {
+      action = FinishLocked(StalledStatus());
     } else if (!ok || cancelled_) {
       action = FinishLocked({grpc::StatusCode::CANCELLED, "the stream was cancelled or broke during a write"});
     } else {
@@ -94,6 +97,31 @@ void ExtractReactor::OnWriteDone(bool ok) {
     }
   }
   Perform(action);
+}
+
+void ExtractReactor::SetContext(grpc::CallbackServerContext* context) {
+  std::lock_guard<std::recursive_mutex> lock(context_mutex_);
+  context_ = context;
+}
+
+bool ExtractReactor::CancelIfStalled(absl::Time now, absl::Duration limit) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!write_in_flight_ || finish_called_ || stalled_for_ > absl::ZeroDuration() || now - write_started_ <= limit) {
+      return false;
+    }
+    stalled_for_ = now - write_started_;
+  }
+  std::lock_guard<std::recursive_mutex> lock(context_mutex_);
+  if (context_ == nullptr) return false;  // already done
+  context_->TryCancel();  // the pending write then fails, and OnWriteDone finishes with StalledStatus()
+  return true;
+}
+
+grpc::Status ExtractReactor::StalledStatus() const {
+  return {grpc::StatusCode::CANCELLED,
+          absl::StrCat("cancelled by the server: the client took no data for ", absl::FormatDuration(stalled_for_),
+                       " (--stream-stall-timeout)")};
 }
 
 bool ExtractReactor::Abandoned() {
@@ -108,13 +136,17 @@ void ExtractReactor::OnCancel() {
     cancelled_ = true;
     // With a write outstanding, its OnWriteDone finishes the stream.
     if (!finish_called_ && !write_in_flight_) {
-      action = FinishLocked({grpc::StatusCode::CANCELLED, "cancelled by the client (or its deadline passed)"});
+      action = FinishLocked(stalled_for_ > absl::ZeroDuration()
+                                ? StalledStatus()
+                                : grpc::Status(grpc::StatusCode::CANCELLED,
+                                               "cancelled by the client (or its deadline passed)"));
     }
   }
   Perform(action);
 }
 
 void ExtractReactor::OnDone() {
+  SetContext(nullptr);
   StreamResult result;
   std::shared_ptr<ExtractReactor> self;
   {
@@ -135,6 +167,7 @@ ExtractReactor::Action ExtractReactor::NextWriteLocked() {
   if (!more.ok()) return FinishLocked(ToGrpcStatus(more.status()));
   if (!*more) return FinishLocked(grpc::Status::OK);
   write_in_flight_ = true;
+  write_started_ = absl::Now();
   message_bytes_ = static_cast<int64_t>(message_.ByteSizeLong());
   metrics_->AddBuffered(static_cast<double>(message_bytes_));
   return {Action::kWrite, grpc::Status::OK};

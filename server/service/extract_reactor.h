@@ -62,6 +62,13 @@ class ExtractReactor : public grpc::ServerWriteReactor<v1::ExtractResponse>,
   // True once the client cancelled or the stream finished: the batcher then
   // drops the sample instead of computing it. Any thread.
   bool Abandoned();
+  // Cancels the call when a write has waited longer than `limit` for the
+  // client to take it (a client that keeps its connection open but never
+  // reads would otherwise hold its slot and memory forever). True if it did.
+  // `context` is the call's; any thread.
+  bool CancelIfStalled(absl::Time now, absl::Duration limit);
+  // The call's context, for CancelIfStalled; valid until OnDone.
+  void SetContext(grpc::CallbackServerContext* context);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -79,6 +86,7 @@ class ExtractReactor : public grpc::ServerWriteReactor<v1::ExtractResponse>,
   absl::Status CheckStates(const SampleStates& states) const;
   Action NextWriteLocked();
   Action FinishLocked(grpc::Status status);
+  grpc::Status StalledStatus() const;
   void Perform(const Action& action);
 
   const EncoderOptions encoder_options_;
@@ -96,6 +104,12 @@ class ExtractReactor : public grpc::ServerWriteReactor<v1::ExtractResponse>,
   int64_t message_bytes_ = 0;
   int64_t messages_sent_ = 0;
   bool write_in_flight_ = false;
+  absl::Time write_started_;               // of the write in flight
+  absl::Duration stalled_for_;             // set when CancelIfStalled cancelled the call
+  // Guards context_ only, so that OnDone (which clears it) never races a
+  // TryCancel; recursive because gRPC may run callbacks inline.
+  std::recursive_mutex context_mutex_;
+  grpc::CallbackServerContext* context_ = nullptr;
   bool cancelled_ = false;
   bool finish_called_ = false;
   grpc::Status final_status_;

@@ -47,7 +47,8 @@ void LogFailure(const char* method, const std::string& sample_id, const std::str
 
 HiddenStatesService::HiddenStatesService(const ServiceOptions& options, v1::ModelInfo info, Metrics* metrics,
                                          const TokenAuth* auth)
-    : options_(options), info_(std::move(info)), limits_(LimitsOf(options_, info_)), metrics_(metrics), auth_(auth) {}
+    : options_(options), info_(std::move(info)), limits_(LimitsOf(options_, info_)), metrics_(metrics), auth_(auth),
+      watchdog_(options_.stream_stall_timeout) {}
 
 void HiddenStatesService::SetBatcher(Batcher* batcher) { batcher_.store(batcher); }
 
@@ -159,6 +160,9 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* HiddenStatesService::Extract(grpc
         metrics_->AddInflight(-1);
         Notify();
       });
+
+  reactor->SetContext(context);
+  watchdog_.Watch(reactor);
 
   WorkItem item;
   item.tokens = std::move(tokens);

@@ -28,6 +28,7 @@
 #include "server/service/metrics.h"
 #include "server/service/request_validator.h"
 #include "server/service/service_options.h"
+#include "server/service/stall_watchdog.h"
 
 namespace hsx {
 
@@ -77,6 +78,7 @@ class HiddenStatesService final : public v1::HiddenStates::CallbackService {
   std::mutex idle_mutex_;
   std::condition_variable idle_;
   bool interrupted_ = false;
+  StallWatchdog watchdog_;  // last: its thread stops before the rest goes
 };
 
 }  // namespace hsx

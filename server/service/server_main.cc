@@ -141,6 +141,10 @@ absl::Status Serve() {
   builder.SetMaxSendMessageSize(static_cast<int>(std::max<int64_t>(4 << 20, options.max_chunk_bytes + (64 << 10))));
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second server on the port is an error
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Ping idle connections every minute and drop those that do not answer in 20 s: a client
+  // that vanished (no FIN: a powered-off node, a partition) frees its streams.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

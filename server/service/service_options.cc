@@ -58,6 +58,9 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token: hsx.v1.HiddenStates calls must carry metadata "
           "'authorization: Bearer <token>'. Health and reflection stay open.");
+ABSL_FLAG(absl::Duration, stream_stall_timeout, absl::Minutes(5),
+          "Cancel an Extract stream whose client has taken no data for this long (it keeps its "
+          "connection open but never reads), freeing its slot and memory; 0 never cancels.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT: how long in-flight samples may take to finish before they are "
           "cancelled.");
@@ -193,6 +196,11 @@ absl::StatusOr<ServiceOptions> OptionsFromFlags() {
   }
   o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  o.stream_stall_timeout = absl::GetFlag(FLAGS_stream_stall_timeout);
+  if (o.stream_stall_timeout < absl::ZeroDuration() ||
+      (o.stream_stall_timeout > absl::ZeroDuration() && o.stream_stall_timeout < absl::Seconds(1))) {
+    return absl::InvalidArgumentError("--stream-stall-timeout must be 0 (never) or at least 1s");
+  }
   if (o.drain_timeout < absl::ZeroDuration()) return absl::InvalidArgumentError("--drain-timeout must not be negative");
   return o;
 }
@@ -238,7 +246,8 @@ std::string DescribeOptions(const ServiceOptions& o, const ModelConfig& config) 
       ", max concurrent requests ", o.max_concurrent_requests, ", chunk ", Bytes(o.max_chunk_bytes),
       ", buffered/stream ", Bytes(o.max_buffered_bytes_per_stream), ", max request ", o.max_request_bytes,
       " B; tls ", o.tls() ? (o.tls_client_ca.empty() ? "on" : "on (mTLS)") : "off", ", auth token ",
-      o.auth_token_file.empty() ? "off" : "on", ", drain timeout ", absl::FormatDuration(o.drain_timeout));
+      o.auth_token_file.empty() ? "off" : "on", ", drain timeout ", absl::FormatDuration(o.drain_timeout),
+      ", stream stall timeout ", absl::FormatDuration(o.stream_stall_timeout));
 }
 
 }  // namespace hsx

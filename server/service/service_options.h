@@ -56,6 +56,7 @@ struct ServiceOptions {
   std::string tls_client_ca;  // set: clients must present a certificate signed by it (mTLS)
   std::string auth_token_file;
   absl::Duration drain_timeout = absl::Seconds(30);
+  absl::Duration stream_stall_timeout = absl::Minutes(5);  // 0: never cancel a stalled stream
 
   // Filled by ResolveModelLimits: the capture set of a request with no capture_ids.
   CaptureSpec default_capture;

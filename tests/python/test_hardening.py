@@ -199,3 +199,27 @@ def test_verify_names_what_a_stray_file_is(run, tiny, tmp_path):
     assert "partial.0123456789abcdef: error: a temporary of an interrupted (or still running) write" in proc.stdout
     assert "hsx-dump writes it again" not in proc.stdout
     assert run("hsx-verify", out).returncode == 0  # without --strict these are warnings
+
+
+def test_a_client_that_never_reads_is_cut_off(bin_dir, tiny, hsx_pb):
+    """It keeps its connection open but never opens its flow-control window: after
+    --stream-stall-timeout the stream is cancelled and its slot freed (one slot here), and the
+    log says why."""
+    import time
+    pb, pb_grpc = hsx_pb
+    stalling = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1 << 20)]
+    request = pb.ExtractRequest(sample_id="stalled", token_ids=[i % 2000 for i in range(2048)],
+                                capture_ids=list(range(9)), final_norm=True, dtype=pb.DTYPE_FP32)  # 10 MiB
+    with HsxServer(bin_dir, tiny, "--stream-stall-timeout", "2s", "--max-concurrent-requests", 1,
+                   "--max-chunk-bytes", "256KiB", "--max-buffered-bytes-per-stream", "1MiB", metrics=False) as srv:
+        with grpc.insecure_channel(srv.address, options=stalling) as channel:
+            stub = pb_grpc.HiddenStatesStub(channel)
+            stalled = stub.Extract(request, timeout=120)  # never read
+            deadline = time.time() + 30
+            while "took no data for" not in srv.text() and time.time() < deadline:
+                time.sleep(0.2)
+            assert "sample_id='stalled'" in srv.text() and "(--stream-stall-timeout)" in srv.text(), srv.text()
+            # The slot is free again: the next request (read to the end) is served.
+            small = pb.ExtractRequest(sample_id="next", token_ids=[1, 2, 3])
+            assert len(list(stub.Extract(small, timeout=60))) >= 2
+            stalled.cancel()
