@@ -90,18 +90,17 @@ std::string CheckpointName(const std::string& dir) {
   return name.empty() ? dir : name;
 }
 
-absl::StatusOr<std::string> CheckpointRevision(const std::string& dir) {
-  constexpr uint64_t kSample = 64 << 10;
-  std::string material;
+// The config and index text, and the sorted shard file names.
+absl::StatusOr<std::vector<std::string>> RevisionPreamble(const std::string& dir, std::string* material) {
   absl::StatusOr<std::string> config = ReadText((fs::path(dir) / "config.json").string());
   if (!config.ok()) return config.status();
-  material += *config;
+  *material += *config;
   std::vector<std::string> shards;
   const fs::path index_path = fs::path(dir) / kIndexFile;
   if (fs::exists(index_path)) {
     absl::StatusOr<std::string> index = ReadText(index_path.string());
     if (!index.ok()) return index.status();
-    material += *index;
+    *material += *index;
     absl::StatusOr<std::map<std::string, std::string>> map = ReadIndex(index_path.string());
     if (!map.ok()) return map.status();
     for (const auto& [tensor, file] : *map) shards.push_back(file);
@@ -110,11 +109,41 @@ absl::StatusOr<std::string> CheckpointRevision(const std::string& dir) {
   } else {
     shards.push_back(kSingleFile);
   }
-  for (const std::string& shard : shards) {
+  return shards;
+}
+
+absl::StatusOr<std::string> FullCheckpointDigest(const std::string& dir) {
+  std::string material;
+  absl::StatusOr<std::vector<std::string>> shards = RevisionPreamble(dir, &material);
+  if (!shards.ok()) return shards.status();
+  std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(), &XXH64_freeState);
+  XXH64_reset(state.get(), 0);
+  XXH64_update(state.get(), material.data(), material.size());
+  std::vector<char> buffer(8 << 20);
+  for (const std::string& shard : *shards) {
+    const std::string path = (fs::path(dir) / shard).string();
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+    XXH64_update(state.get(), shard.data(), shard.size() + 1);  // the name (and its NUL) separates shards
+    while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
+      XXH64_update(state.get(), buffer.data(), static_cast<size_t>(in.gcount()));
+    }
+    if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  }
+  return absl::StrFormat("%016x", XXH64_digest(state.get()));
+}
+
+absl::StatusOr<std::string> CheckpointRevision(const std::string& dir) {
+  constexpr uint64_t kSample = 64 << 10;
+  std::string material;
+  absl::StatusOr<std::vector<std::string>> shards = RevisionPreamble(dir, &material);
+  if (!shards.ok()) return shards.status();
+  for (const std::string& shard : *shards) {
     const std::string path = (fs::path(dir) / shard).string();
     std::error_code error;
     const uint64_t size = fs::file_size(path, error);
     if (error) return absl::NotFoundError(absl::StrCat(path, ": ", error.message()));
+    absl::StrAppend(&material, shard, ":", size, "\n");  // a truncated or grown shard changes the revision
     std::ifstream in(path, std::ios::binary);
     if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
     // The header (bounded) and the data's two ends.

@@ -45,11 +45,17 @@ struct Int4Weight {
 std::string CheckpointName(const std::string& dir);
 
 // A revision id for a checkpoint directory: XXH64 (16 hex digits) of
-// config.json, the index, and each shard's header plus the first and last
-// 64 KiB of its data. Two checkpoints with the same config but other weights
-// (another seed, another fine-tune) differ in it; reading it costs
-// ~128 KiB per shard, not the model. Not a cryptographic digest.
+// config.json, the index, each shard's name and size, and each shard's header
+// plus the first and last 64 KiB of its data. Two checkpoints with the same
+// config but other weights (another seed, another fine-tune) differ in it;
+// reading it costs ~128 KiB per shard, not the model. It does not see a byte
+// changed in the middle of a shard: FullCheckpointDigest does. Not a
+// cryptographic digest.
 absl::StatusOr<std::string> CheckpointRevision(const std::string& dir);
+
+// XXH64 of config.json, the index and every byte of every shard (in name
+// order): what `hsx-inspect --full-digest` prints. Reads the whole model.
+absl::StatusOr<std::string> FullCheckpointDigest(const std::string& dir);
 
 class Checkpoint {
  public:

@@ -25,6 +25,10 @@ ABSL_FLAG(std::string, dequant, "", "Write this one weight (a Linear's module na
           "name) as float32 to --out; INT4 weights are dequantized exactly as compressed-tensors "
           "does.");
 ABSL_FLAG(std::string, out, "", "Output .safetensors file for --dequant.");
+ABSL_FLAG(bool, full_digest, false,
+          "Print the XXH64 of config.json, the index and every byte of every shard (reads the whole "
+          "model), the digest to record beside data made from it; model_revision, which hsx-server and "
+          "hsx-dump record, samples each shard's ends and size only.");
 
 namespace {
 
@@ -197,6 +201,12 @@ absl::Status Run() {
   if (!checkpoint.ok()) return checkpoint.status();
   if (!absl::GetFlag(FLAGS_dequant).empty()) {
     return Dequant(**checkpoint, absl::GetFlag(FLAGS_dequant), absl::GetFlag(FLAGS_out));
+  }
+  if (absl::GetFlag(FLAGS_full_digest)) {
+    absl::StatusOr<std::string> digest = hsx::FullCheckpointDigest(model);
+    if (!digest.ok()) return digest.status();
+    std::printf("%s  %s (xxh64 of config.json, the index and every shard byte)\n", digest->c_str(), model.c_str());
+    return absl::OkStatus();
   }
   const int tp = absl::GetFlag(FLAGS_tp);
   if (absl::Status s = hsx::CheckTensorParallelDegree((*checkpoint)->config(), tp); !s.ok()) return s;

@@ -223,3 +223,20 @@ def test_a_client_that_never_reads_is_cut_off(bin_dir, tiny, hsx_pb):
             small = pb.ExtractRequest(sample_id="next", token_ids=[1, 2, 3])
             assert len(list(stub.Extract(small, timeout=60))) >= 2
             stalled.cancel()
+
+
+def test_revisions_see_a_truncated_shard_and_the_full_digest_a_flipped_byte(run, make_model):
+    model = make_model("k2", seed=5, fresh=True)
+    revision = lambda: json.loads(run("hsx-inspect", "--model", model, "--json").stdout)["revision"]
+    digest = lambda: run("hsx-inspect", "--model", model, "--full-digest").stdout.split()[0]
+    shard = sorted(model.glob("*.safetensors"))[0]
+    before = (revision(), digest())
+    data = bytearray(shard.read_bytes())
+    middle = len(data) // 2
+    data[middle] ^= 0x01  # one bit in the middle of the data: invisible to the sampled revision
+    shard.write_bytes(bytes(data))
+    assert revision() == before[0]
+    assert digest() != before[1]
+    data[middle] ^= 0x01
+    shard.write_bytes(bytes(data) + b"\0" * 64)  # grown: the sampled revision sees the size
+    assert revision() != before[0]
