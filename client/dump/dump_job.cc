@@ -68,6 +68,28 @@ void RemoveStaleTemporaries(const std::string& dir, const std::set<int64_t>& don
   }
 }
 
+// A journaled sample's file must still be there with the size the journal
+// recorded (a stat: cheap). Otherwise the journal would skip the sample
+// forever while its data is gone; refuse, and say how to repair.
+absl::Status CheckJournaledFile(const std::string& dir, const std::string& journal_path,
+                                const JournalScan::Line& line) {
+  const std::string path = (std::filesystem::path(dir) / line.entry.file).string();
+  std::error_code error;
+  const uintmax_t size = std::filesystem::file_size(path, error);
+  std::string problem;
+  if (error) {
+    problem = absl::StrCat("is missing (", error.message(), ")");
+  } else if (static_cast<int64_t>(size) != line.entry.bytes) {
+    problem = absl::StrCat("has ", size, " bytes, the journal says ", line.entry.bytes);
+  } else {
+    return absl::OkStatus();
+  }
+  return absl::DataLossError(absl::StrCat(
+      path, " ", problem, ", but ", journal_path, ":", line.number, " records sample ", line.entry.index,
+      " as done. To redo it: delete that line from the journal (and the file, if any), then run hsx-dump "
+      "again; hsx-verify DIR lists every such sample."));
+}
+
 }  // namespace
 
 absl::StatusOr<ShardSpec> ParseShard(const std::string& text) {
@@ -227,6 +249,9 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
   }
   for (const JournalScan::Line& line : journal.initial().lines) {
     if (absl::Status s = CheckJournalEntry(line.entry, line.number, samples, options); !s.ok()) return s;
+    if (!options.discard && options.shard.Contains(line.entry.index)) {
+      if (absl::Status s = CheckJournaledFile(options.out_dir, journal.path(), line); !s.ok()) return s;
+    }
   }
   std::vector<const InputSample*> todo;
   std::set<int64_t> done;

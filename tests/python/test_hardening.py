@@ -185,7 +185,8 @@ def test_a_duplicate_journal_line_is_refused_on_resume(run, tiny, tmp_path):
     with journal.open("a") as f:
         f.write(first + "\n")
     proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, expect_ok=False)
-    assert "manifest.jsonl:3: sample 0 is journaled twice (also at line 1)" in proc.stderr, proc.stderr
+    index = json.loads(first)["index"]
+    assert f"manifest.jsonl:3: sample {index} is journaled twice (also at line 1)" in proc.stderr, proc.stderr
 
 
 def test_verify_names_what_a_stray_file_is(run, tiny, tmp_path):
@@ -240,3 +241,26 @@ def test_revisions_see_a_truncated_shard_and_the_full_digest_a_flipped_byte(run,
     data[middle] ^= 0x01
     shard.write_bytes(bytes(data) + b"\0" * 64)  # grown: the sampled revision sees the size
     assert revision() != before[0]
+
+
+@pytest.mark.parametrize("damage", ["deleted", "emptied", "truncated"])
+def test_resume_notices_a_journaled_file_that_is_gone_or_changed_size(run, tiny, tmp_path, damage):
+    inputs = write_jsonl(tmp_path / "in.jsonl", rows(3))
+    out = tmp_path / "out"
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)
+    victim = out / "hs_1.safetensors"
+    if damage == "deleted":
+        victim.unlink()
+    else:
+        data = victim.read_bytes()
+        victim.write_bytes(b"" if damage == "emptied" else data[: len(data) // 2])
+    proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, expect_ok=False)
+    journal = (out / "manifest.jsonl").read_text().splitlines()
+    line = 1 + next(n for n, l in enumerate(journal) if json.loads(l)["index"] == 1)  # completion order
+    assert f"manifest.jsonl:{line} records sample 1 as done. To redo it: delete that line" in proc.stderr, proc.stderr
+    # The documented repair works: drop the line and the file, run again.
+    lines = (out / "manifest.jsonl").read_text().splitlines(keepends=True)
+    (out / "manifest.jsonl").write_text("".join(l for l in lines if json.loads(l)["index"] != 1))
+    victim.unlink(missing_ok=True)
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)
+    assert run("hsx-verify", out, "--input", inputs, "--strict").returncode == 0
