@@ -37,6 +37,7 @@
 #include "server/service/health.h"
 #include "server/service/health_service.h"
 #include "server/service/hidden_states_service.h"
+#include "server/service/listen_probe.h"
 #include "server/service/log.h"
 #include "server/service/metrics.h"
 #include "server/service/model_info.h"
@@ -132,6 +133,8 @@ absl::Status Serve() {
   }
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
+  // gRPC only says that listening failed; find out why first.
+  if (absl::Status s = ProbeListenAddress("listen", options.listen); !s.ok()) return s;
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, *credentials, &port);
@@ -148,7 +151,11 @@ absl::Status Serve() {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("--listen ", options.listen, ": cannot listen (address in use?)"));
+    return absl::UnavailableError(absl::StrCat(
+        "--listen ", options.listen, ": gRPC could not start serving on it", options.tls()
+            ? " (the address binds: check that --tls-cert and --tls-key belong together and parse; gRPC's own "
+              "log lines above say more)"
+            : " (the address binds; gRPC's own log lines above say more)"));
   }
   LogInfo("listening on %s (%s; health NOT_SERVING until the model is loaded)", WithPort(options.listen, port),
           options.tls() ? (options.tls_client_ca.empty() ? "TLS" : "mTLS") : "plaintext");

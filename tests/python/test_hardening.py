@@ -264,3 +264,18 @@ def test_resume_notices_a_journaled_file_that_is_gone_or_changed_size(run, tiny,
     victim.unlink(missing_ok=True)
     run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)
     assert run("hsx-verify", out, "--input", inputs, "--strict").returncode == 0
+
+
+def test_listen_failures_name_their_cause(run, tiny):
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = f"127.0.0.1:{taken.getsockname()[1]}"
+    for address, cause in [("nonexistent.invalid:5000", "cannot resolve host 'nonexistent.invalid'"),
+                           ("192.0.2.1:5000", "the host is not an address of this machine"),
+                           (busy, "the port is in use")]:
+        proc = run("hsx-server", "--model", tiny, "--listen", address, expect_ok=False, timeout=60)
+        assert f"--listen {address}: {cause}" in proc.stderr or cause in proc.stderr, proc.stderr
+        assert "address in use?" not in proc.stderr
+    taken.close()
