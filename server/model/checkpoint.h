@@ -11,6 +11,7 @@
 #define HSX_SERVER_MODEL_CHECKPOINT_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -50,6 +51,12 @@ std::string CheckpointName(const std::string& dir);
 // (another seed, another fine-tune) differ in it; reading it costs
 // ~128 KiB per shard, not the model. Not a cryptographic digest.
 absl::StatusOr<std::string> CheckpointRevision(const std::string& dir);
+
+// Parses the text of model.safetensors.index.json into tensor -> shard file
+// name, rejecting names that would leave the checkpoint directory. `path`
+// names the file in errors.
+absl::StatusOr<std::map<std::string, std::string>> ParseCheckpointIndex(const std::string& text,
+                                                                     const std::string& path);
 
 class Checkpoint {
  public:

@@ -25,6 +25,8 @@ ABSL_FLAG(std::string, dequant, "", "Write this one weight (a Linear's module na
           "name) as float32 to --out; INT4 weights are dequantized exactly as compressed-tensors "
           "does.");
 ABSL_FLAG(std::string, out, "", "Output .safetensors file for --dequant.");
+ABSL_FLAG(std::string, config, "", "Only parse this config.json (no weights needed) and print, as JSON, "
+          "every architecture field as hsx read it (defaults filled in).");
 
 namespace {
 
@@ -171,7 +173,57 @@ absl::Status Dequant(const hsx::Checkpoint& checkpoint, std::string name, const 
   return writer.Write(out);
 }
 
+// The parsed config, flat (K2.5's text_config fields at the top): what the
+// Python tests compare with transformers' DeepseekV3Config.
+json ConfigReport(const hsx::ModelConfig& c) {
+  const hsx::RopeScaling& r = c.rope_scaling;
+  return json{{"layout", c.layout == hsx::CheckpointLayout::kFlat ? "flat" : "nested_k25"},
+              {"model_type", c.model_type},
+              {"vocab_size", c.vocab_size},
+              {"hidden_size", c.hidden_size},
+              {"num_hidden_layers", c.num_hidden_layers},
+              {"intermediate_size", c.intermediate_size},
+              {"moe_intermediate_size", c.moe_intermediate_size},
+              {"n_routed_experts", c.n_routed_experts},
+              {"n_shared_experts", c.n_shared_experts},
+              {"num_experts_per_tok", c.num_experts_per_tok},
+              {"first_k_dense_replace", c.first_k_dense_replace},
+              {"moe_layer_freq", c.moe_layer_freq},
+              {"num_attention_heads", c.num_attention_heads},
+              {"num_key_value_heads", c.num_key_value_heads},
+              {"q_lora_rank", c.q_lora_rank},
+              {"kv_lora_rank", c.kv_lora_rank},
+              {"qk_nope_head_dim", c.qk_nope_head_dim},
+              {"qk_rope_head_dim", c.qk_rope_head_dim},
+              {"v_head_dim", c.v_head_dim},
+              {"n_group", c.n_group},
+              {"topk_group", c.topk_group},
+              {"max_position_embeddings", c.max_position_embeddings},
+              {"rms_norm_eps", c.rms_norm_eps},
+              {"rope_theta", c.rope_theta},
+              {"routed_scaling_factor", c.routed_scaling_factor},
+              {"norm_topk_prob", c.norm_topk_prob},
+              {"tie_word_embeddings", c.tie_word_embeddings},
+              {"scoring_func", c.scoring_func},
+              {"topk_method", c.topk_method},
+              {"hidden_act", c.hidden_act},
+              {"rope_scaling", {{"type", r.type},
+                                {"factor", r.factor},
+                                {"original_max_position_embeddings", r.original_max_position_embeddings},
+                                {"beta_fast", r.beta_fast},
+                                {"beta_slow", r.beta_slow},
+                                {"mscale", r.mscale},
+                                {"mscale_all_dim", r.mscale_all_dim}}},
+              {"quantization_group_size", c.quantization ? json(c.quantization->group_size) : json(nullptr)}};
+}
+
 absl::Status Run() {
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    absl::StatusOr<hsx::ModelConfig> config = hsx::ReadModelConfig(path);
+    if (!config.ok()) return config.status();
+    std::printf("%s\n", ConfigReport(*config).dump(2).c_str());
+    return absl::OkStatus();
+  }
   const std::string model = absl::GetFlag(FLAGS_model);
   if (model.empty()) return absl::InvalidArgumentError("--model is required");
   absl::StatusOr<std::unique_ptr<hsx::Checkpoint>> checkpoint = hsx::Checkpoint::Open(model);
@@ -197,7 +249,8 @@ int main(int argc, char** argv) {
       "Describes a checkpoint: architecture, parameter and byte counts (INT4 and BF16), and what\n"
       "each tensor-parallel rank would hold. Every tensor is validated on the way.\n\n"
       "  hsx-inspect --model DIR [--tp 8] [--json]\n"
-      "  hsx-inspect --model DIR --dequant model.layers.1.mlp.experts.0.up_proj --out w.safetensors");
+      "  hsx-inspect --model DIR --dequant model.layers.1.mlp.experts.0.up_proj --out w.safetensors\n"
+      "  hsx-inspect --config config.json   (the architecture as hsx reads it, as JSON)");
   hsx::AcceptDashedFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return hsx::ExitWithStatus("hsx-inspect", Run());
