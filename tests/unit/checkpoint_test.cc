@@ -251,8 +251,8 @@ class CheckpointBothLayouts : public ::testing::TestWithParam<CheckpointLayout> 
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CheckpointBothLayouts,
                          ::testing::Values(CheckpointLayout::kFlat, CheckpointLayout::kNestedK25),
-                         [](const auto& info) {
-                           return info.param == CheckpointLayout::kFlat ? std::string("FlatK2")
+                         [](const auto& layout) {
+                           return layout.param == CheckpointLayout::kFlat ? std::string("FlatK2")
                                                                          : std::string("NestedK25");
                          });
 
