@@ -103,7 +103,8 @@ for entry in "${fuzz_floors[@]}"; do
   mkdir -p "$fuzz_work/$target"
   cp tests/fuzz/seeds/"$target"/* "$fuzz_work/$target/"
   "$fuzz_build/bin/$target" "$fuzz_work/$target" -max_total_time="$per_target" -max_len="$max_len" \
-    -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 >"$fuzz_work/$target.log" 2>&1 || {
+    -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$fuzz_work/$target-" \
+    >"$fuzz_work/$target.log" 2>&1 || {
     tail -n 40 "$fuzz_work/$target.log"; echo "$target failed" >&2; exit 1; }
   # libFuzzer's last status line ("#N DONE cov: C ft: F corp: ...") gives the
   # edges reached; below the floor the fuzzer no longer sees inside the parser.

@@ -235,9 +235,9 @@ class Attempt : public grpc::ClientReadReactor<v1::ExtractResponse> {
                             absl::StrCat(where, ": ", StatusCodeName(status.error_code()), ": ",
                                          status.error_message()));
     } else if (!assembler_.complete()) {
-      result = absl::DataLossError(absl::StrCat(
-          where, ": the stream ended without a trailer (", assembler_.tensors_complete(), " of ", assembler_.tensors_total(),
-          " tensors complete)"));
+      result = absl::DataLossError(absl::StrCat(where, ": the stream ended without a trailer (",
+                                                assembler_.tensors_complete(), " of ",
+                                                assembler_.tensors_total(), " tensors complete)"));
       code = grpc::StatusCode::DATA_LOSS;
     } else {
       result = assembler_.Take();

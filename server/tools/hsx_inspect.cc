@@ -173,48 +173,14 @@ absl::Status Dequant(const hsx::Checkpoint& checkpoint, std::string name, const 
   return writer.Write(out);
 }
 
-// The parsed config, flat (K2.5's text_config fields at the top): what the
-// Python tests compare with transformers' DeepseekV3Config.
-json ConfigReport(const hsx::ModelConfig& c) {
-  const hsx::RopeScaling& r = c.rope_scaling;
-  return json{{"layout", c.layout == hsx::CheckpointLayout::kFlat ? "flat" : "nested_k25"},
-              {"model_type", c.model_type},
-              {"vocab_size", c.vocab_size},
-              {"hidden_size", c.hidden_size},
-              {"num_hidden_layers", c.num_hidden_layers},
-              {"intermediate_size", c.intermediate_size},
-              {"moe_intermediate_size", c.moe_intermediate_size},
-              {"n_routed_experts", c.n_routed_experts},
-              {"n_shared_experts", c.n_shared_experts},
-              {"num_experts_per_tok", c.num_experts_per_tok},
-              {"first_k_dense_replace", c.first_k_dense_replace},
-              {"moe_layer_freq", c.moe_layer_freq},
-              {"num_attention_heads", c.num_attention_heads},
-              {"num_key_value_heads", c.num_key_value_heads},
-              {"q_lora_rank", c.q_lora_rank},
-              {"kv_lora_rank", c.kv_lora_rank},
-              {"qk_nope_head_dim", c.qk_nope_head_dim},
-              {"qk_rope_head_dim", c.qk_rope_head_dim},
-              {"v_head_dim", c.v_head_dim},
-              {"n_group", c.n_group},
-              {"topk_group", c.topk_group},
-              {"max_position_embeddings", c.max_position_embeddings},
-              {"rms_norm_eps", c.rms_norm_eps},
-              {"rope_theta", c.rope_theta},
-              {"routed_scaling_factor", c.routed_scaling_factor},
-              {"norm_topk_prob", c.norm_topk_prob},
-              {"tie_word_embeddings", c.tie_word_embeddings},
-              {"scoring_func", c.scoring_func},
-              {"topk_method", c.topk_method},
-              {"hidden_act", c.hidden_act},
-              {"rope_scaling", {{"type", r.type},
-                                {"factor", r.factor},
-                                {"original_max_position_embeddings", r.original_max_position_embeddings},
-                                {"beta_fast", r.beta_fast},
-                                {"beta_slow", r.beta_slow},
-                                {"mscale", r.mscale},
-                                {"mscale_all_dim", r.mscale_all_dim}}},
-              {"quantization_group_size", c.quantization ? json(c.quantization->group_size) : json(nullptr)}};
+// The parsed config as hsx would write it (defaults filled in), flat: K2.5's
+// text_config fields at the top, plus "layout". What the Python tests compare
+// with transformers' DeepseekV3Config.
+nlohmann::json ConfigReport(const hsx::ModelConfig& c) {
+  nlohmann::json written = hsx::ModelConfigToJson(c);
+  nlohmann::json flat = written.contains("text_config") ? written["text_config"] : written;
+  flat["layout"] = c.layout == hsx::CheckpointLayout::kFlat ? "flat" : "nested_k25";
+  return flat;
 }
 
 absl::Status Run() {
