@@ -6,9 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <type_traits>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
@@ -59,10 +63,34 @@ class FileLock {
   int fd_;
 };
 
+// A JSON integer that fits T. (nlohmann's get<T> converts any number: 1.5
+// becomes 1, and 1e47 is undefined behaviour. Found by journal_fuzzer.)
+template <typename T>
+bool IsIntegerOf(const json& value) {
+  if (!value.is_number_integer()) return false;
+  if (value.is_number_unsigned()) return value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  const int64_t v = value.get<int64_t>();
+  return v >= std::numeric_limits<T>::min() && v <= std::numeric_limits<T>::max();
+}
+
+template <typename T>
+bool HasType(const json& value) {
+  if constexpr (std::is_same_v<T, int64_t>) {
+    return IsIntegerOf<int64_t>(value);
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    return value.is_array() && std::all_of(value.begin(), value.end(), IsIntegerOf<int>);
+  } else {
+    return true;  // strings and bools: get<T> throws on any other type
+  }
+}
+
 template <typename T>
 absl::Status Get(const json& object, const char* key, T* out) {
   auto it = object.find(key);
   if (it == object.end()) return absl::InvalidArgumentError(absl::StrCat("missing \"", key, "\""));
+  if (!HasType<T>(*it)) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" has the wrong type: ", it->dump()));
+  }
   try {
     *out = it->template get<T>();
   } catch (const json::exception&) {

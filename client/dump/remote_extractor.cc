@@ -18,11 +18,10 @@
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
-#include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
+#include "client/dump/stream_assembler.h"
 #include "hsx/v1/hsx.grpc.pb.h"
 
 namespace hsx {
@@ -36,21 +35,6 @@ constexpr double kModelInfoDeadlineSeconds = 10.0;
 bool Retryable(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
          code == grpc::StatusCode::RESOURCE_EXHAUSTED;
-}
-
-v1::DType ToProto(OutputDType dtype) {
-  switch (dtype) {
-    case OutputDType::kBf16: return v1::DTYPE_BF16;
-    case OutputDType::kFp16: return v1::DTYPE_FP16;
-    case OutputDType::kFp32: return v1::DTYPE_FP32;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
-
-std::string IdsText(const std::vector<int>& ids) { return absl::StrCat("[", absl::StrJoin(ids, ","), "]"); }
-
-std::string TensorName(int capture_id) {
-  return capture_id < 0 ? std::string("the final-norm state") : absl::StrCat("capture id ", capture_id);
 }
 
 // Runs callbacks at given times on one thread (retry backoffs must not sleep
@@ -200,8 +184,7 @@ class RemoteExtractor::Impl {
 class Attempt : public grpc::ClientReadReactor<v1::ExtractResponse> {
  public:
   Attempt(RemoteExtractor::Impl* impl, std::shared_ptr<SampleCall> call, size_t server)
-      : impl_(impl), call_(std::move(call)), server_(server), hash_(XXH64_createState()) {}
-  ~Attempt() override { XXH64_freeState(hash_); }
+      : impl_(impl), call_(std::move(call)), server_(server), assembler_(Expectation(*impl_, *call_)) {}
 
   void Start() {
     const auto deadline = std::chrono::system_clock::now() +
@@ -216,10 +199,25 @@ class Attempt : public grpc::ClientReadReactor<v1::ExtractResponse> {
 
   void Cancel() { context_.TryCancel(); }
 
+  // What this attempt's stream must match.
+  static StreamExpectation Expectation(const RemoteExtractor::Impl& impl, const SampleCall& call) {
+    StreamExpectation e;
+    e.sample_id = call.request.sample_id();
+    e.num_tokens = call.request.token_ids_size();
+    e.token_ids_xxh64 = call.token_hash;
+    e.capture_ids = call.spec.capture.ids;
+    e.final_norm = call.spec.capture.final_norm;
+    e.dtype = call.spec.dtype;
+    e.hidden_size = impl.expected_hidden();
+    e.num_layers = impl.expected_layers();
+    e.model_name = impl.expected_model();
+    return e;
+  }
+
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended: OnDone follows
     if (error_.ok()) {
-      error_ = Consume(response_);
+      error_ = assembler_.Consume(response_);
       if (!error_.ok()) context_.TryCancel();
     }
     StartRead(&response_);  // after a cancel this completes with ok = false
@@ -236,13 +234,13 @@ class Attempt : public grpc::ClientReadReactor<v1::ExtractResponse> {
       result = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                             absl::StrCat(where, ": ", StatusCodeName(status.error_code()), ": ",
                                          status.error_message()));
-    } else if (!trailer_) {
-      result = absl::DataLossError(absl::StrCat(
-          where, ": the stream ended without a trailer (", current_, " of ", tensors_.size(),
-          " tensors complete)"));
+    } else if (!assembler_.complete()) {
+      result = absl::DataLossError(absl::StrCat(where, ": the stream ended without a trailer (",
+                                                assembler_.tensors_complete(), " of ",
+                                                assembler_.tensors_total(), " tensors complete)"));
       code = grpc::StatusCode::DATA_LOSS;
     } else {
-      result = std::move(sample_);
+      result = assembler_.Take();
     }
     RemoteExtractor::Impl* impl = impl_;
     std::shared_ptr<SampleCall> call = std::move(call_);
@@ -251,173 +249,13 @@ class Attempt : public grpc::ClientReadReactor<v1::ExtractResponse> {
   }
 
  private:
-  absl::Status Consume(const v1::ExtractResponse& response) {
-    if (trailer_) return absl::DataLossError("a message after the trailer");
-    switch (response.part_case()) {
-      case v1::ExtractResponse::kHeader: return OnHeader(response.header());
-      case v1::ExtractResponse::kChunk: return OnChunk(response.chunk());
-      case v1::ExtractResponse::kTrailer: return OnTrailer(response.trailer());
-      case v1::ExtractResponse::kSummary: return absl::DataLossError("a summary, which was not requested");
-      default: return absl::DataLossError("an empty response message");
-    }
-  }
-
-  absl::Status OnHeader(const v1::Header& h) {
-    if (header_) return absl::DataLossError("a second header");
-    const v1::ExtractRequest& request = call_->request;
-    const int64_t tokens = request.token_ids_size();
-    const std::vector<int> ids(h.capture_ids().begin(), h.capture_ids().end());
-    if (h.sample_id() != request.sample_id()) {
-      return absl::DataLossError(absl::StrCat("the header is for sample_id '", h.sample_id(), "', requested '",
-                                              request.sample_id(), "'"));
-    }
-    if (h.num_tokens() != tokens) {
-      return absl::DataLossError(absl::StrCat("the header has ", h.num_tokens(), " tokens, the request ", tokens));
-    }
-    if (h.token_ids_xxh64() != call_->token_hash) {
-      return absl::DataLossError(absl::StrFormat(
-          "the header's token-id hash %016x differs from the request's %016x (states of other tokens)",
-          h.token_ids_xxh64(), call_->token_hash));
-    }
-    if (ids != call_->spec.capture.ids) {
-      return absl::DataLossError(absl::StrCat("the header has capture ids ", IdsText(ids), ", requested ",
-                                              IdsText(call_->spec.capture.ids)));
-    }
-    if (h.final_norm() != call_->spec.capture.final_norm) {
-      return absl::DataLossError(absl::StrCat("the header has final_norm ", h.final_norm() ? "true" : "false",
-                                              ", requested the opposite"));
-    }
-    if (h.dtype() != ToProto(call_->spec.dtype)) {
-      return absl::DataLossError(absl::StrCat("the header has dtype ", v1::DType_Name(h.dtype()), ", requested ",
-                                              v1::DType_Name(ToProto(call_->spec.dtype))));
-    }
-    const int64_t expected_hidden = impl_->expected_hidden();
-    if (h.hidden_size() < 1 || h.hidden_size() > (1 << 20) ||
-        (expected_hidden > 0 && h.hidden_size() != expected_hidden)) {
-      return absl::DataLossError(absl::StrCat("the header has hidden size ", h.hidden_size(),
-                                              expected_hidden > 0 ? absl::StrCat(", the model ", expected_hidden) : ""));
-    }
-    if (impl_->expected_layers() > 0 && h.num_layers() != 0 && h.num_layers() != impl_->expected_layers()) {
-      return absl::DataLossError(absl::StrCat("the header has ", h.num_layers(), " layers, the model ",
-                                              impl_->expected_layers()));
-    }
-    if (!impl_->expected_model().empty() && !h.model_name().empty() && h.model_name() != impl_->expected_model()) {
-      return absl::DataLossError(absl::StrCat("the header is from model '", h.model_name(), "', expected '",
-                                              impl_->expected_model(), "'"));
-    }
-    header_ = true;
-    sample_.capture_ids = ids;
-    sample_.tokens = tokens;
-    sample_.hidden = h.hidden_size();
-    sample_.dtype = call_->spec.dtype;
-    sample_.has_final_norm = h.final_norm();
-    row_bytes_ = sample_.hidden * OutputDTypeSize(sample_.dtype);
-    sample_.hidden_states.resize(static_cast<size_t>(tokens * static_cast<int64_t>(ids.size()) * row_bytes_));
-    if (sample_.has_final_norm) sample_.final_norm.resize(static_cast<size_t>(tokens * row_bytes_));
-    tensors_ = ids;
-    if (sample_.has_final_norm) tensors_.push_back(-1);
-    XXH64_reset(hash_, 0);
-    return absl::OkStatus();
-  }
-
-  absl::Status OnChunk(const v1::Chunk& c) {
-    if (!header_) return absl::DataLossError("a chunk before the header");
-    if (current_ >= tensors_.size()) {
-      return absl::DataLossError(absl::StrCat("a chunk of ", TensorName(c.capture_id()),
-                                              " after every tensor was complete"));
-    }
-    const int want = tensors_[current_];
-    const int64_t tokens = sample_.tokens;
-    if (c.capture_id() != want) {
-      return absl::DataLossError(absl::StrCat(
-          "a chunk of ", TensorName(c.capture_id()), " while ", TensorName(want), " has ", rows_, " of ", tokens,
-          " rows (expected layer after layer: capture ids ascending, then the final norm)"));
-    }
-    if (c.first_row() != rows_) {
-      return absl::DataLossError(absl::StrCat("chunk rows [", c.first_row(), ", ", c.first_row() + c.num_rows(),
-                                              ") of ", TensorName(want), ": expected first row ", rows_,
-                                              c.first_row() > rows_ ? " (a gap)" : " (an overlap)"));
-    }
-    if (c.num_rows() < 1 || c.num_rows() > tokens - rows_) {
-      return absl::DataLossError(absl::StrCat("chunk rows [", c.first_row(), ", ", c.first_row() + c.num_rows(),
-                                              ") of ", TensorName(want), " are outside [0, ", tokens, ")"));
-    }
-    const std::string& data = c.data();
-    if (static_cast<int64_t>(data.size()) != c.num_rows() * row_bytes_) {
-      return absl::DataLossError(absl::StrCat("a chunk of ", c.num_rows(), " rows of ", TensorName(want), " holds ",
-                                              data.size(), " bytes, expected ", c.num_rows() * row_bytes_,
-                                              " (whole rows of ", sample_.hidden, " values)"));
-    }
-    if (want < 0) {
-      std::memcpy(sample_.final_norm.data() + rows_ * row_bytes_, data.data(), data.size());
-    } else {
-      const int64_t layers = static_cast<int64_t>(sample_.capture_ids.size());
-      const int64_t layer = static_cast<int64_t>(current_);
-      for (int64_t r = 0; r < c.num_rows(); ++r) {
-        std::memcpy(sample_.hidden_states.data() + ((rows_ + r) * layers + layer) * row_bytes_,
-                    data.data() + r * row_bytes_, static_cast<size_t>(row_bytes_));
-      }
-    }
-    XXH64_update(hash_, data.data(), data.size());
-    rows_ += c.num_rows();
-    if (rows_ == tokens) {
-      digests_.push_back(XXH64_digest(hash_));
-      XXH64_reset(hash_, 0);
-      ++current_;
-      rows_ = 0;
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status OnTrailer(const v1::Trailer& t) {
-    if (!header_) return absl::DataLossError("a trailer before the header");
-    if (current_ < tensors_.size()) {
-      return absl::DataLossError(absl::StrCat("the trailer came while ", TensorName(tensors_[current_]), " had ",
-                                              rows_, " of ", sample_.tokens, " rows"));
-    }
-    if (t.token_ids_xxh64() != call_->token_hash) {
-      return absl::DataLossError(absl::StrFormat("the trailer's token-id hash %016x differs from the request's %016x",
-                                                 t.token_ids_xxh64(), call_->token_hash));
-    }
-    std::vector<int> seen(tensors_.size(), 0);
-    for (const v1::TensorChecksum& checksum : t.checksums()) {
-      const auto it = std::find(tensors_.begin(), tensors_.end(), checksum.capture_id());
-      if (it == tensors_.end()) {
-        return absl::DataLossError(absl::StrCat("the trailer has a checksum for ", TensorName(checksum.capture_id()),
-                                                ", which was not sent"));
-      }
-      const size_t i = static_cast<size_t>(it - tensors_.begin());
-      if (seen[i]++) {
-        return absl::DataLossError(absl::StrCat("the trailer has two checksums for ", TensorName(tensors_[i])));
-      }
-      if (checksum.xxh64() != digests_[i]) {
-        return absl::DataLossError(absl::StrFormat(
-            "%s: the received bytes hash to %016x, the trailer says %016x (corrupted in transit or assembled wrongly)",
-            TensorName(tensors_[i]), digests_[i], checksum.xxh64()));
-      }
-    }
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      if (!seen[i]) return absl::DataLossError(absl::StrCat("the trailer has no checksum for ", TensorName(tensors_[i])));
-    }
-    trailer_ = true;
-    return absl::OkStatus();
-  }
-
   RemoteExtractor::Impl* impl_;
   std::shared_ptr<SampleCall> call_;
   size_t server_;
   grpc::ClientContext context_;
   v1::ExtractResponse response_;
   absl::Status error_;
-  bool header_ = false;
-  bool trailer_ = false;
-  EncodedSample sample_;
-  int64_t row_bytes_ = 0;
-  std::vector<int> tensors_;  // capture ids in order, then -1 for the final norm
-  size_t current_ = 0;        // the tensor being received
-  int64_t rows_ = 0;          // rows of it received
-  XXH64_state_t* hash_;
-  std::vector<uint64_t> digests_;
+  StreamAssembler assembler_;
 };
 
 absl::Status RemoteExtractor::Impl::Connect() {
@@ -550,7 +388,7 @@ void RemoteExtractor::Impl::Extract(const InputSample& sample, const ExtractSpec
   call->request.set_sample_id(std::to_string(sample.index));
   call->request.mutable_token_ids()->Add(sample.input_ids.begin(), sample.input_ids.end());
   call->request.mutable_capture_ids()->Add(spec.capture.ids.begin(), spec.capture.ids.end());
-  call->request.set_dtype(ToProto(spec.dtype));
+  call->request.set_dtype(OutputDTypeToProto(spec.dtype));
   call->request.set_final_norm(spec.capture.final_norm);
   call->token_hash = TokenIdsHash(sample.input_ids);
   {

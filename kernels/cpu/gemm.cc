@@ -1,10 +1,13 @@
-// gemm.cc: panel packing and the 4x16 FMA micro-kernel (AVX2 where the CPU has
-// it, a scalar std::fma kernel with the identical arithmetic otherwise).
+// gemm.cc: panel packing and the FMA micro-kernels (AVX-512 8x16 and 8x32, AVX2
+// 4x16, and a scalar std::fma kernel with the identical arithmetic).
 #include "kernels/cpu/gemm.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -172,22 +175,41 @@ struct KernelChoice {
   int64_t rows;
 };
 
-KernelChoice SelectMicroKernel() {
+bool CpuSupports(GemmKernel kernel) {
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f")) return {MicroKernelAvx512, MicroKernelAvx512Pair, 8};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {MicroKernelAvx2, nullptr, 4};
+  switch (kernel) {
+    case GemmKernel::kAvx512: return __builtin_cpu_supports("avx512f");
+    case GemmKernel::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case GemmKernel::kScalar: return true;
+  }
+  return false;
+#else
+  return kernel == GemmKernel::kScalar;
+#endif
+}
+
+KernelChoice ChoiceFor(GemmKernel kernel) {
+#if defined(__x86_64__)
+  if (kernel == GemmKernel::kAvx512) return {MicroKernelAvx512, MicroKernelAvx512Pair, 8};
+  if (kernel == GemmKernel::kAvx2) return {MicroKernelAvx2, nullptr, 4};
 #endif
   return {MicroKernelScalar, nullptr, 4};
 }
 
-const KernelChoice kKernel = SelectMicroKernel();
+// Read once, on first use (not at static initialization, so that a bad value
+// is reported by a process that runs a GEMM, not by every process linking it).
+const KernelChoice& Kernel() {
+  static const KernelChoice choice = ChoiceFor(ActiveGemmKernel());
+  return choice;
+}
 
 // Sweeps all rows of A against `panels` packed panels starting at column n0.
 void SweepRows(const float* a, int64_t lda, int64_t m, const float* panels, int64_t panel_count,
                int64_t n0, int64_t n, int64_t k_size, float* c, int64_t ldc, bool round_bf16) {
   std::vector<float> zero_row(k_size, 0.0f);
   float acc[kMaxRows][kPanel];
-  const int64_t block = kKernel.rows;
+  const KernelChoice& kernel = Kernel();
+  const int64_t block = kernel.rows;
   for (int64_t m0 = 0; m0 < m; m0 += block) {
     const float* rows[kMaxRows];
     for (int64_t r = 0; r < block; ++r) {
@@ -202,22 +224,69 @@ void SweepRows(const float* a, int64_t lda, int64_t m, const float* panels, int6
       }
     };
     int64_t p = 0;
-    if (kKernel.pair != nullptr) {
+    if (kernel.pair != nullptr) {
       float acc1[kMaxRows][kPanel];
       for (; p + 2 <= panel_count; p += 2) {
-        kKernel.pair(rows, panels + p * kPanel * k_size, panels + (p + 1) * kPanel * k_size, k_size, acc, acc1);
+        kernel.pair(rows, panels + p * kPanel * k_size, panels + (p + 1) * kPanel * k_size, k_size, acc, acc1);
         store(p, acc);
         store(p + 1, acc1);
       }
     }
     for (; p < panel_count; ++p) {
-      kKernel.kernel(rows, panels + p * kPanel * k_size, k_size, acc);
+      kernel.kernel(rows, panels + p * kPanel * k_size, k_size, acc);
       store(p, acc);
     }
   }
 }
 
 }  // namespace
+
+const char* GemmKernelName(GemmKernel kernel) {
+  switch (kernel) {
+    case GemmKernel::kScalar: return "scalar";
+    case GemmKernel::kAvx2: return "avx2";
+    case GemmKernel::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+bool ResolveGemmKernel(const char* requested, GemmKernel* kernel, std::string* error) {
+  constexpr GemmKernel kWidestFirst[] = {GemmKernel::kAvx512, GemmKernel::kAvx2, GemmKernel::kScalar};
+  if (requested == nullptr || *requested == '\0') {
+    for (GemmKernel k : kWidestFirst) {
+      if (CpuSupports(k)) {
+        *kernel = k;
+        return true;
+      }
+    }
+  }
+  for (GemmKernel k : kWidestFirst) {
+    if (std::strcmp(requested, GemmKernelName(k)) != 0) continue;
+    if (!CpuSupports(k)) {
+      *error = std::string("HSX_CPU_GEMM=") + requested + ": this CPU does not support the " + requested +
+               " kernel";
+      return false;
+    }
+    *kernel = k;
+    return true;
+  }
+  *error = std::string("HSX_CPU_GEMM=") + requested + ": unknown kernel (expected avx512, avx2 or scalar)";
+  return false;
+}
+
+GemmKernel ActiveGemmKernel() {
+  static const GemmKernel active = [] {
+    GemmKernel kernel = GemmKernel::kScalar;
+    std::string error;
+    if (!ResolveGemmKernel(std::getenv("HSX_CPU_GEMM"), &kernel, &error)) {
+      std::fprintf(stderr, "hsx: %s\n", error.c_str());
+      std::fflush(stderr);
+      std::_Exit(2);  // may be on a pool thread: no static destructors
+    }
+    return kernel;
+  }();
+  return active;
+}
 
 float GemmBAt(const GemmB& b, int64_t n, int64_t k) {
   switch (b.kind) {

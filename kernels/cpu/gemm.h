@@ -16,6 +16,7 @@
 #define HSX_KERNELS_CPU_GEMM_H_
 
 #include <cstdint>
+#include <string>
 
 namespace hsx {
 
@@ -47,6 +48,24 @@ void Gemm(const float* a, int64_t lda, int64_t m, const GemmB& b, float* c, int6
 // the reference the fast path is tested against bit for bit.
 void GemmReference(const float* a, int64_t lda, int64_t m, const GemmB& b, float* c, int64_t ldc,
                    bool round_bf16);
+
+// The micro-kernels. All three compute every element with the same operations
+// in the same order, so they agree bit for bit (tests run once per kernel).
+enum class GemmKernel { kScalar, kAvx2, kAvx512 };
+
+// "scalar", "avx2" or "avx512".
+const char* GemmKernelName(GemmKernel kernel);
+
+// Resolves a request for a kernel: null or "" picks the widest kernel this CPU
+// supports; otherwise the named kernel, which must be known and supported
+// (else false with a message in *error). Pure apart from reading the CPU flags.
+bool ResolveGemmKernel(const char* requested, GemmKernel* kernel, std::string* error);
+
+// The kernel Gemm uses, chosen once per process: the environment variable
+// HSX_CPU_GEMM (avx512, avx2 or scalar) if set, else the widest one the CPU
+// supports. An unknown or unsupported value ends the process with a message
+// on stderr the first time any GEMM runs or this is called.
+GemmKernel ActiveGemmKernel();
 
 // B[n][k] as float (for references and tests).
 float GemmBAt(const GemmB& b, int64_t n, int64_t k);

@@ -41,31 +41,10 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   return buffer.str();
 }
 
-// Parses the index into tensor -> shard file name, rejecting names that would
-// leave the checkpoint directory.
 absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& path) {
   absl::StatusOr<std::string> text = ReadText(path);
   if (!text.ok()) return text.status();
-  json root = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
-  if (!root.is_object() || !root.contains("weight_map") || !root["weight_map"].is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": missing object 'weight_map'"));
-  }
-  std::map<std::string, std::string> map;
-  for (const auto& [tensor, file] : root["weight_map"].items()) {
-    if (!file.is_string()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": weight_map entry '", tensor, "' is not a file name"));
-    }
-    const std::string name = file.get<std::string>();
-    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": weight_map entry '", tensor,
-                                                     "' names file '", name,
-                                                     "' outside the checkpoint directory"));
-    }
-    map[tensor] = name;
-  }
-  return map;
+  return ParseCheckpointIndex(*text, path);
 }
 
 // Appends `size` bytes of `file` from `offset` (fewer at the end of the file).
@@ -88,6 +67,30 @@ std::string CheckpointName(const std::string& dir) {
   if (!path.has_filename()) path = path.parent_path();  // trailing slash
   const std::string name = path.filename().string();
   return name.empty() ? dir : name;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ParseCheckpointIndex(const std::string& text,
+                                                                     const std::string& path) {
+  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  if (!root.is_object() || !root.contains("weight_map") || !root["weight_map"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": missing object 'weight_map'"));
+  }
+  std::map<std::string, std::string> map;
+  for (const auto& [tensor, file] : root["weight_map"].items()) {
+    if (!file.is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": weight_map entry '", tensor, "' is not a file name"));
+    }
+    const std::string name = file.get<std::string>();
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": weight_map entry '", tensor,
+                                                     "' names file '", name,
+                                                     "' outside the checkpoint directory"));
+    }
+    map[tensor] = name;
+  }
+  return map;
 }
 
 // The config and index text, and the sorted shard file names.

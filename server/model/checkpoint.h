@@ -11,6 +11,7 @@
 #define HSX_SERVER_MODEL_CHECKPOINT_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -56,6 +57,12 @@ absl::StatusOr<std::string> CheckpointRevision(const std::string& dir);
 // XXH64 of config.json, the index and every byte of every shard (in name
 // order): what `hsx-inspect --full-digest` prints. Reads the whole model.
 absl::StatusOr<std::string> FullCheckpointDigest(const std::string& dir);
+
+// Parses the text of model.safetensors.index.json into tensor -> shard file
+// name, rejecting names that would leave the checkpoint directory. `path`
+// names the file in errors.
+absl::StatusOr<std::map<std::string, std::string>> ParseCheckpointIndex(const std::string& text,
+                                                                     const std::string& path);
 
 class Checkpoint {
  public:

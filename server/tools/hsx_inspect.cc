@@ -29,6 +29,8 @@ ABSL_FLAG(bool, full_digest, false,
           "Print the XXH64 of config.json, the index and every byte of every shard (reads the whole "
           "model), the digest to record beside data made from it; model_revision, which hsx-server and "
           "hsx-dump record, samples each shard's ends and size only.");
+ABSL_FLAG(std::string, config, "", "Only parse this config.json (no weights needed) and print, as JSON, "
+          "every architecture field as hsx read it (defaults filled in).");
 
 namespace {
 
@@ -194,7 +196,23 @@ absl::Status Dequant(const hsx::Checkpoint& checkpoint, std::string name, const 
   return writer.Write(out);
 }
 
+// The parsed config as hsx would write it (defaults filled in), flat: K2.5's
+// text_config fields at the top, plus "layout". What the Python tests compare
+// with transformers' DeepseekV3Config.
+nlohmann::json ConfigReport(const hsx::ModelConfig& c) {
+  nlohmann::json written = hsx::ModelConfigToJson(c);
+  nlohmann::json flat = written.contains("text_config") ? written["text_config"] : written;
+  flat["layout"] = c.layout == hsx::CheckpointLayout::kFlat ? "flat" : "nested_k25";
+  return flat;
+}
+
 absl::Status Run() {
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    absl::StatusOr<hsx::ModelConfig> config = hsx::ReadModelConfig(path);
+    if (!config.ok()) return config.status();
+    std::printf("%s\n", ConfigReport(*config).dump(2).c_str());
+    return absl::OkStatus();
+  }
   const std::string model = absl::GetFlag(FLAGS_model);
   if (model.empty()) return absl::InvalidArgumentError("--model is required");
   absl::StatusOr<std::unique_ptr<hsx::Checkpoint>> checkpoint = hsx::Checkpoint::Open(model);
@@ -226,7 +244,8 @@ int main(int argc, char** argv) {
       "Describes a checkpoint: architecture, parameter and byte counts (INT4 and BF16), and what\n"
       "each tensor-parallel rank would hold. Every tensor is validated on the way.\n\n"
       "  hsx-inspect --model DIR [--tp 8] [--json]\n"
-      "  hsx-inspect --model DIR --dequant model.layers.1.mlp.experts.0.up_proj --out w.safetensors");
+      "  hsx-inspect --model DIR --dequant model.layers.1.mlp.experts.0.up_proj --out w.safetensors\n"
+      "  hsx-inspect --config config.json   (the architecture as hsx reads it, as JSON)");
   hsx::AcceptDashedFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return hsx::ExitWithStatus("hsx-inspect", Run());

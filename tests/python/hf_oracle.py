@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from compressed_tensors.compressors import BaseCompressor
 from compressed_tensors.quantization import QuantizationConfig
 from compressed_tensors.utils.match import match_quantizable_tensors
@@ -57,13 +58,21 @@ def decompress_quantized(config: dict, tensors: dict) -> dict:
     return out
 
 
-def load_reference(model_dir: Path, dtype: torch.dtype) -> DeepseekV3ForCausalLM:
+def load_reference(model_dir: Path, dtype: torch.dtype, config_edits: dict = None) -> DeepseekV3ForCausalLM:
     """transformers' DeepseekV3ForCausalLM holding the checkpoint's weights, in `dtype`
     (router weight, correction bias and rotary frequencies stay float32, as
-    from_pretrained keeps them)."""
+    from_pretrained keeps them). `config_edits` (text-config fields; "rope_X"
+    edits rope_scaling's X) make a deliberately wrong reference for the guard
+    tests."""
     config = read_config(model_dir)
     prefix = tensor_prefix(config)
-    hf_config = DeepseekV3Config.from_dict(text_config(config))
+    tc = json.loads(json.dumps(text_config(config)))
+    for key, value in (config_edits or {}).items():
+        if key.startswith("rope_"):
+            tc["rope_scaling"][key[len("rope_"):]] = value
+        else:
+            tc[key] = value
+    hf_config = DeepseekV3Config.from_dict(tc)
     hf_config._attn_implementation = "eager"
     model = DeepseekV3ForCausalLM(hf_config)
     tensors = read_tensors(model_dir)
@@ -117,3 +126,35 @@ def reference_states(model: DeepseekV3ForCausalLM, input_ids: list) -> tuple:
     assert len(hs) == n + 1, len(hs)
     states = [hs[k][0].float() for k in range(n)] + [captured["last"][0].float()]
     return states, out.last_hidden_state[0].float()
+
+
+# --------------------------------------------------------------------------
+# Deliberately wrong references: the guard tests show that each of these
+# defects, were hsx to have it, would fail the oracle's tolerance.
+
+def move_rmsnorm_rounding(model: DeepseekV3ForCausalLM) -> DeepseekV3ForCausalLM:
+    """Every RMSNorm rounds to the activation dtype once, after the weight
+    multiply, instead of before it (transformers: weight * bf16(x / rms))."""
+    for module in model.modules():
+        if type(module).__name__ == "DeepseekV3RMSNorm":
+            def forward(hidden, m=module):
+                x = hidden.float()
+                x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.variance_epsilon)
+                return (m.weight.float() * x).to(hidden.dtype)
+            module.forward = forward
+    return model
+
+
+def round_per_rank_before_reduce(model: DeepseekV3ForCausalLM, tp: int) -> DeepseekV3ForCausalLM:
+    """Row-parallel Linears (o_proj, the dense and shared-expert down_proj) as a
+    tensor-parallel engine that rounds each rank's partial sum to the activation
+    dtype before the all-reduce would compute them (hsx rounds once, after)."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.endswith(("o_proj", "down_proj")):
+            def forward(x, m=module):
+                step = x.shape[-1] // tp
+                parts = [F.linear(x[..., r * step:(r + 1) * step], m.weight[:, r * step:(r + 1) * step])
+                         for r in range(tp)]
+                return sum(p.float() for p in parts).to(x.dtype)
+            module.forward = forward
+    return model

@@ -544,3 +544,47 @@ def test_error_unknown_dequant_name(run, make_model, tmp_path):
                    expect_ok=False)
         assert_one_line_error(proc, name)
         assert not out.exists()
+
+
+# ---------------------------------------------------------------------------
+# The released configs (tests/fixtures, typed in; README there names the
+# sources): hsx's reading of every architecture field equals transformers'.
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+RELEASED = {"kimi-k2-instruct": "flat", "kimi-k2.5": "nested_k25"}
+
+
+def hsx_reads_config(run, path: Path) -> dict:
+    return json.loads(run("hsx-inspect", "--config", path).stdout)
+
+
+@pytest.mark.parametrize("name", sorted(RELEASED))
+def test_released_config_read_by_hsx_equals_transformers(name, run, tmp_path):
+    raw = json.loads((FIXTURES / name / "config.json").read_text())
+    if "quantization_config" in raw and raw["quantization_config"].get("quant_method") == "fp8":
+        # hsx refuses the FP8 checkpoint by name; its BF16 conversion drops the block.
+        refused = run("hsx-inspect", "--config", FIXTURES / name / "config.json", expect_ok=False)
+        assert "'quant_method' is \"fp8\"; hsx supports only \"compressed-tensors\"" in refused.stderr
+        del raw["quantization_config"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    ours = hsx_reads_config(run, path)
+    assert ours["layout"] == RELEASED[name]
+    tc = raw.get("text_config", raw)
+    with captured_transformers_warnings() as warnings:
+        hf = DeepseekV3Config.from_dict(tc)
+    assert not [w for w in warnings if "rope" in w.lower() or "yarn" in w.lower()], warnings
+    for field in CONFIG_FIELDS:
+        assert ours[field] == getattr(hf, field), (field, ours[field], getattr(hf, field))
+    for field in ("moe_intermediate_size", "intermediate_size", "scoring_func", "topk_method",
+                  "routed_scaling_factor", "rope_theta"):
+        value = hf.rope_parameters["rope_theta"] if field == "rope_theta" else getattr(hf, field)
+        assert ours[field] == value, (field, ours[field], value)
+    rp = hf.rope_parameters
+    assert rp["rope_type"] == ours["rope_scaling"]["type"] == "yarn"
+    for key in ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+                "mscale_all_dim"):
+        assert ours["rope_scaling"][key] == rp[key], (key, ours["rope_scaling"][key], rp[key])
+    # The two differ exactly where the released files differ (model-spec.md §1).
+    expected = {"kimi-k2-instruct": (1e-6, 32.0, 1.0), "kimi-k2.5": (1e-5, 64.0, 32.0)}[name]
+    assert (ours["rms_norm_eps"], ours["rope_scaling"]["factor"], ours["rope_scaling"]["beta_fast"]) == expected

@@ -519,6 +519,11 @@ def test_metrics_count_up(server, stub, hsx_pb):
     ids = random_ids(40, seed=9)
     messages = list(stub.Extract(pb.ExtractRequest(token_ids=ids), timeout=30))
     error_of(lambda: list(stub.Extract(pb.ExtractRequest(token_ids=[]), timeout=30)))
+    # The server counts a stream when its reactor finishes, which can come a
+    # moment after the client has read the last message (seen under ASan).
+    counted = lambda m: (m["hsx_samples_total"] > before.get("hsx_samples_total", 0) and  # noqa: E731
+                         m["hsx_extract_latency_seconds_count"] > before.get("hsx_extract_latency_seconds_count", 0))
+    wait_for(lambda: counted(scrape(server)), what="the stream to be counted")
     after = scrape(server)
     assert after["hsx_samples_total"] == before.get("hsx_samples_total", 0) + 1
     assert after["hsx_tokens_total"] == before.get("hsx_tokens_total", 0) + len(ids)

@@ -1,6 +1,8 @@
 // Tests config.json parsing: both layouts, HF defaults, and precise errors.
 #include "server/model/config.h"
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "gmock/gmock.h"
@@ -155,6 +157,81 @@ TEST(Config, Eagle3CaptureIds) {
   EXPECT_EQ(c.Eagle3CaptureIds(), (std::vector<int>{2, 30, 58, 61}));
   c.num_hidden_layers = 4;  // {2, 2, 1, 4}: sorted, deduplicated
   EXPECT_EQ(c.Eagle3CaptureIds(), (std::vector<int>{1, 2, 4}));
+}
+
+}  // namespace
+}  // namespace hsx
+
+namespace hsx {
+namespace {
+
+// The released configs, typed in (tests/fixtures/README.md names the sources).
+std::string Fixture(const std::string& name) { return std::string(HSX_SOURCE_DIR) + "/tests/fixtures/" + name; }
+
+void ExpectKimiArchitecture(const ModelConfig& c) {
+  EXPECT_EQ(c.vocab_size, 163840);
+  EXPECT_EQ(c.hidden_size, 7168);
+  EXPECT_EQ(c.num_hidden_layers, 61);
+  EXPECT_EQ(c.intermediate_size, 18432);
+  EXPECT_EQ(c.moe_intermediate_size, 2048);
+  EXPECT_EQ(c.n_routed_experts, 384);
+  EXPECT_EQ(c.n_shared_experts, 1);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.first_k_dense_replace, 1);
+  EXPECT_EQ(c.num_attention_heads, 64);
+  EXPECT_EQ(c.q_lora_rank, 1536);
+  EXPECT_EQ(c.kv_lora_rank, 512);
+  EXPECT_EQ(c.qk_nope_head_dim, 128);
+  EXPECT_EQ(c.qk_rope_head_dim, 64);
+  EXPECT_EQ(c.v_head_dim, 128);
+  EXPECT_EQ(c.rope_theta, 50000.0);
+  EXPECT_EQ(c.routed_scaling_factor, 2.827);
+  EXPECT_EQ(c.rope_scaling.type, "yarn");
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_EQ(c.scoring_func, "sigmoid");
+  EXPECT_EQ(c.topk_method, "noaux_tc");
+}
+
+TEST(ReleasedConfigs, KimiK25IsReadWithItsOwnEpsAndYarn) {
+  absl::StatusOr<ModelConfig> c = ReadModelConfig(Fixture("kimi-k2.5/config.json"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->layout, CheckpointLayout::kNestedK25);
+  ExpectKimiArchitecture(*c);
+  EXPECT_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_EQ(c->rope_scaling.factor, 64.0);
+  EXPECT_EQ(c->rope_scaling.beta_fast, 32.0);
+  EXPECT_EQ(c->rope_scaling.beta_slow, 1.0);
+  EXPECT_EQ(c->max_position_embeddings, 262144);
+  ASSERT_TRUE(c->quantization.has_value());
+  EXPECT_EQ(c->quantization->group_size, 32);
+  EXPECT_FALSE(c->quantization->IsQuantized("language_model.model.layers.3.self_attn.q_a_proj"));
+  EXPECT_TRUE(c->quantization->IsQuantized("language_model.model.layers.3.mlp.experts.7.down_proj"));
+}
+
+TEST(ReleasedConfigs, KimiK2InstructFp8IsRefusedNamingTheField) {
+  // K2-Instruct ships FP8 weights; hsx reads INT4 (compressed-tensors) or BF16.
+  const std::string path = Fixture("kimi-k2-instruct/config.json");
+  absl::StatusOr<ModelConfig> c = ReadModelConfig(path);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            path + ": quantization_config: 'quant_method' is \"fp8\"; hsx supports only \"compressed-tensors\"");
+}
+
+TEST(ReleasedConfigs, KimiK2InstructAsBf16IsReadWithItsOwnEpsAndYarn) {
+  // The BF16 conversion of K2-Instruct (DeepSeek's fp8_cast_bf16.py) is the same file without
+  // quantization_config.
+  std::ifstream in(Fixture("kimi-k2-instruct/config.json"));
+  json root = json::parse(in);
+  root.erase("quantization_config");
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(root.dump(), "k2-bf16/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->layout, CheckpointLayout::kFlat);
+  ExpectKimiArchitecture(*c);
+  EXPECT_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_EQ(c->rope_scaling.factor, 32.0);
+  EXPECT_EQ(c->rope_scaling.beta_fast, 1.0);
+  EXPECT_EQ(c->max_position_embeddings, 131072);
+  EXPECT_FALSE(c->quantization.has_value());
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Tests the CPU GEMM against its reference bit for bit, and row independence.
 #include "kernels/cpu/gemm.h"
 
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -34,6 +36,42 @@ std::vector<GemmB> AllKinds(const Weights& w, int64_t n, int64_t k) {
           GemmB{GemmB::Kind::kInt4, w.packed.data(), 0, w.scale.data(), 32, n, k},
           GemmB{GemmB::Kind::kF32, w.f32.data(), k, nullptr, 0, n, k},
           GemmB{GemmB::Kind::kF32Transposed, w.f32.data(), n, nullptr, 0, n, k}};
+}
+
+// scripts/test.sh runs this binary once per kernel with HSX_CPU_GEMM set; this
+// proves the variable took effect, so the runs are not three of the same.
+TEST(GemmKernel, IsTheOneRequestedByHsxCpuGemm) {
+  const char* requested = std::getenv("HSX_CPU_GEMM");
+  std::printf("GEMM kernel: %s\n", GemmKernelName(ActiveGemmKernel()));
+  if (requested == nullptr || *requested == '\0') GTEST_SKIP() << "HSX_CPU_GEMM not set";
+  EXPECT_STREQ(GemmKernelName(ActiveGemmKernel()), requested);
+}
+
+TEST(GemmKernel, UnknownNamesAreRejectedWithTheVariableNamed) {
+  GemmKernel kernel = GemmKernel::kAvx2;
+  std::string error;
+  EXPECT_FALSE(ResolveGemmKernel("avx", &kernel, &error));
+  EXPECT_EQ(error, "HSX_CPU_GEMM=avx: unknown kernel (expected avx512, avx2 or scalar)");
+  ASSERT_TRUE(ResolveGemmKernel("scalar", &kernel, &error)) << error;
+  EXPECT_EQ(kernel, GemmKernel::kScalar);
+  ASSERT_TRUE(ResolveGemmKernel("", &kernel, &error)) << error;  // empty: the widest supported
+  ASSERT_TRUE(ResolveGemmKernel(nullptr, &kernel, &error)) << error;
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx512f")) {
+    EXPECT_FALSE(ResolveGemmKernel("avx512", &kernel, &error));
+    EXPECT_EQ(error, "HSX_CPU_GEMM=avx512: this CPU does not support the avx512 kernel");
+  }
+#endif
+}
+
+TEST(GemmKernelDeathTest, AnUnknownHsxCpuGemmEndsTheProcessWithAMessage) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: the choice is made once
+  EXPECT_EXIT(
+      {
+        setenv("HSX_CPU_GEMM", "sse", 1);
+        ActiveGemmKernel();
+      },
+      testing::ExitedWithCode(2), "HSX_CPU_GEMM=sse: unknown kernel");
 }
 
 TEST(Gemm, EqualsTheReferenceBitForBit) {

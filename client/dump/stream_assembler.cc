@@ -1,0 +1,196 @@
+// stream_assembler.cc: the checks and the reassembly of one response stream.
+#include "client/dump/stream_assembler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace hsx {
+namespace {
+
+std::string IdsText(const std::vector<int>& ids) { return absl::StrCat("[", absl::StrJoin(ids, ","), "]"); }
+
+std::string TensorName(int capture_id) {
+  return capture_id < 0 ? std::string("the final-norm state") : absl::StrCat("capture id ", capture_id);
+}
+
+}  // namespace
+
+v1::DType OutputDTypeToProto(OutputDType dtype) {
+  switch (dtype) {
+    case OutputDType::kBf16: return v1::DTYPE_BF16;
+    case OutputDType::kFp16: return v1::DTYPE_FP16;
+    case OutputDType::kFp32: return v1::DTYPE_FP32;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+StreamAssembler::StreamAssembler(StreamExpectation expect)
+    : expect_(std::move(expect)), hash_(XXH64_createState()) {
+  XXH64_reset(hash_, 0);
+}
+
+StreamAssembler::~StreamAssembler() { XXH64_freeState(hash_); }
+
+absl::Status StreamAssembler::Consume(const v1::ExtractResponse& response) {
+  if (!error_.ok()) return error_;  // nothing is accepted after an error
+  error_ = Dispatch(response);
+  return error_;
+}
+
+absl::Status StreamAssembler::Dispatch(const v1::ExtractResponse& response) {
+  if (trailer_) return absl::DataLossError("a message after the trailer");
+  switch (response.part_case()) {
+    case v1::ExtractResponse::kHeader: return OnHeader(response.header());
+    case v1::ExtractResponse::kChunk: return OnChunk(response.chunk());
+    case v1::ExtractResponse::kTrailer: return OnTrailer(response.trailer());
+    case v1::ExtractResponse::kSummary: return absl::DataLossError("a summary, which was not requested");
+    default: return absl::DataLossError("an empty response message");
+  }
+}
+
+absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
+  if (header_) return absl::DataLossError("a second header");
+  const int64_t tokens = expect_.num_tokens;
+  const std::vector<int> ids(h.capture_ids().begin(), h.capture_ids().end());
+  if (h.sample_id() != expect_.sample_id) {
+    return absl::DataLossError(absl::StrCat("the header is for sample_id '", h.sample_id(), "', requested '",
+                                            expect_.sample_id, "'"));
+  }
+  if (h.num_tokens() != tokens) {
+    return absl::DataLossError(absl::StrCat("the header has ", h.num_tokens(), " tokens, the request ", tokens));
+  }
+  if (h.token_ids_xxh64() != expect_.token_ids_xxh64) {
+    return absl::DataLossError(absl::StrFormat(
+        "the header's token-id hash %016x differs from the request's %016x (states of other tokens)",
+        h.token_ids_xxh64(), expect_.token_ids_xxh64));
+  }
+  if (ids != expect_.capture_ids) {
+    return absl::DataLossError(absl::StrCat("the header has capture ids ", IdsText(ids), ", requested ",
+                                            IdsText(expect_.capture_ids)));
+  }
+  if (h.final_norm() != expect_.final_norm) {
+    return absl::DataLossError(absl::StrCat("the header has final_norm ", h.final_norm() ? "true" : "false",
+                                            ", requested the opposite"));
+  }
+  if (h.dtype() != OutputDTypeToProto(expect_.dtype)) {
+    return absl::DataLossError(absl::StrCat("the header has dtype ", v1::DType_Name(h.dtype()), ", requested ",
+                                            v1::DType_Name(OutputDTypeToProto(expect_.dtype))));
+  }
+  const int64_t expected_hidden = expect_.hidden_size;
+  if (h.hidden_size() < 1 || h.hidden_size() > (1 << 20) ||
+      (expected_hidden > 0 && h.hidden_size() != expected_hidden)) {
+    return absl::DataLossError(absl::StrCat("the header has hidden size ", h.hidden_size(),
+                                            expected_hidden > 0 ? absl::StrCat(", the model ", expected_hidden) : ""));
+  }
+  if (expect_.num_layers > 0 && h.num_layers() != 0 && h.num_layers() != expect_.num_layers) {
+    return absl::DataLossError(absl::StrCat("the header has ", h.num_layers(), " layers, the model ",
+                                            expect_.num_layers));
+  }
+  if (!expect_.model_name.empty() && !h.model_name().empty() && h.model_name() != expect_.model_name) {
+    return absl::DataLossError(absl::StrCat("the header is from model '", h.model_name(), "', expected '",
+                                            expect_.model_name, "'"));
+  }
+  header_ = true;
+  sample_.capture_ids = ids;
+  sample_.tokens = tokens;
+  sample_.hidden = h.hidden_size();
+  sample_.dtype = expect_.dtype;
+  sample_.has_final_norm = h.final_norm();
+  row_bytes_ = sample_.hidden * OutputDTypeSize(sample_.dtype);
+  sample_.hidden_states.resize(static_cast<size_t>(tokens * static_cast<int64_t>(ids.size()) * row_bytes_));
+  if (sample_.has_final_norm) sample_.final_norm.resize(static_cast<size_t>(tokens * row_bytes_));
+  tensors_ = ids;
+  if (sample_.has_final_norm) tensors_.push_back(-1);
+  XXH64_reset(hash_, 0);
+  return absl::OkStatus();
+}
+
+absl::Status StreamAssembler::OnChunk(const v1::Chunk& c) {
+  if (!header_) return absl::DataLossError("a chunk before the header");
+  if (current_ >= tensors_.size()) {
+    return absl::DataLossError(absl::StrCat("a chunk of ", TensorName(c.capture_id()),
+                                            " after every tensor was complete"));
+  }
+  const int want = tensors_[current_];
+  const int64_t tokens = sample_.tokens;
+  if (c.capture_id() != want) {
+    return absl::DataLossError(absl::StrCat(
+        "a chunk of ", TensorName(c.capture_id()), " while ", TensorName(want), " has ", rows_, " of ", tokens,
+        " rows (expected layer after layer: capture ids ascending, then the final norm)"));
+  }
+  if (c.first_row() != rows_) {
+    return absl::DataLossError(absl::StrCat("chunk rows [", c.first_row(), ", ", c.first_row() + c.num_rows(),
+                                            ") of ", TensorName(want), ": expected first row ", rows_,
+                                            c.first_row() > rows_ ? " (a gap)" : " (an overlap)"));
+  }
+  if (c.num_rows() < 1 || c.num_rows() > tokens - rows_) {
+    return absl::DataLossError(absl::StrCat("chunk rows [", c.first_row(), ", ", c.first_row() + c.num_rows(),
+                                            ") of ", TensorName(want), " are outside [0, ", tokens, ")"));
+  }
+  const std::string& data = c.data();
+  if (static_cast<int64_t>(data.size()) != c.num_rows() * row_bytes_) {
+    return absl::DataLossError(absl::StrCat("a chunk of ", c.num_rows(), " rows of ", TensorName(want), " holds ",
+                                            data.size(), " bytes, expected ", c.num_rows() * row_bytes_,
+                                            " (whole rows of ", sample_.hidden, " values)"));
+  }
+  if (want < 0) {
+    std::memcpy(sample_.final_norm.data() + rows_ * row_bytes_, data.data(), data.size());
+  } else {
+    const int64_t layers = static_cast<int64_t>(sample_.capture_ids.size());
+    const int64_t layer = static_cast<int64_t>(current_);
+    for (int64_t r = 0; r < c.num_rows(); ++r) {
+      std::memcpy(sample_.hidden_states.data() + ((rows_ + r) * layers + layer) * row_bytes_,
+                  data.data() + r * row_bytes_, static_cast<size_t>(row_bytes_));
+    }
+  }
+  XXH64_update(hash_, data.data(), data.size());
+  rows_ += c.num_rows();
+  if (rows_ == tokens) {
+    digests_.push_back(XXH64_digest(hash_));
+    XXH64_reset(hash_, 0);
+    ++current_;
+    rows_ = 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StreamAssembler::OnTrailer(const v1::Trailer& t) {
+  if (!header_) return absl::DataLossError("a trailer before the header");
+  if (current_ < tensors_.size()) {
+    return absl::DataLossError(absl::StrCat("the trailer came while ", TensorName(tensors_[current_]), " had ",
+                                            rows_, " of ", sample_.tokens, " rows"));
+  }
+  if (t.token_ids_xxh64() != expect_.token_ids_xxh64) {
+    return absl::DataLossError(absl::StrFormat("the trailer's token-id hash %016x differs from the request's %016x",
+                                               t.token_ids_xxh64(), expect_.token_ids_xxh64));
+  }
+  std::vector<int> seen(tensors_.size(), 0);
+  for (const v1::TensorChecksum& checksum : t.checksums()) {
+    const auto it = std::find(tensors_.begin(), tensors_.end(), checksum.capture_id());
+    if (it == tensors_.end()) {
+      return absl::DataLossError(absl::StrCat("the trailer has a checksum for ", TensorName(checksum.capture_id()),
+                                              ", which was not sent"));
+    }
+    const size_t i = static_cast<size_t>(it - tensors_.begin());
+    if (seen[i]++) {
+      return absl::DataLossError(absl::StrCat("the trailer has two checksums for ", TensorName(tensors_[i])));
+    }
+    if (checksum.xxh64() != digests_[i]) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s: the received bytes hash to %016x, the trailer says %016x (corrupted in transit or assembled wrongly)",
+          TensorName(tensors_[i]), digests_[i], checksum.xxh64()));
+    }
+  }
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (!seen[i]) return absl::DataLossError(absl::StrCat("the trailer has no checksum for ", TensorName(tensors_[i])));
+  }
+  trailer_ = true;
+  return absl::OkStatus();
+}
+
+}  // namespace hsx

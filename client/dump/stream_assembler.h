@@ -1,0 +1,85 @@
+// stream_assembler.h: turns the messages of one Extract response stream into
+// the bytes of an output file, checking the stream as it goes.
+//
+// Pure (no gRPC calls, no I/O), so that the checks can be unit-tested and
+// fuzzed apart from the transport (remote_extractor.cc feeds it). Guarantees,
+// for a stream it accepts: the header echoes the request (sample id, token
+// count, token-id hash, capture ids, dtype, final norm) and the model (hidden
+// size, layers, name, where known); chunks hold whole rows, layer after layer
+// in the header's order, each layer's rows in order without gaps or
+// overlaps; every tensor's XXH64 equals the trailer's; the trailer's token
+// hash equals the request's; nothing follows the trailer. Any violation is a
+// DATA_LOSS status naming what was wrong, and the assembler accepts nothing
+// more after one.
+#ifndef HSX_CLIENT_DUMP_STREAM_ASSEMBLER_H_
+#define HSX_CLIENT_DUMP_STREAM_ASSEMBLER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <xxhash.h>
+
+#include "absl/status/status.h"
+#include "client/dump/sample_file.h"
+#include "hsx/v1/hsx.pb.h"
+#include "server/model/encoding.h"
+
+namespace hsx {
+
+// What a stream must match: the request and, where known (> 0 / non-empty),
+// the model the servers announced.
+struct StreamExpectation {
+  std::string sample_id;
+  int64_t num_tokens = 0;
+  uint64_t token_ids_xxh64 = 0;
+  std::vector<int> capture_ids;
+  bool final_norm = false;
+  OutputDType dtype = OutputDType::kBf16;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  std::string model_name;
+};
+
+class StreamAssembler {
+ public:
+  explicit StreamAssembler(StreamExpectation expect);
+  ~StreamAssembler();
+  StreamAssembler(const StreamAssembler&) = delete;
+  StreamAssembler& operator=(const StreamAssembler&) = delete;
+
+  // Takes the next message of the stream.
+  absl::Status Consume(const v1::ExtractResponse& response);
+  // True once a valid trailer arrived: the sample is whole and verified.
+  bool complete() const { return trailer_; }
+  // The assembled sample; call once, after complete().
+  EncodedSample Take() { return std::move(sample_); }
+  // For "the stream ended without a trailer (N of M tensors complete)".
+  size_t tensors_complete() const { return current_; }
+  size_t tensors_total() const { return tensors_.size(); }
+
+ private:
+  absl::Status Dispatch(const v1::ExtractResponse& response);
+  absl::Status OnHeader(const v1::Header& h);
+  absl::Status OnChunk(const v1::Chunk& c);
+  absl::Status OnTrailer(const v1::Trailer& t);
+
+  const StreamExpectation expect_;
+  absl::Status error_;
+  bool header_ = false;
+  bool trailer_ = false;
+  EncodedSample sample_;
+  int64_t row_bytes_ = 0;
+  std::vector<int> tensors_;  // capture ids in order, then -1 for the final norm
+  size_t current_ = 0;        // the tensor being received
+  int64_t rows_ = 0;          // rows of it received
+  XXH64_state_t* hash_;
+  std::vector<uint64_t> digests_;
+};
+
+// The proto enum for an output dtype.
+v1::DType OutputDTypeToProto(OutputDType dtype);
+
+}  // namespace hsx
+
+#endif  // HSX_CLIENT_DUMP_STREAM_ASSEMBLER_H_

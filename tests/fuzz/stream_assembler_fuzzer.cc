@@ -1,0 +1,229 @@
+// libFuzzer target: the client's stream assembler (client/dump/stream_assembler.h).
+//
+// Structure-aware: the input bytes drive a sequence of operations, each one
+// either the correct next message of a valid stream (op byte 0 mod 5, so an
+// all-zero input is a whole valid stream) or a message made wrong on purpose
+// in one field. A shadow copy tracks what a correct assembly holds. The
+// target traps when
+//   - a message made wrong is accepted (a check is missing),
+//   - a correct message is rejected (a check is too strict), or
+//   - a stream the assembler calls complete differs from the shadow in any
+//     byte (the reassembly is wrong).
+#include <fuzzer/FuzzedDataProvider.h>
+#include <xxhash.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "client/dump/stream_assembler.h"
+
+namespace {
+
+using hsx::OutputDType;
+using hsx::StreamExpectation;
+
+struct Shadow {
+  StreamExpectation expect;
+  int64_t hidden = 4;
+  int64_t row_bytes = 0;
+  std::vector<int> tensors;  // capture ids, then -1
+  size_t current = 0;
+  int64_t rows = 0;
+  bool header = false;
+  std::vector<std::string> received;  // per tensor, rows in order
+  std::string hidden_states, final_norm;
+
+  bool all_done() const { return header && current == tensors.size(); }
+};
+
+hsx::v1::ExtractResponse Header(const Shadow& s) {
+  hsx::v1::ExtractResponse r;
+  hsx::v1::Header* h = r.mutable_header();
+  h->set_sample_id(s.expect.sample_id);
+  h->set_num_tokens(s.expect.num_tokens);
+  h->set_token_ids_xxh64(s.expect.token_ids_xxh64);
+  for (int id : s.expect.capture_ids) h->add_capture_ids(id);
+  h->set_final_norm(s.expect.final_norm);
+  h->set_dtype(hsx::OutputDTypeToProto(s.expect.dtype));
+  h->set_hidden_size(s.hidden);
+  h->set_num_layers(s.expect.num_layers);
+  h->set_model_name(s.expect.model_name);
+  return r;
+}
+
+// A header with exactly one field wrong.
+hsx::v1::ExtractResponse BadHeader(const Shadow& s, uint8_t which) {
+  hsx::v1::ExtractResponse r = Header(s);
+  hsx::v1::Header* h = r.mutable_header();
+  switch (which % 9) {
+    case 0: h->set_sample_id(s.expect.sample_id + "x"); break;
+    case 1: h->set_num_tokens(s.expect.num_tokens + 1); break;
+    case 2: h->set_token_ids_xxh64(s.expect.token_ids_xxh64 ^ 1); break;
+    case 3: h->add_capture_ids(99); break;
+    case 4: h->set_final_norm(!s.expect.final_norm); break;
+    case 5: h->set_dtype(s.expect.dtype == OutputDType::kFp32 ? hsx::v1::DTYPE_BF16 : hsx::v1::DTYPE_FP32); break;
+    case 6: h->set_hidden_size(s.hidden + 1); break;  // the model's hidden size is known
+    case 7: h->set_num_layers(s.expect.num_layers + 1); break;  // known: nonzero
+    case 8: h->set_model_name(s.expect.model_name + "-other"); break;
+  }
+  return r;
+}
+
+hsx::v1::ExtractResponse Chunk(int capture_id, int64_t first, int64_t count, std::string data) {
+  hsx::v1::ExtractResponse r;
+  hsx::v1::Chunk* c = r.mutable_chunk();
+  c->set_capture_id(capture_id);
+  c->set_first_row(first);
+  c->set_num_rows(count);
+  c->set_data(std::move(data));
+  return r;
+}
+
+std::string Bytes(FuzzedDataProvider& in, size_t n) {
+  std::string data = in.ConsumeBytesAsString(n);
+  data.resize(n, '\x01');
+  return data;
+}
+
+hsx::v1::ExtractResponse Trailer(const Shadow& s) {
+  hsx::v1::ExtractResponse r;
+  hsx::v1::Trailer* t = r.mutable_trailer();
+  t->set_token_ids_xxh64(s.expect.token_ids_xxh64);
+  for (size_t i = 0; i < s.tensors.size(); ++i) {
+    hsx::v1::TensorChecksum* c = t->add_checksums();
+    c->set_capture_id(s.tensors[i]);
+    c->set_xxh64(XXH64(s.received[i].data(), s.received[i].size(), 0));
+  }
+  return r;
+}
+
+void Check(bool condition) {
+  if (!condition) __builtin_trap();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  Shadow s;
+  s.expect.sample_id = "7";
+  s.expect.num_tokens = 1 + in.ConsumeIntegralInRange<int64_t>(0, 4);
+  s.expect.token_ids_xxh64 = 0x1234;
+  const uint8_t shape = in.ConsumeIntegral<uint8_t>();
+  s.expect.capture_ids = shape % 3 == 0 ? std::vector<int>{2} : shape % 3 == 1 ? std::vector<int>{0, 3} : std::vector<int>{1, 2, 5};
+  s.expect.final_norm = (shape & 4) != 0;
+  s.expect.dtype = shape & 8 ? OutputDType::kFp32 : (shape & 16 ? OutputDType::kFp16 : OutputDType::kBf16);
+  s.expect.hidden_size = s.hidden;
+  s.expect.num_layers = 6;
+  s.expect.model_name = "m";
+  s.row_bytes = s.hidden * hsx::OutputDTypeSize(s.expect.dtype);
+  s.tensors = s.expect.capture_ids;
+  if (s.expect.final_norm) s.tensors.push_back(-1);
+  s.received.resize(s.tensors.size());
+  hsx::StreamAssembler assembler(s.expect);
+
+  while (in.remaining_bytes() > 0) {
+    const uint8_t op = in.ConsumeIntegral<uint8_t>();
+    const uint8_t which = in.ConsumeIntegral<uint8_t>();
+    bool valid = true;
+    hsx::v1::ExtractResponse message;
+    std::string sent;  // rows a valid chunk adds
+    switch (op % 5) {
+      case 0: {  // the correct next message
+        if (!s.header) {
+          message = Header(s);
+        } else if (!s.all_done()) {
+          const int64_t left = s.expect.num_tokens - s.rows;
+          const int64_t count = 1 + which % left;
+          sent = Bytes(in, static_cast<size_t>(count * s.row_bytes));
+          message = Chunk(s.tensors[s.current], s.rows, count, sent);
+        } else {
+          message = Trailer(s);
+        }
+        break;
+      }
+      case 1:  // a wrong header (or a second one)
+        message = s.header ? Header(s) : BadHeader(s, which);
+        valid = false;
+        break;
+      case 2: {  // a wrong chunk
+        valid = false;
+        if (!s.header || s.all_done()) {
+          message = Chunk(s.tensors[0], 0, 1, Bytes(in, static_cast<size_t>(s.row_bytes)));
+          break;
+        }
+        const int want = s.tensors[s.current];
+        const int64_t left = s.expect.num_tokens - s.rows;
+        switch (which % 5) {
+          case 0: message = Chunk(want < 0 ? 0 : want + 1, s.rows, 1, Bytes(in, static_cast<size_t>(s.row_bytes))); break;
+          case 1: message = Chunk(want, s.rows + 1, 1, Bytes(in, static_cast<size_t>(s.row_bytes))); break;  // a gap
+          case 2: message = Chunk(want, s.rows, 0, ""); break;
+          case 3: message = Chunk(want, s.rows, left + 1, Bytes(in, static_cast<size_t>((left + 1) * s.row_bytes))); break;
+          case 4: message = Chunk(want, s.rows, 1, Bytes(in, static_cast<size_t>(s.row_bytes + 1))); break;  // not whole rows
+        }
+        if (which % 5 == 1 && s.rows > 0 && which & 0x80) {
+          message = Chunk(want, s.rows - 1, 1, Bytes(in, static_cast<size_t>(s.row_bytes)));  // an overlap
+        }
+        break;
+      }
+      case 3: {  // a wrong trailer
+        valid = false;
+        message = Trailer(s);
+        hsx::v1::Trailer* t = message.mutable_trailer();
+        if (!s.all_done()) break;  // too early is wrong already
+        switch (which % 5) {
+          case 0: t->set_token_ids_xxh64(s.expect.token_ids_xxh64 + 1); break;
+          case 1: t->mutable_checksums()->RemoveLast(); break;
+          case 2: *t->add_checksums() = t->checksums(0); break;  // duplicate
+          case 3: {
+            hsx::v1::TensorChecksum* extra = t->add_checksums();
+            extra->set_capture_id(42);
+            extra->set_xxh64(0);
+            break;
+          }
+          case 4: {
+            hsx::v1::TensorChecksum* c = t->mutable_checksums(which % t->checksums_size());
+            c->set_xxh64(c->xxh64() ^ 0x10);
+            break;
+          }
+        }
+        break;
+      }
+      case 4:  // not a stream message at all
+        if (which & 1) message.mutable_summary();
+        valid = false;
+        break;
+    }
+    if (assembler.complete()) valid = false;  // nothing may follow the trailer
+    const absl::Status status = assembler.Consume(message);
+    Check(status.ok() == valid);
+    if (!status.ok()) return 0;
+    if (message.has_header()) s.header = true;
+    if (message.has_chunk()) {
+      s.received[s.current] += sent;
+      s.rows += message.chunk().num_rows();
+      if (s.rows == s.expect.num_tokens) {
+        ++s.current;
+        s.rows = 0;
+      }
+    }
+  }
+  if (!assembler.complete()) return 0;
+  // A complete stream: the file bytes are the shadow's rows, interleaved [T, L, H].
+  const hsx::EncodedSample sample = assembler.Take();
+  const size_t layers = s.expect.capture_ids.size();
+  Check(sample.tokens == s.expect.num_tokens && sample.hidden == s.hidden);
+  Check(sample.capture_ids == s.expect.capture_ids && sample.has_final_norm == s.expect.final_norm);
+  for (int64_t t = 0; t < s.expect.num_tokens; ++t) {
+    for (size_t l = 0; l < layers; ++l) {
+      Check(sample.hidden_states.compare((t * layers + l) * s.row_bytes, s.row_bytes, s.received[l],
+                                         t * s.row_bytes, s.row_bytes) == 0);
+    }
+    if (s.expect.final_norm) {
+      Check(sample.final_norm.compare(t * s.row_bytes, s.row_bytes, s.received.back(), t * s.row_bytes,
+                                      s.row_bytes) == 0);
+    }
+  }
+  return 0;
+}
