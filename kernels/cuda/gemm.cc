@@ -1,0 +1,209 @@
+// gemm.cc: cuBLASLt plans pinned per (N, K, types); see gemm.h.
+#include "kernels/cuda/gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace hsx::cuda {
+namespace {
+
+// cublasGetStatusName lives in libcublas, which this code does not link.
+std::string LtError(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return absl::StrCat("cuBLAS status ", static_cast<int>(status));
+  }
+}
+
+cudaDataType_t DataType(bool bf16) { return bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// Column-major layout of a row-major [rows, cols] matrix: cols x rows, ld.
+absl::StatusOr<cublasLtMatrixLayout_t> Layout(bool bf16, int64_t rows, int64_t cols, int64_t ld) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  const cublasStatus_t status = cublasLtMatrixLayoutCreate(&layout, DataType(bf16), static_cast<uint64_t>(cols),
+                                                           static_cast<uint64_t>(rows), ld);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cublasLtMatrixLayoutCreate: ", LtError(status)));
+  }
+  return layout;
+}
+
+// The three layouts of one multiply, destroyed together.
+struct Layouts {
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  ~Layouts() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
+  absl::Status Make(bool in_bf16, bool out_bf16, int64_t m, int64_t n, int64_t k, int64_t ldw, int64_t ldx,
+                    int64_t ldy) {
+    // yᵀ[N, M] = op(A) · B with A = W stored column-major as [K, N] (transposed by op),
+    // B = xᵀ stored column-major as [K, M], D = yᵀ column-major [N, M].
+    absl::StatusOr<cublasLtMatrixLayout_t> la = Layout(in_bf16, n, k, ldw);
+    if (!la.ok()) return la.status();
+    a = *la;
+    absl::StatusOr<cublasLtMatrixLayout_t> lb = Layout(in_bf16, m, k, ldx);
+    if (!lb.ok()) return lb.status();
+    b = *lb;
+    absl::StatusOr<cublasLtMatrixLayout_t> ld = Layout(out_bf16, m, n, ldy);
+    if (!ld.ok()) return ld.status();
+    d = *ld;
+    return absl::OkStatus();
+  }
+};
+
+int64_t RoundUp(int64_t value, int64_t to) { return (value + to - 1) / to * to; }
+
+}  // namespace
+
+struct LtGemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatmulAlgo_t algo;
+  size_t workspace = 0;
+  std::string description;
+  ~Plan() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<LtGemm>> LtGemm::Create(CUstream_st* stream, void* workspace,
+                                                       size_t workspace_bytes) {
+  cublasLtHandle_t handle = nullptr;
+  const cublasStatus_t status = cublasLtCreate(&handle);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cublasLtCreate: ", LtError(status)));
+  }
+  return std::unique_ptr<LtGemm>(new LtGemm(handle, stream, workspace, workspace_bytes));
+}
+
+LtGemm::LtGemm(cublasLtContext* handle, CUstream_st* stream, void* workspace, size_t workspace_bytes)
+    : handle_(handle), stream_(stream), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
+
+LtGemm::~LtGemm() {
+  plans_.clear();
+  cublasLtDestroy(handle_);
+}
+
+bool LtGemm::Aligned(const GemmMatrix& m) {
+  const int64_t size = m.bf16 ? 2 : 4;
+  return reinterpret_cast<uintptr_t>(m.data) % kAlignment == 0 && (m.ld * size) % kAlignment == 0;
+}
+
+absl::StatusOr<LtGemm::Plan*> LtGemm::PlanFor(const Key& key) {
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  const auto [n, k, in_bf16, out_bf16] = key;
+  const std::string shape = absl::StrCat("N=", n, " K=", k, " ", in_bf16 ? "bf16" : "f32", "->",
+                                         out_bf16 ? "bf16" : "f32");
+  auto fail = [&](const char* what, cublasStatus_t status) {
+    return absl::InternalError(absl::StrCat("cuBLASLt plan for ", shape, ": ", what, ": ", LtError(status)));
+  };
+  auto plan = std::make_unique<Plan>();
+  const cublasComputeType_t compute = in_bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC;
+  cublasStatus_t status = cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F);
+  if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulDescCreate", status);
+  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
+  cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
+
+  // Plan for kPlanRows rows with packed, aligned strides.
+  const int64_t element_in = in_bf16 ? 2 : 4, element_out = out_bf16 ? 2 : 4;
+  Layouts layouts;
+  if (absl::Status s = layouts.Make(in_bf16, out_bf16, kPlanRows, n, k, RoundUp(k, kAlignment / element_in),
+                                    RoundUp(k, kAlignment / element_in), RoundUp(n, kAlignment / element_out));
+      !s.ok()) {
+    return s;
+  }
+  cublasLtMatmulPreference_t preference = nullptr;
+  status = cublasLtMatmulPreferenceCreate(&preference);
+  if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulPreferenceCreate", status);
+  const uint64_t max_workspace = workspace_bytes_;
+  const uint32_t no_split = CUBLASLT_REDUCTION_SCHEME_NONE;
+  const uint32_t alignment = kAlignment;
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
+                                       sizeof(max_workspace));
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split,
+                                       sizeof(no_split));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    cublasLtMatmulPreferenceSetAttribute(preference, attr, &alignment, sizeof(alignment));
+  }
+  std::vector<cublasLtMatmulHeuristicResult_t> results(8);
+  int found = 0;
+  status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, layouts.a, layouts.b, layouts.d, layouts.d,
+                                          preference, static_cast<int>(results.size()), results.data(), &found);
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulAlgoGetHeuristic", status);
+  // The heuristic's best algorithm that runs with K in one sequence.
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    cublasLtMatmulAlgo_t algo = results[i].algo;
+    const int32_t one = 1;
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none)) !=
+            CUBLAS_STATUS_SUCCESS) {
+      continue;
+    }
+    cublasLtMatmulHeuristicResult_t checked{};
+    if (cublasLtMatmulAlgoCheck(handle_, plan->desc, layouts.a, layouts.b, layouts.d, layouts.d, &algo,
+                                &checked) != CUBLAS_STATUS_SUCCESS ||
+        checked.workspaceSize > workspace_bytes_) {
+      continue;
+    }
+    int32_t id = 0, tile = 0;
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
+    plan->algo = algo;
+    plan->workspace = checked.workspaceSize;
+    plan->description = absl::StrCat(shape, ": algo ", id, " tile ", tile, " split-k 1, workspace ",
+                                     checked.workspaceSize, " (heuristic rank ", i, ")");
+    Plan* raw = plan.get();
+    plans_[key] = std::move(plan);
+    return raw;
+  }
+  return absl::InternalError(absl::StrCat("cuBLASLt plan for ", shape, ": none of ", found,
+                                          " heuristic algorithms runs without split-K"));
+}
+
+absl::Status LtGemm::Multiply(const GemmMatrix& x, const GemmMatrix& w, const GemmMatrix& y, const char* op) {
+  if (x.rows == 0 || w.rows == 0) return absl::OkStatus();
+  const std::string sizes = absl::StrCat("x [", x.rows, ", ", x.cols, "] ", x.bf16 ? "bf16" : "f32", ", W [",
+                                         w.rows, ", ", w.cols, "], y [", y.rows, ", ", y.cols, "] ",
+                                         y.bf16 ? "bf16" : "f32");
+  if (!Aligned(x) || !Aligned(w) || !Aligned(y)) {
+    return absl::InternalError(absl::StrCat(op, ": GEMM operands not 16-byte aligned: ", sizes));
+  }
+  absl::StatusOr<Plan*> plan = PlanFor(Key{w.rows, w.cols, x.bf16, y.bf16});
+  if (!plan.ok()) return absl::Status(plan.status().code(), absl::StrCat(op, ": ", plan.status().message()));
+  Layouts layouts;
+  if (absl::Status s = layouts.Make(x.bf16, y.bf16, x.rows, w.rows, w.cols, w.ld, x.ld, y.ld); !s.ok()) return s;
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t status =
+      cublasLtMatmul(handle_, (*plan)->desc, &alpha, w.data, layouts.a, x.data, layouts.b, &beta, y.data, layouts.d,
+                     const_cast<void*>(y.data), layouts.d, &(*plan)->algo, workspace_, (*plan)->workspace, stream_);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(absl::StrCat(op, ": cublasLtMatmul failed (", LtError(status), "): ", sizes));
+  }
+  return absl::OkStatus();
+}
+
+std::string LtGemm::DescribePlans() const {
+  std::string out;
+  for (const auto& [key, plan] : plans_) absl::StrAppend(&out, plan->description, "\n");
+  return out;
+}
+
+}  // namespace hsx::cuda
