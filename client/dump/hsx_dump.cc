@@ -53,6 +53,8 @@ ABSL_FLAG(int64_t, max_batch_tokens, 8192, "Token budget of one forward batch (-
 ABSL_FLAG(int64_t, max_tokens_per_sample, 0, "Longest sample accepted (0: the model's "
           "max_position_embeddings, or the server's limit); never more than --max-batch-tokens "
           "in-process.");
+ABSL_FLAG(std::string, device, "cpu", "--model: cpu or cuda, the backend every tensor-parallel rank runs on "
+          "(a build without the CUDA backend says so).");
 ABSL_FLAG(int, threads, 0, "CPU threads in all (0: all cores), shared among the ranks (--model).");
 ABSL_FLAG(int, tp, 1, "Tensor-parallel ranks (--model: threads here, each holding a slice of the "
           "weights).");
@@ -136,6 +138,9 @@ absl::StatusOr<Transport> MakeInProcess(const std::string& model_dir, hsx::Preci
   engine_options.tp = absl::GetFlag(FLAGS_tp);
   engine_options.precision = precision;
   engine_options.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<hsx::Device> device = hsx::ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return device.status();
+  engine_options.device = *device;
   absl::StatusOr<std::unique_ptr<hsx::Engine>> engine = hsx::Engine::Create(*t.checkpoint, engine_options);
   if (!engine.ok()) return engine.status();
   t.engine = *std::move(engine);
@@ -146,7 +151,7 @@ absl::StatusOr<Transport> MakeInProcess(const std::string& model_dir, hsx::Preci
 }
 
 absl::StatusOr<Transport> MakeRemote(const std::string& servers, const std::string& precision_name) {
-  for (absl::string_view flag : {"max_batch_tokens", "threads", "tp"}) {
+  for (absl::string_view flag : {"max_batch_tokens", "threads", "tp", "device"}) {
     if (Specified(flag)) return absl::InvalidArgumentError(absl::StrCat("--", flag, " applies to --model only"));
   }
   hsx::RemoteOptions options;

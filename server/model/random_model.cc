@@ -302,6 +302,7 @@ absl::Status WriteRandomCheckpoint(ModelConfig config, const std::string& out_di
                            : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, shards.size());
     SafetensorsWriter writer;
     writer.SetMetadata("format", "pt");
+    if (options.zero_weights) writer.ZeroTensorsFrom(64);  // weight_shape tensors are 8 or 16 bytes
     for (const WeightSpec* spec : shards[i]) AddWeight(*spec, config, options, writer);
     if (absl::Status s = writer.Write((fs::path(out_dir) / file).string()); !s.ok()) return s;
     total_size += writer.data_bytes();

@@ -33,6 +33,10 @@ struct GeneratorOptions {
   uint64_t seed = 0;
   int64_t shard_bytes = 5'000'000'000;  // a shard closes once it would exceed this
   int threads = 0;                      // 0: all hardware threads
+  // Every weight zero, written as file holes (INT4 weight_shape tensors keep
+  // their values): a structurally exact checkpoint at real dimensions in
+  // seconds, for placement and memory-plan checks. Not for forward passes.
+  bool zero_weights = false;
 };
 
 // Writes the checkpoint into `out_dir`, which must not exist or be empty.

@@ -45,7 +45,15 @@ class TempFile {
     return absl::OkStatus();
   }
 
+  // Leaves `bytes` zero bytes as a hole (the file's size is set by Commit).
+  absl::Status Skip(uint64_t bytes) {
+    if (::lseek(fd_, static_cast<off_t>(bytes), SEEK_CUR) < 0) return Error("seek failed");
+    return absl::OkStatus();
+  }
+
   absl::Status Commit() {
+    const off_t end = ::lseek(fd_, 0, SEEK_CUR);
+    if (end < 0 || ::ftruncate(fd_, end) != 0) return Error("cannot set the size");
     if (::fsync(fd_) != 0) return Error("fsync failed");
     if (::close(fd_) != 0) {
       fd_ = -1;
@@ -126,6 +134,10 @@ absl::Status SafetensorsWriter::Write(const std::string& path) const {
   }
   std::vector<uint8_t> buffer;
   for (const Entry* entry : order) {
+    if (entry->bytes >= zero_from_) {
+      if (absl::Status s = file.Skip(entry->bytes); !s.ok()) return s;
+      continue;
+    }
     buffer.assign(entry->bytes, 0);
     entry->fill(buffer);
     if (absl::Status s = file.Append(buffer); !s.ok()) return s;

@@ -32,6 +32,9 @@ class SafetensorsWriter {
   void AddBytes(std::string name, DType dtype, std::vector<int64_t> shape,
                 std::span<const uint8_t> bytes);
   void SetMetadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
+  // Tensors of at least `bytes` bytes are not filled: Write() leaves them as
+  // holes in the file, which read back as zeros (and take no disk space).
+  void ZeroTensorsFrom(uint64_t bytes) { zero_from_ = bytes; }
 
   // Bytes of tensor data added so far.
   uint64_t data_bytes() const;
@@ -50,6 +53,7 @@ class SafetensorsWriter {
   };
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;
+  uint64_t zero_from_ = UINT64_MAX;
 };
 
 // Writes `contents` to `path` atomically (temporary file in the same

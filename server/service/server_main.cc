@@ -164,6 +164,7 @@ absl::Status Serve() {
   engine_options.tp = options.tp;
   engine_options.precision = options.precision;
   engine_options.threads = options.threads;
+  engine_options.device = *ParseDevice(options.device);  // validated with the flags
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(**checkpoint, engine_options);
   if (!engine.ok()) {
     shutdown_now();

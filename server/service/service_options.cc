@@ -1,6 +1,8 @@
 // service_options.cc: the flags of hsx-server and their validation.
 #include "server/service/service_options.h"
 
+#include "server/runtime/device_factory.h"
+
 #include <algorithm>
 
 #include "absl/flags/flag.h"
@@ -13,7 +15,9 @@ ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + safetenso
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
           "Address of the gRPC port, HOST:PORT; port 0 picks a free port (the log line "
           "'hsx-server: listening on HOST:PORT' names the one bound).");
-ABSL_FLAG(std::string, device, "cpu", "cpu or cuda (cuda: not available in this build).");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu or cuda: the backend every tensor-parallel rank runs on (a build without the CUDA "
+          "backend says so at start-up).");
 ABSL_FLAG(int, tp, 1, "Tensor-parallel ranks (threads on the CPU backend).");
 ABSL_FLAG(std::string, precision, "bf16",
           "Arithmetic: bf16 (rounds where the HF BF16 reference rounds) or fp32.");
@@ -79,15 +83,12 @@ absl::StatusOr<ServiceOptions> OptionsFromFlags() {
   o.listen = absl::GetFlag(FLAGS_listen);
   if (o.listen.empty()) return absl::InvalidArgumentError("--listen: empty address");
   o.device = absl::GetFlag(FLAGS_device);
-  if (o.device == "cuda") {
-    return absl::UnimplementedError(
-        "--device cuda: not available in this build (CPU backend only); use --device cpu");
-  }
-  if (o.device != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat("--device '", o.device, "': expected cpu or cuda"));
-  }
+  absl::StatusOr<Device> device = ParseDevice(o.device);
+  if (!device.ok()) return device.status();
   o.tp = absl::GetFlag(FLAGS_tp);
   if (o.tp < 1) return absl::InvalidArgumentError("--tp must be at least 1");
+  // Refuse a device this build cannot drive before anything listens.
+  if (absl::Status s = MakeDeviceFactory(*device, Precision::kBf16, o.tp, 1).status(); !s.ok()) return s;
   const std::string precision = absl::GetFlag(FLAGS_precision);
   if (precision != "bf16" && precision != "fp32") {
     return absl::InvalidArgumentError(absl::StrCat("--precision '", precision, "': expected bf16 or fp32"));

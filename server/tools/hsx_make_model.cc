@@ -28,6 +28,10 @@ ABSL_FLAG(int64_t, layers, 0, "Number of decoder layers (0: the preset's or conf
 ABSL_FLAG(uint64_t, seed, 0, "Random seed; the output is byte-identical for a given seed.");
 ABSL_FLAG(std::string, shard_size, "5GB", "Largest shard, e.g. 500MB, 5GB or a byte count.");
 ABSL_FLAG(int, threads, 0, "Worker threads (0: all cores). Does not change the output.");
+ABSL_FLAG(bool, zero_weights, false,
+          "Write every weight as zeros (file holes, no disk space): the exact structure at real "
+          "dimensions in seconds, for hsx-inspect memory plans and placement checks. Such a model's "
+          "forward pass is all zeros, which hsx-server's self-check refuses.");
 
 namespace {
 
@@ -68,6 +72,7 @@ absl::Status Run() {
   options.seed = absl::GetFlag(FLAGS_seed);
   options.shard_bytes = *shard_bytes;
   options.threads = absl::GetFlag(FLAGS_threads);
+  options.zero_weights = absl::GetFlag(FLAGS_zero_weights);
   if (absl::Status s = hsx::WriteRandomCheckpoint(*config, out, options); !s.ok()) return s;
   // Read back through the loader: what we wrote must validate.
   absl::StatusOr<std::unique_ptr<hsx::Checkpoint>> checkpoint = hsx::Checkpoint::Open(out);
