@@ -36,6 +36,12 @@ int64_t RoundUp(int64_t value, int64_t to) { return (value + to - 1) / to * to; 
 
 DeviceMatrix Dev(const Matrix& m) { return {m.data, m.type == ElementType::kBf16, m.rows, m.cols, m.ld}; }
 
+// Stream-ordered free. Null is skipped: a failed runtime call would otherwise
+// linger as the thread's last error and be blamed on the next launch.
+void FreeAsync(void* data, cudaStream_t stream) {
+  if (data != nullptr) cudaFreeAsync(data, stream);
+}
+
 class CudaBackend;
 
 // ---- Handles ----------------------------------------------------------------
@@ -43,7 +49,7 @@ class CudaBackend;
 class CudaBuffer : public Buffer {
  public:
   CudaBuffer(cudaStream_t stream, const Matrix& matrix) : stream_(stream), matrix_(matrix) {}
-  ~CudaBuffer() override { cudaFreeAsync(matrix_.data, stream_); }  // stream-ordered
+  ~CudaBuffer() override { FreeAsync(matrix_.data, stream_); }  // stream-ordered
   Matrix matrix() const override { return matrix_; }
 
  private:
@@ -65,7 +71,7 @@ class PinnedBuffer : public HostBuffer {
 
 class CudaStagedBatch : public StagedBatch {
  public:
-  ~CudaStagedBatch() override { cudaFreeAsync(block, stream); }
+  ~CudaStagedBatch() override { FreeAsync(block, stream); }
   int64_t tokens() const override { return num_tokens; }
   int64_t num_samples() const override { return static_cast<int64_t>(cu_host.size()) - 1; }
   int64_t longest() const override { return longest_length; }
@@ -84,7 +90,7 @@ class CudaStagedBatch : public StagedBatch {
 
 class CudaRopeTable : public RopeTable {
  public:
-  ~CudaRopeTable() override { cudaFreeAsync(cos, stream); }
+  ~CudaRopeTable() override { FreeAsync(cos, stream); }
   int64_t positions() const override { return num_positions; }
   int64_t half_dim() const override { return half; }
 
@@ -97,7 +103,7 @@ class CudaRopeTable : public RopeTable {
 
 class CudaRouting : public Routing {
  public:
-  ~CudaRouting() override { cudaFreeAsync(experts, stream); }
+  ~CudaRouting() override { FreeAsync(experts, stream); }
   int64_t tokens() const override { return num_tokens; }
   int64_t top_k() const override { return k; }
 
@@ -190,7 +196,7 @@ class CudaBackend : public Backend {
       return *this;
     }
     ~Scratch() {
-      if (data_ != nullptr) cudaFreeAsync(data_, stream_);
+      FreeAsync(data_, stream_);
     }
     void* get() const { return data_; }
 
