@@ -148,13 +148,23 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::PlanFor(const Key& key) {
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
     cublasLtMatmulAlgo_t algo = results[i].algo;
-    const int32_t one = 1;
-    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
-    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
-            CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none)) !=
-            CUBLAS_STATUS_SUCCESS) {
-      continue;
+    int32_t splits = 1;
+    uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme),
+                                         &written);
+    if (splits > 1 || scheme != CUBLASLT_REDUCTION_SCHEME_NONE) {
+      // The mask should have excluded it; force one sequence and let
+      // cublasLtMatmulAlgoCheck decide whether the algorithm still runs.
+      const int32_t one = 1;
+      const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none)) !=
+              CUBLAS_STATUS_SUCCESS) {
+        continue;
+      }
     }
     cublasLtMatmulHeuristicResult_t checked{};
     if (cublasLtMatmulAlgoCheck(handle_, plan->desc, layouts.a, layouts.b, layouts.d, layouts.d, &algo,
@@ -163,7 +173,6 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::PlanFor(const Key& key) {
       continue;
     }
     int32_t id = 0, tile = 0;
-    size_t written = 0;
     cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
     cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
     plan->algo = algo;
