@@ -110,13 +110,19 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
 
-  // Pass 1: row maxima (std::max's comparison, so NaNs behave as on the CPU).
-  for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
+  // Loads key tile k0 (and its values) and fills S with its scores; on return
+  // every thread sees them, and the previous tile is no longer read.
+  auto tile_scores = [&](int64_t k0, bool values) {
     __syncthreads();
-    load_keys(k0, false);
+    load_keys(k0, values);
     __syncthreads();
     scores(k0);
     __syncthreads();
+  };
+
+  // Pass 1: row maxima (std::max's comparison, so NaNs behave as on the CPU).
+  for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
+    tile_scores(k0, false);
     if (tid < rows) {
       float m = row_max[tid];
       for (int j = 0; j < kKeyTile && k0 + j <= q0 + tid; ++j) m = m < S[tid * kKeyTile + j] ? S[tid * kKeyTile + j] : m;
@@ -125,11 +131,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   // Pass 2: sums of exp(s - max), keys ascending.
   for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
-    __syncthreads();
-    load_keys(k0, false);
-    __syncthreads();
-    scores(k0);
-    __syncthreads();
+    tile_scores(k0, false);
     for (int pair = tid; pair < kQueryTile * kKeyTile; pair += kThreads) {
       const int i = pair / kKeyTile;
       if (i < rows) S[pair] = Exp(S[pair] - row_max[i]);  // masked: exp(-inf) = 0, not added below
@@ -143,11 +145,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   // Pass 3: probabilities, and the outputs accumulated over keys ascending.
   for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
-    __syncthreads();
-    load_keys(k0, true);
-    __syncthreads();
-    scores(k0);
-    __syncthreads();
+    tile_scores(k0, true);
     for (int pair = tid; pair < kQueryTile * kKeyTile; pair += kThreads) {
       const int i = pair / kKeyTile;
       if (i < rows) S[pair] = R(round, Exp(S[pair] - row_max[i]) / row_sum[i]);
