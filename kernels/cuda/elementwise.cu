@@ -158,6 +158,7 @@ int LaunchConvert(DeviceMatrix in, DeviceMatrix out, CUstream_st* stream) {
 int LaunchRmsNorm(DeviceMatrix x, const uint16_t* weight, float eps, bool round, DeviceMatrix y,
                   CUstream_st* stream) {
   if (x.rows == 0 || x.cols == 0) return cudaSuccess;
+  if ((x.rows + kNormRows - 1) / kNormRows > 65535 * 16) return cudaErrorInvalidValue;  // one block per 64 rows
   RmsNormKernel<<<GridFor(x.rows, kNormRows), kThreads, 0, stream>>>(x, weight, eps, round, y);
   return cudaGetLastError();
 }
