@@ -191,14 +191,21 @@ class CudaBackend : public Backend {
     Scratch(cudaStream_t stream, void* data) : stream_(stream), data_(data) {}
     Scratch(Scratch&& other) noexcept : stream_(other.stream_), data_(other.data_) { other.data_ = nullptr; }
     Scratch& operator=(Scratch&& other) noexcept {
-      std::swap(stream_, other.stream_);
-      std::swap(data_, other.data_);
+      if (this != &other) {
+        FreeAsync(data_, stream_);
+        stream_ = other.stream_;
+        data_ = other.release();
+      }
       return *this;
     }
-    ~Scratch() {
-      FreeAsync(data_, stream_);
-    }
+    ~Scratch() { FreeAsync(data_, stream_); }
     void* get() const { return data_; }
+    // Hands the memory to a longer-lived owner (which frees it with FreeAsync).
+    void* release() {
+      void* data = data_;
+      data_ = nullptr;
+      return data;
+    }
 
    private:
     cudaStream_t stream_ = nullptr;
@@ -585,8 +592,7 @@ absl::StatusOr<std::unique_ptr<StagedBatch>> CudaBackend::Stage(std::span<const 
   batch->tiles = reinterpret_cast<const cuda::AttentionTile*>(base + cu_bytes);
   batch->token_ids = reinterpret_cast<const int32_t*>(base + cu_bytes + tile_bytes);
   batch->positions = reinterpret_cast<const int32_t*>(base + cu_bytes + tile_bytes + token_bytes);
-  batch->block = block->get();
-  *block = Scratch();  // now owned by the batch
+  batch->block = block->release();  // now owned by the batch
   return batch;
 }
 
@@ -599,11 +605,10 @@ absl::StatusOr<std::unique_ptr<RopeTable>> CudaBackend::PlaceRopeTable(std::span
   if (!block.ok()) return block.status();
   auto table = std::make_unique<CudaRopeTable>();
   table->stream = stream_;
-  table->cos = static_cast<float*>(block->get());
+  table->cos = static_cast<float*>(block->release());  // now owned by the table
   table->sin = table->cos + cos.size();
   table->half = half_dim;
   table->num_positions = static_cast<int64_t>(cos.size()) / half_dim;
-  *block = Scratch();
   if (cudaError_t s = cudaMemcpyAsync(table->cos, cos.data(), cos.size_bytes(), cudaMemcpyHostToDevice, stream_);
       s != cudaSuccess) {
     return CudaError(s, "PlaceRopeTable", "cos");
@@ -626,9 +631,8 @@ absl::StatusOr<std::unique_ptr<Routing>> CudaBackend::AllocateRouting(int64_t to
   routing->stream = stream_;
   routing->num_tokens = tokens;
   routing->k = top_k;
-  routing->experts = static_cast<int32_t*>(block->get());
+  routing->experts = static_cast<int32_t*>(block->release());  // now owned by the routing
   routing->weights = reinterpret_cast<float*>(routing->experts + tokens * top_k);
-  *block = Scratch();
   return routing;
 }
 
