@@ -38,8 +38,12 @@ absl::StatusOr<cublasLtMatrixLayout_t> Layout(bool bf16, int64_t rows, int64_t c
   return layout;
 }
 
+int64_t RoundUp(int64_t value, int64_t to) { return (value + to - 1) / to * to; }
+
+}  // namespace
+
 // The three layouts of one multiply, destroyed together.
-struct Layouts {
+struct LtGemm::Layouts {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   ~Layouts() {
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -62,10 +66,6 @@ struct Layouts {
     return absl::OkStatus();
   }
 };
-
-int64_t RoundUp(int64_t value, int64_t to) { return (value + to - 1) / to * to; }
-
-}  // namespace
 
 struct LtGemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -105,25 +105,53 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::PlanFor(const Key& key) {
   const auto [n, k, in_bf16, out_bf16] = key;
   const std::string shape = absl::StrCat("N=", n, " K=", k, " ", in_bf16 ? "bf16" : "f32", "->",
                                          out_bf16 ? "bf16" : "f32");
-  auto fail = [&](const char* what, cublasStatus_t status) {
-    return absl::InternalError(absl::StrCat("cuBLASLt plan for ", shape, ": ", what, ": ", LtError(status)));
-  };
-  auto plan = std::make_unique<Plan>();
-  const cublasComputeType_t compute = in_bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC;
-  cublasStatus_t status = cublasLtMatmulDescCreate(&plan->desc, compute, CUDA_R_32F);
-  if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulDescCreate", status);
-  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-  cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
-  cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
-
   // Plan for kPlanRows rows with packed, aligned strides.
   const int64_t element_in = in_bf16 ? 2 : 4, element_out = out_bf16 ? 2 : 4;
   Layouts layouts;
   if (absl::Status s = layouts.Make(in_bf16, out_bf16, kPlanRows, n, k, RoundUp(k, kAlignment / element_in),
                                     RoundUp(k, kAlignment / element_in), RoundUp(n, kAlignment / element_out));
       !s.ok()) {
-    return s;
+    return absl::Status(s.code(), absl::StrCat("cuBLASLt plan for ", shape, ": ", s.message()));
   }
+  // f32 inputs: pedantic fp32 first (no TF32, no bf16x9 emulation), then
+  // plain COMPUTE_32F (also true fp32 unless TF32 or emulation is asked for).
+  std::vector<cublasComputeType_t> computes = {CUBLAS_COMPUTE_32F};
+  if (!in_bf16) computes.insert(computes.begin(), CUBLAS_COMPUTE_32F_PEDANTIC);
+  std::string tried;
+  for (const cublasComputeType_t compute : computes) {
+    // Ask for algorithms without a K split first; failing that, take any and
+    // force split-K 1 (cublasLtMatmulAlgoCheck then says whether it runs).
+    for (const bool mask_splits : {true, false}) {
+      absl::StatusOr<std::unique_ptr<Plan>> plan = TryPlan(compute, mask_splits, layouts);
+      if (!plan.ok()) {
+        absl::StrAppend(&tried, tried.empty() ? "" : "; ", plan.status().message());
+        continue;
+      }
+      (*plan)->description = absl::StrCat(shape, ": ", (*plan)->description);
+      Plan* raw = plan->get();
+      plans_[key] = *std::move(plan);
+      return raw;
+    }
+  }
+  return absl::InternalError(absl::StrCat("cuBLASLt plan for ", shape, ": no algorithm runs K in one sequence (",
+                                          tried, ")"));
+}
+
+absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::TryPlan(int compute, bool mask_splits,
+                                                               const Layouts& layouts) {
+  cublasLtMatrixLayout_t a = layouts.a, b = layouts.b, d = layouts.d;
+  const std::string attempt = absl::StrCat("compute type ", compute, mask_splits ? ", no-split mask" : "");
+  auto fail = [&](const char* what, cublasStatus_t status) {
+    return absl::InternalError(absl::StrCat(attempt, ": ", what, ": ", LtError(status)));
+  };
+  auto plan = std::make_unique<Plan>();
+  cublasStatus_t status =
+      cublasLtMatmulDescCreate(&plan->desc, static_cast<cublasComputeType_t>(compute), CUDA_R_32F);
+  if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulDescCreate", status);
+  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
+  cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
+
   cublasLtMatmulPreference_t preference = nullptr;
   status = cublasLtMatmulPreferenceCreate(&preference);
   if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulPreferenceCreate", status);
@@ -132,16 +160,18 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::PlanFor(const Key& key) {
   const uint32_t alignment = kAlignment;
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
                                        sizeof(max_workspace));
-  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split,
-                                       sizeof(no_split));
+  if (mask_splits) {
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split,
+                                         sizeof(no_split));
+  }
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     cublasLtMatmulPreferenceSetAttribute(preference, attr, &alignment, sizeof(alignment));
   }
   std::vector<cublasLtMatmulHeuristicResult_t> results(8);
   int found = 0;
-  status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, layouts.a, layouts.b, layouts.d, layouts.d,
-                                          preference, static_cast<int>(results.size()), results.data(), &found);
+  status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, a, b, d, d, preference,
+                                          static_cast<int>(results.size()), results.data(), &found);
   cublasLtMatmulPreferenceDestroy(preference);
   if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulAlgoGetHeuristic", status);
   // The heuristic's best algorithm that runs with K in one sequence.
@@ -155,8 +185,6 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::PlanFor(const Key& key) {
     cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme),
                                          &written);
     if (splits > 1 || scheme != CUBLASLT_REDUCTION_SCHEME_NONE) {
-      // The mask should have excluded it; force one sequence and let
-      // cublasLtMatmulAlgoCheck decide whether the algorithm still runs.
       const int32_t one = 1;
       const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
       if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
@@ -167,8 +195,7 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::PlanFor(const Key& key) {
       }
     }
     cublasLtMatmulHeuristicResult_t checked{};
-    if (cublasLtMatmulAlgoCheck(handle_, plan->desc, layouts.a, layouts.b, layouts.d, layouts.d, &algo,
-                                &checked) != CUBLAS_STATUS_SUCCESS ||
+    if (cublasLtMatmulAlgoCheck(handle_, plan->desc, a, b, d, d, &algo, &checked) != CUBLAS_STATUS_SUCCESS ||
         checked.workspaceSize > workspace_bytes_) {
       continue;
     }
@@ -177,14 +204,11 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::PlanFor(const Key& key) {
     cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
     plan->algo = algo;
     plan->workspace = checked.workspaceSize;
-    plan->description = absl::StrCat(shape, ": algo ", id, " tile ", tile, " split-k 1, workspace ",
-                                     checked.workspaceSize, " (heuristic rank ", i, ")");
-    Plan* raw = plan.get();
-    plans_[key] = std::move(plan);
-    return raw;
+    plan->description = absl::StrCat("algo ", id, " tile ", tile, " split-k 1, ", attempt, ", workspace ",
+                                     checked.workspaceSize, " (heuristic rank ", i, " of ", found, ")");
+    return plan;
   }
-  return absl::InternalError(absl::StrCat("cuBLASLt plan for ", shape, ": none of ", found,
-                                          " heuristic algorithms runs without split-K"));
+  return absl::NotFoundError(absl::StrCat(attempt, ": none of ", found, " heuristic algorithms runs without split-K"));
 }
 
 absl::Status LtGemm::Multiply(const GemmMatrix& x, const GemmMatrix& w, const GemmMatrix& y, const char* op) {

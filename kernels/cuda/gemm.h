@@ -77,10 +77,15 @@ class LtGemm {
 
  private:
   struct Plan;
+  struct Layouts;  // the cuBLASLt layouts of one multiply
   using Key = std::tuple<int64_t, int64_t, bool, bool>;  // N, K, bf16 input, bf16 output
 
   LtGemm(cublasLtContext* handle, CUstream_st* stream, void* workspace, size_t workspace_bytes);
   absl::StatusOr<Plan*> PlanFor(const Key& key);
+  // One heuristic query for a compute type (a cublasComputeType_t), with or
+  // without the no-split-K mask; the first algorithm that runs K in one
+  // sequence, or an error saying why none does.
+  absl::StatusOr<std::unique_ptr<Plan>> TryPlan(int compute, bool mask_splits, const Layouts& layouts);
 
   cublasLtContext* handle_;
   CUstream_st* stream_;
