@@ -140,7 +140,31 @@ __global__ void Bf16ToF32Kernel(const uint16_t* __restrict__ in, float* __restri
   }
 }
 
+__global__ void FillPatternKernel(void* data, int64_t count, bool bf16, uint32_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ static_cast<uint32_t>(i >> 32) ^ seed;  // a small hash
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    const float v = static_cast<float>(h >> 8) / static_cast<float>(1 << 23) - 1.0f;
+    if (bf16) {
+      static_cast<uint16_t*>(data)[i] = FloatToBf16(v);
+    } else {
+      static_cast<float*>(data)[i] = v;
+    }
+  }
+}
+
 }  // namespace
+
+int LaunchFillPattern(void* data, int64_t count, bool bf16, uint32_t seed, CUstream_st* stream) {
+  if (count == 0) return cudaSuccess;
+  FillPatternKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(data, count, bf16, seed);
+  return cudaGetLastError();
+}
 
 int LaunchEmbed(const int32_t* tokens, const uint16_t* table, int64_t vocab_begin, int64_t vocab_rows,
                 DeviceMatrix out, CUstream_st* stream) {

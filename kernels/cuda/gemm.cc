@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/ops.h"
 
 namespace hsx::cuda {
 namespace {
@@ -122,38 +123,44 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::PlanFor(const Key& key) {
     // Ask for algorithms without a K split first; failing that, take any and
     // force split-K 1 (cublasLtMatmulAlgoCheck then says whether it runs).
     for (const bool mask_splits : {true, false}) {
-      absl::StatusOr<std::unique_ptr<Plan>> plan = TryPlan(compute, mask_splits, layouts);
-      if (!plan.ok()) {
-        absl::StrAppend(&tried, tried.empty() ? "" : "; ", plan.status().message());
-        continue;
+      std::string why;
+      std::vector<std::unique_ptr<Plan>> candidates = Candidates(compute, mask_splits, layouts, &why);
+      if (candidates.empty()) absl::StrAppend(&tried, tried.empty() ? "" : "; ", why);
+      // The first whose rows are verifiably independent of M (a stream-K
+      // style kernel would fail this even with split-K 1).
+      for (size_t c = 0; c < candidates.size(); ++c) {
+        absl::StatusOr<bool> independent = RowsIndependent(*candidates[c], key);
+        if (!independent.ok()) {
+          return absl::Status(independent.status().code(),
+                              absl::StrCat("cuBLASLt plan for ", shape, ": ", independent.status().message()));
+        }
+        if (!*independent) {
+          absl::StrAppend(&tried, tried.empty() ? "" : "; ", candidates[c]->description,
+                          ": a row alone differs from the same row in ", kPlanRows, " rows");
+          continue;
+        }
+        candidates[c]->description = absl::StrCat(shape, ": ", candidates[c]->description);
+        Plan* raw = candidates[c].get();
+        plans_[key] = std::move(candidates[c]);
+        return raw;
       }
-      (*plan)->description = absl::StrCat(shape, ": ", (*plan)->description);
-      Plan* raw = plan->get();
-      plans_[key] = *std::move(plan);
-      return raw;
     }
   }
-  return absl::InternalError(absl::StrCat("cuBLASLt plan for ", shape, ": no algorithm runs K in one sequence (",
+  return absl::InternalError(absl::StrCat("cuBLASLt plan for ", shape,
+                                          ": no algorithm runs K in one sequence with rows independent of M (",
                                           tried, ")"));
 }
 
-absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::TryPlan(int compute, bool mask_splits,
-                                                               const Layouts& layouts) {
-  cublasLtMatrixLayout_t a = layouts.a, b = layouts.b, d = layouts.d;
+std::vector<std::unique_ptr<LtGemm::Plan>> LtGemm::Candidates(int compute, bool mask_splits, const Layouts& layouts,
+                                                              std::string* why) {
+  std::vector<std::unique_ptr<Plan>> plans;
   const std::string attempt = absl::StrCat("compute type ", compute, mask_splits ? ", no-split mask" : "");
   auto fail = [&](const char* what, cublasStatus_t status) {
-    return absl::InternalError(absl::StrCat(attempt, ": ", what, ": ", LtError(status)));
+    *why = absl::StrCat(attempt, ": ", what, ": ", LtError(status));
+    return std::vector<std::unique_ptr<Plan>>();
   };
-  auto plan = std::make_unique<Plan>();
-  cublasStatus_t status =
-      cublasLtMatmulDescCreate(&plan->desc, static_cast<cublasComputeType_t>(compute), CUDA_R_32F);
-  if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulDescCreate", status);
-  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-  cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
-  cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
-
   cublasLtMatmulPreference_t preference = nullptr;
-  status = cublasLtMatmulPreferenceCreate(&preference);
+  cublasStatus_t status = cublasLtMatmulPreferenceCreate(&preference);
   if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulPreferenceCreate", status);
   const uint64_t max_workspace = workspace_bytes_;
   const uint32_t no_split = CUBLASLT_REDUCTION_SCHEME_NONE;
@@ -168,13 +175,27 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::TryPlan(int compute, bool 
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     cublasLtMatmulPreferenceSetAttribute(preference, attr, &alignment, sizeof(alignment));
   }
+  // One descriptor per candidate (a plan owns its descriptor).
+  auto make_desc = [&](cublasLtMatmulDesc_t* desc) {
+    cublasStatus_t s = cublasLtMatmulDescCreate(desc, static_cast<cublasComputeType_t>(compute), CUDA_R_32F);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+    const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+    cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
+    cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
+    return CUBLAS_STATUS_SUCCESS;
+  };
+  Plan query;
+  status = make_desc(&query.desc);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    cublasLtMatmulPreferenceDestroy(preference);
+    return fail("cublasLtMatmulDescCreate", status);
+  }
   std::vector<cublasLtMatmulHeuristicResult_t> results(8);
   int found = 0;
-  status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, a, b, d, d, preference,
-                                          static_cast<int>(results.size()), results.data(), &found);
+  status = cublasLtMatmulAlgoGetHeuristic(handle_, query.desc, layouts.a, layouts.b, layouts.d, layouts.d,
+                                          preference, static_cast<int>(results.size()), results.data(), &found);
   cublasLtMatmulPreferenceDestroy(preference);
   if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulAlgoGetHeuristic", status);
-  // The heuristic's best algorithm that runs with K in one sequence.
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
     cublasLtMatmulAlgo_t algo = results[i].algo;
@@ -195,10 +216,13 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::TryPlan(int compute, bool 
       }
     }
     cublasLtMatmulHeuristicResult_t checked{};
-    if (cublasLtMatmulAlgoCheck(handle_, plan->desc, a, b, d, d, &algo, &checked) != CUBLAS_STATUS_SUCCESS ||
+    if (cublasLtMatmulAlgoCheck(handle_, query.desc, layouts.a, layouts.b, layouts.d, layouts.d, &algo, &checked) !=
+            CUBLAS_STATUS_SUCCESS ||
         checked.workspaceSize > workspace_bytes_) {
       continue;
     }
+    auto plan = std::make_unique<Plan>();
+    if (make_desc(&plan->desc) != CUBLAS_STATUS_SUCCESS) continue;
     int32_t id = 0, tile = 0;
     cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
     cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
@@ -206,30 +230,79 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::TryPlan(int compute, bool 
     plan->workspace = checked.workspaceSize;
     plan->description = absl::StrCat("algo ", id, " tile ", tile, " split-k 1, ", attempt, ", workspace ",
                                      checked.workspaceSize, " (heuristic rank ", i, " of ", found, ")");
-    return plan;
+    plans.push_back(std::move(plan));
   }
-  return absl::NotFoundError(absl::StrCat(attempt, ": none of ", found, " heuristic algorithms runs without split-K"));
+  if (plans.empty()) *why = absl::StrCat(attempt, ": none of ", found, " heuristic algorithms runs without split-K");
+  return plans;
 }
 
-absl::Status LtGemm::Multiply(const GemmMatrix& x, const GemmMatrix& w, const GemmMatrix& y, const char* op) {
-  if (x.rows == 0 || w.rows == 0) return absl::OkStatus();
-  const std::string sizes = absl::StrCat("x [", x.rows, ", ", x.cols, "] ", x.bf16 ? "bf16" : "f32", ", W [",
-                                         w.rows, ", ", w.cols, "], y [", y.rows, ", ", y.cols, "] ",
-                                         y.bf16 ? "bf16" : "f32");
-  if (!Aligned(x) || !Aligned(w) || !Aligned(y)) {
-    return absl::InternalError(absl::StrCat(op, ": GEMM operands not 16-byte aligned: ", sizes));
+absl::StatusOr<bool> LtGemm::RowsIndependent(const Plan& plan, const Key& key) {
+  const auto [n, k, in_bf16, out_bf16] = key;
+  const int64_t element_in = in_bf16 ? 2 : 4, element_out = out_bf16 ? 2 : 4;
+  const int64_t ldk = RoundUp(k, kAlignment / element_in), ldn = RoundUp(n, kAlignment / element_out);
+  // W [n, ldk], X [kPlanRows, ldk], Y [kPlanRows, ldn], Y1 [1, ldn], each 256-byte aligned.
+  const size_t w_bytes = RoundUp(n * ldk * element_in, 256), x_bytes = RoundUp(kPlanRows * ldk * element_in, 256);
+  const size_t y_bytes = RoundUp(kPlanRows * ldn * element_out, 256), y1_bytes = RoundUp(ldn * element_out, 256);
+  void* block = nullptr;
+  auto cuda_fail = [&](cudaError_t s, const char* what) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("row-independence check: ", what, ": ", cudaGetErrorString(s)));
+  };
+  if (cudaError_t s = cudaMallocAsync(&block, w_bytes + x_bytes + y_bytes + y1_bytes, stream_); s != cudaSuccess) {
+    return cuda_fail(s, "cudaMallocAsync");
   }
-  absl::StatusOr<Plan*> plan = PlanFor(Key{w.rows, w.cols, x.bf16, y.bf16});
-  if (!plan.ok()) return absl::Status(plan.status().code(), absl::StrCat(op, ": ", plan.status().message()));
+  char* base = static_cast<char*>(block);
+  const GemmMatrix w{base, in_bf16, n, k, ldk};
+  const GemmMatrix x{base + w_bytes, in_bf16, kPlanRows, k, ldk};
+  const GemmMatrix y{base + w_bytes + x_bytes, out_bf16, kPlanRows, n, ldn};
+  const GemmMatrix y1{base + w_bytes + x_bytes + y_bytes, out_bf16, 1, n, ldn};
+  absl::Status status = absl::OkStatus();
+  std::vector<char> in_batch(static_cast<size_t>(n * element_out)), alone(in_batch.size());
+  int error = LaunchFillPattern(const_cast<void*>(w.data), n * ldk, in_bf16, 7, stream_);
+  if (error == cudaSuccess) error = LaunchFillPattern(const_cast<void*>(x.data), kPlanRows * ldk, in_bf16, 8, stream_);
+  if (error != cudaSuccess) status = cuda_fail(static_cast<cudaError_t>(error), "filling the operands");
+  // Row r near the end (the last tile), alone and in the full product.
+  const int64_t r = kPlanRows - 3;
+  if (status.ok()) status = Run(plan, x, w, y);
+  if (status.ok()) {
+    const GemmMatrix x_row{static_cast<const char*>(x.data) + r * ldk * element_in, in_bf16, 1, k, ldk};
+    status = Run(plan, x_row, w, y1);
+  }
+  if (status.ok()) {
+    cudaError_t s = cudaMemcpyAsync(in_batch.data(), static_cast<const char*>(y.data) + r * ldn * element_out,
+                                    in_batch.size(), cudaMemcpyDeviceToHost, stream_);
+    if (s == cudaSuccess) s = cudaMemcpyAsync(alone.data(), y1.data, alone.size(), cudaMemcpyDeviceToHost, stream_);
+    if (s == cudaSuccess) s = cudaStreamSynchronize(stream_);
+    if (s != cudaSuccess) status = cuda_fail(s, "comparing rows");
+  }
+  cudaFreeAsync(block, stream_);
+  if (!status.ok()) return status;
+  return in_batch == alone;
+}
+
+absl::Status LtGemm::Run(const Plan& plan, const GemmMatrix& x, const GemmMatrix& w, const GemmMatrix& y) {
   Layouts layouts;
   if (absl::Status s = layouts.Make(x.bf16, y.bf16, x.rows, w.rows, w.cols, w.ld, x.ld, y.ld); !s.ok()) return s;
   const float alpha = 1.0f, beta = 0.0f;
   const cublasStatus_t status =
-      cublasLtMatmul(handle_, (*plan)->desc, &alpha, w.data, layouts.a, x.data, layouts.b, &beta, y.data, layouts.d,
-                     const_cast<void*>(y.data), layouts.d, &(*plan)->algo, workspace_, (*plan)->workspace, stream_);
+      cublasLtMatmul(handle_, plan.desc, &alpha, w.data, layouts.a, x.data, layouts.b, &beta, y.data, layouts.d,
+                     const_cast<void*>(y.data), layouts.d, &plan.algo, workspace_, plan.workspace, stream_);
   if (status != CUBLAS_STATUS_SUCCESS) {
-    return absl::InternalError(absl::StrCat(op, ": cublasLtMatmul failed (", LtError(status), "): ", sizes));
+    return absl::InternalError(absl::StrCat("cublasLtMatmul failed (", LtError(status), "): x [", x.rows, ", ",
+                                            x.cols, "] ", x.bf16 ? "bf16" : "f32", ", W [", w.rows, ", ", w.cols,
+                                            "], y [", y.rows, ", ", y.cols, "] ", y.bf16 ? "bf16" : "f32"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status LtGemm::Multiply(const GemmMatrix& x, const GemmMatrix& w, const GemmMatrix& y, const char* op) {
+  if (x.rows == 0 || w.rows == 0) return absl::OkStatus();
+  if (!Aligned(x) || !Aligned(w) || !Aligned(y)) {
+    return absl::InternalError(absl::StrCat(op, ": GEMM operands not 16-byte aligned"));
+  }
+  absl::StatusOr<Plan*> plan = PlanFor(Key{w.rows, w.cols, x.bf16, y.bf16});
+  if (!plan.ok()) return absl::Status(plan.status().code(), absl::StrCat(op, ": ", plan.status().message()));
+  if (absl::Status s = Run(**plan, x, w, y); !s.ok()) return absl::Status(s.code(), absl::StrCat(op, ": ", s.message()));
   return absl::OkStatus();
 }
 

@@ -13,18 +13,23 @@
 // cuBLASLt sees the product column-major, as yᵀ[N, M] = W[N, K] · xᵀ[K, M],
 // so tokens are the "n" dimension: a row of y is one column of the output
 // tile grid, and with a fixed tile and no K split its value is computed by
-// the same instruction sequence whatever M is. What this does not rule out
-// is a library kernel whose internal order still depends on the grid (a
-// stream-K decomposition hidden inside one algorithm id); the device test
-// (tests/cuda: a row alone against the same row inside a 32k-row product, at
-// the Kimi-K2 shapes) is what checks it on real hardware.
+// the same instruction sequence whatever M is. That reasoning does not rule
+// out a library kernel whose internal order still depends on the grid (a
+// stream-K decomposition hidden inside one algorithm id), so each candidate
+// is also checked once, on the device, before it is pinned: a row computed
+// alone must equal, bitwise, the same row inside a kPlanRows-row product on
+// generated data; the first candidate (in the heuristic's order) that passes
+// is used, and a shape with none fails with the list of what was tried. The
+// device tests (tests/cuda: rows alone, in 3 and in 8192 rows at the Kimi-K2
+// shapes) check the same property through the backend.
 //
 // Alignment: plans are made for 16-byte aligned operands (pointers and row
 // strides); the caller (CudaBackend) copies an unaligned operand into aligned
 // scratch first, so the plan, and the arithmetic, never depend on alignment.
 //
-// Float32 inputs use CUBLAS_COMPUTE_32F_PEDANTIC: true fp32 multiply-adds,
-// never TF32 or the bf16x9 emulation.
+// Float32 inputs use CUBLAS_COMPUTE_32F_PEDANTIC (falling back to
+// CUBLAS_COMPUTE_32F, which is also fp32 unless TF32 or emulation is
+// requested): true fp32 multiply-adds, never TF32 or the bf16x9 emulation.
 #ifndef HSX_KERNELS_CUDA_GEMM_H_
 #define HSX_KERNELS_CUDA_GEMM_H_
 
@@ -34,6 +39,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -83,9 +89,14 @@ class LtGemm {
   LtGemm(cublasLtContext* handle, CUstream_st* stream, void* workspace, size_t workspace_bytes);
   absl::StatusOr<Plan*> PlanFor(const Key& key);
   // One heuristic query for a compute type (a cublasComputeType_t), with or
-  // without the no-split-K mask; the first algorithm that runs K in one
-  // sequence, or an error saying why none does.
-  absl::StatusOr<std::unique_ptr<Plan>> TryPlan(int compute, bool mask_splits, const Layouts& layouts);
+  // without the no-split-K mask: the algorithms that run K in one sequence,
+  // in the heuristic's order (empty, with `why` set, when none does).
+  std::vector<std::unique_ptr<Plan>> Candidates(int compute, bool mask_splits, const Layouts& layouts,
+                                                std::string* why);
+  // Whether `plan` computes a row alone exactly as inside a kPlanRows-row
+  // product of the same shape (run on device-generated data; synchronizes).
+  absl::StatusOr<bool> RowsIndependent(const Plan& plan, const Key& key);
+  absl::Status Run(const Plan& plan, const GemmMatrix& x, const GemmMatrix& w, const GemmMatrix& y);
 
   cublasLtContext* handle_;
   CUstream_st* stream_;

@@ -53,6 +53,9 @@ int LaunchSiluMul(DeviceMatrix gate, DeviceMatrix up, bool round, DeviceMatrix o
 // float [positions, half_dim], positions[r] is row r's position.
 int LaunchRope(DeviceMatrix x, int64_t heads, int64_t stride, int64_t offset, int64_t half_dim,
                const int32_t* positions, const float* cos, const float* sin, bool round, CUstream_st* stream);
+// `count` pseudo-random values in [-1, 1) (bf16 bits or f32), a function of
+// (seed, index): test data generated on the device.
+int LaunchFillPattern(void* data, int64_t count, bool bf16, uint32_t seed, CUstream_st* stream);
 // Raw bf16 -> f32 (exact), `count` values.
 int LaunchBf16ToF32(const uint16_t* in, float* out, int64_t count, CUstream_st* stream);
 
