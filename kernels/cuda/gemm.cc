@@ -261,9 +261,13 @@ absl::StatusOr<bool> LtGemm::RowsIndependent(const Plan& plan, const Key& key) {
   int error = LaunchFillPattern(const_cast<void*>(w.data), n * ldk, in_bf16, 7, stream_);
   if (error == cudaSuccess) error = LaunchFillPattern(const_cast<void*>(x.data), kPlanRows * ldk, in_bf16, 8, stream_);
   if (error != cudaSuccess) status = cuda_fail(static_cast<cudaError_t>(error), "filling the operands");
-  // Row r near the end (the last tile), alone and in the full product.
-  const int64_t r = kPlanRows - 3;
-  if (status.ok()) status = Run(plan, x, w, y);
+  // Row r near the end, alone and in a product whose last row tile is
+  // partial (kPlanRows - 5 rows: no power-of-two tile divides it).
+  const int64_t r = kPlanRows - 7;
+  if (status.ok()) {
+    status = Run(plan, GemmMatrix{x.data, in_bf16, kPlanRows - 5, k, ldk}, w,
+                 GemmMatrix{y.data, out_bf16, kPlanRows - 5, n, ldn});
+  }
   if (status.ok()) {
     const GemmMatrix x_row{static_cast<const char*>(x.data) + r * ldk * element_in, in_bf16, 1, k, ldk};
     status = Run(plan, x_row, w, y1);
