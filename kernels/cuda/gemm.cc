@@ -1,16 +1,20 @@
 // gemm.cc: cuBLASLt plans pinned per (N, K, types); see gemm.h.
 #include "kernels/cuda/gemm.h"
 
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/lt_api.h"
 #include "kernels/cuda/ops.h"
 
 namespace hsx::cuda {
 namespace {
+
+// The loaded cuBLASLt API. LtGemm::Create loads it first, so every other use
+// finds it loaded.
+const LtApi& Lt() { return **LoadLtApi(); }
 
 // cublasGetStatusName lives in libcublas, which this code does not link.
 std::string LtError(cublasStatus_t status) {
@@ -31,7 +35,7 @@ cudaDataType_t DataType(bool bf16) { return bf16 ? CUDA_R_16BF : CUDA_R_32F; }
 // Column-major layout of a row-major [rows, cols] matrix: cols x rows, ld.
 absl::StatusOr<cublasLtMatrixLayout_t> Layout(bool bf16, int64_t rows, int64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t layout = nullptr;
-  const cublasStatus_t status = cublasLtMatrixLayoutCreate(&layout, DataType(bf16), static_cast<uint64_t>(cols),
+  const cublasStatus_t status = Lt().cublasLtMatrixLayoutCreate(&layout, DataType(bf16), static_cast<uint64_t>(cols),
                                                            static_cast<uint64_t>(rows), ld);
   if (status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cublasLtMatrixLayoutCreate: ", LtError(status)));
@@ -47,9 +51,9 @@ int64_t RoundUp(int64_t value, int64_t to) { return (value + to - 1) / to * to; 
 struct LtGemm::Layouts {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   ~Layouts() {
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (a) Lt().cublasLtMatrixLayoutDestroy(a);
+    if (b) Lt().cublasLtMatrixLayoutDestroy(b);
+    if (d) Lt().cublasLtMatrixLayoutDestroy(d);
   }
   absl::Status Make(bool in_bf16, bool out_bf16, int64_t m, int64_t n, int64_t k, int64_t ldw, int64_t ldx,
                     int64_t ldy) {
@@ -74,14 +78,15 @@ struct LtGemm::Plan {
   size_t workspace = 0;
   std::string description;
   ~Plan() {
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (desc) Lt().cublasLtMatmulDescDestroy(desc);
   }
 };
 
 absl::StatusOr<std::unique_ptr<LtGemm>> LtGemm::Create(CUstream_st* stream, void* workspace,
                                                        size_t workspace_bytes) {
+  if (absl::StatusOr<const LtApi*> api = LoadLtApi(); !api.ok()) return api.status();
   cublasLtHandle_t handle = nullptr;
-  const cublasStatus_t status = cublasLtCreate(&handle);
+  const cublasStatus_t status = Lt().cublasLtCreate(&handle);
   if (status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cublasLtCreate: ", LtError(status)));
   }
@@ -93,7 +98,7 @@ LtGemm::LtGemm(cublasLtContext* handle, CUstream_st* stream, void* workspace, si
 
 LtGemm::~LtGemm() {
   plans_.clear();
-  cublasLtDestroy(handle_);
+  Lt().cublasLtDestroy(handle_);
 }
 
 bool LtGemm::Aligned(const GemmMatrix& m) {
@@ -160,41 +165,41 @@ std::vector<std::unique_ptr<LtGemm::Plan>> LtGemm::Candidates(int compute, bool 
     return std::vector<std::unique_ptr<Plan>>();
   };
   cublasLtMatmulPreference_t preference = nullptr;
-  cublasStatus_t status = cublasLtMatmulPreferenceCreate(&preference);
+  cublasStatus_t status = Lt().cublasLtMatmulPreferenceCreate(&preference);
   if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulPreferenceCreate", status);
   const uint64_t max_workspace = workspace_bytes_;
   const uint32_t no_split = CUBLASLT_REDUCTION_SCHEME_NONE;
   const uint32_t alignment = kAlignment;
-  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
+  Lt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
                                        sizeof(max_workspace));
   if (mask_splits) {
-    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split,
+    Lt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split,
                                          sizeof(no_split));
   }
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-    cublasLtMatmulPreferenceSetAttribute(preference, attr, &alignment, sizeof(alignment));
+    Lt().cublasLtMatmulPreferenceSetAttribute(preference, attr, &alignment, sizeof(alignment));
   }
   // One descriptor per candidate (a plan owns its descriptor).
   auto make_desc = [&](cublasLtMatmulDesc_t* desc) {
-    cublasStatus_t s = cublasLtMatmulDescCreate(desc, static_cast<cublasComputeType_t>(compute), CUDA_R_32F);
+    cublasStatus_t s = Lt().cublasLtMatmulDescCreate(desc, static_cast<cublasComputeType_t>(compute), CUDA_R_32F);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
     const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-    cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
-    cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
+    Lt().cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
+    Lt().cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
     return CUBLAS_STATUS_SUCCESS;
   };
   Plan query;
   status = make_desc(&query.desc);
   if (status != CUBLAS_STATUS_SUCCESS) {
-    cublasLtMatmulPreferenceDestroy(preference);
+    Lt().cublasLtMatmulPreferenceDestroy(preference);
     return fail("cublasLtMatmulDescCreate", status);
   }
   std::vector<cublasLtMatmulHeuristicResult_t> results(8);
   int found = 0;
-  status = cublasLtMatmulAlgoGetHeuristic(handle_, query.desc, layouts.a, layouts.b, layouts.d, layouts.d,
+  status = Lt().cublasLtMatmulAlgoGetHeuristic(handle_, query.desc, layouts.a, layouts.b, layouts.d, layouts.d,
                                           preference, static_cast<int>(results.size()), results.data(), &found);
-  cublasLtMatmulPreferenceDestroy(preference);
+  Lt().cublasLtMatmulPreferenceDestroy(preference);
   if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulAlgoGetHeuristic", status);
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
@@ -202,21 +207,21 @@ std::vector<std::unique_ptr<LtGemm::Plan>> LtGemm::Candidates(int compute, bool 
     int32_t splits = 1;
     uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
     size_t written = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits), &written);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme),
+    Lt().cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits), &written);
+    Lt().cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme),
                                          &written);
     if (splits > 1 || scheme != CUBLASLT_REDUCTION_SCHEME_NONE) {
       const int32_t one = 1;
       const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
-      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
+      if (Lt().cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
               CUBLAS_STATUS_SUCCESS ||
-          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none)) !=
+          Lt().cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none)) !=
               CUBLAS_STATUS_SUCCESS) {
         continue;
       }
     }
     cublasLtMatmulHeuristicResult_t checked{};
-    if (cublasLtMatmulAlgoCheck(handle_, query.desc, layouts.a, layouts.b, layouts.d, layouts.d, &algo, &checked) !=
+    if (Lt().cublasLtMatmulAlgoCheck(handle_, query.desc, layouts.a, layouts.b, layouts.d, layouts.d, &algo, &checked) !=
             CUBLAS_STATUS_SUCCESS ||
         checked.workspaceSize > workspace_bytes_) {
       continue;
@@ -224,8 +229,8 @@ std::vector<std::unique_ptr<LtGemm::Plan>> LtGemm::Candidates(int compute, bool 
     auto plan = std::make_unique<Plan>();
     if (make_desc(&plan->desc) != CUBLAS_STATUS_SUCCESS) continue;
     int32_t id = 0, tile = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
+    Lt().cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
+    Lt().cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
     plan->algo = algo;
     plan->workspace = checked.workspaceSize;
     plan->description = absl::StrCat("algo ", id, " tile ", tile, " split-k 1, ", attempt, ", workspace ",
@@ -289,7 +294,7 @@ absl::Status LtGemm::Run(const Plan& plan, const GemmMatrix& x, const GemmMatrix
   if (absl::Status s = layouts.Make(x.bf16, y.bf16, x.rows, w.rows, w.cols, w.ld, x.ld, y.ld); !s.ok()) return s;
   const float alpha = 1.0f, beta = 0.0f;
   const cublasStatus_t status =
-      cublasLtMatmul(handle_, plan.desc, &alpha, w.data, layouts.a, x.data, layouts.b, &beta, y.data, layouts.d,
+      Lt().cublasLtMatmul(handle_, plan.desc, &alpha, w.data, layouts.a, x.data, layouts.b, &beta, y.data, layouts.d,
                      const_cast<void*>(y.data), layouts.d, &plan.algo, workspace_, plan.workspace, stream_);
   if (status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cublasLtMatmul failed (", LtError(status), "): x [", x.rows, ", ",

@@ -8,6 +8,7 @@
 // GPU tests skip, printing CUDA's reason, where there is no device; the
 // error-path tests that need no GPU always run.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/lt_api.h"
 #include "server/runtime/device_factory.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -412,6 +414,25 @@ TEST(CudaBackendNoDeviceTest, NoDeviceGivesAClearError) {
   absl::StatusOr<std::unique_ptr<DeviceFactory>> factory = MakeDeviceFactory(Device::kCuda, Precision::kBf16, 1, 0);
   ASSERT_FALSE(factory.ok());
   EXPECT_EQ(factory.status().message().rfind("--device cuda: no CUDA device: ", 0), 0u) << factory.status();
+}
+
+// cuBLASLt is loaded with dlopen (lt_api.h): it must load from the toolkit,
+// and afterwards a thread with a small fixed stack (as civetweb starts them)
+// must still start. Linked instead, its ~92 KiB of static TLS would sit on
+// every thread's stack and pthread_create would fail with EINVAL.
+TEST(CudaBackendNoDeviceTest, CublasLtLoadsLazilyAndSmallStackThreadsStillStart) {
+  absl::StatusOr<const cuda::LtApi*> api = cuda::LoadLtApi();
+  ASSERT_TRUE(api.ok()) << api.status();
+  int version = static_cast<int>((*api)->cublasLtMatmul != nullptr);
+  EXPECT_EQ(version, 1);
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 64 * 1024), 0);
+  pthread_t thread;
+  const int created = pthread_create(&thread, &attr, [](void*) -> void* { return nullptr; }, nullptr);
+  EXPECT_EQ(created, 0) << "pthread_create with a 64 KiB stack: " << std::strerror(created);
+  if (created == 0) pthread_join(thread, nullptr);
+  pthread_attr_destroy(&attr);
 }
 
 TEST(CudaBackendNoDeviceTest, TensorParallelismIsNotYetOffered) {
