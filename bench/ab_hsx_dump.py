@@ -6,7 +6,9 @@ Answers "is this change slower on the CPU?" without transformers in the loop: th
 from a baseline build (--baseline-bin, e.g. a copy of build/bin made before the change)
 and from the candidate (--bin), in interleaved rounds (A, B, A, B, ...) so that a drift of
 the machine, or a neighbour's load, hits both alike. Prints per precision the median and
-range of tokens/s of each build and the ratio of the medians, candidate / baseline.
+range of tokens/s (hsx-dump's own clock) and of CPU-seconds per 1000 tokens (the process's
+user + system time, which a busy machine disturbs far less than wall time) of each build,
+and the ratios of the medians, candidate / baseline.
 
     ~/.cache/hsx/venv/bin/python bench/ab_hsx_dump.py --baseline-bin /tmp/old-bin \\
         [--bin build/bin] [--rounds 5] [--hsx-precisions fp32,bf16] [cpu_forward.py options]
@@ -48,22 +50,28 @@ def main():
         if args.wait_idle > 0:
             cf.wait_idle(args.wait_idle)
         rates = {key: [] for key in rows}
+        cpu = {key: [] for key in rows}
         for _ in range(mine.rounds):
             for key, row in rows.items():
                 result = row.run()
                 rates[key].append(result["tokens"] / result["seconds"])
+                cpu[key].append(1000 * result["cpu_seconds"] / result["tokens"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     print()
     print(f"{len(samples)} samples, {sum(len(s) for s in samples)} tokens; threads {args.threads}; "
           f"{mine.rounds} interleaved rounds; tokens/s median [min, max]")
+    def line(values):
+        return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
+
     for precision in args.hsx_precisions.split(","):
-        base = rates[("baseline", precision)]
-        cand = rates[("candidate", precision)]
-        print(f"{precision}: baseline {statistics.median(base):.1f} [{min(base):.1f}, {max(base):.1f}], "
-              f"candidate {statistics.median(cand):.1f} [{min(cand):.1f}, {max(cand):.1f}], "
+        base, cand = rates[("baseline", precision)], rates[("candidate", precision)]
+        print(f"{precision} tokens/s: baseline {line(base)}, candidate {line(cand)}, "
               f"ratio candidate/baseline = {statistics.median(cand) / statistics.median(base):.3f}")
+        base, cand = cpu[("baseline", precision)], cpu[("candidate", precision)]
+        print(f"{precision} CPU-s per 1000 tokens: baseline {line(base)}, candidate {line(cand)}, "
+              f"speed ratio (baseline/candidate CPU) = {statistics.median(base) / statistics.median(cand):.3f}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The main job on the embedded default, on the CPU: generate the tiny Kimi-K2-
 # format model, serve it with hsx-server on loopback, extract the bundled
-# samples with hsx-dump --server, check the output with hsx-verify, stop the
-# server (SIGTERM: it drains), and summarise what was written.
+# samples with hsx-dump --server, check the output with hsx-verify, train the
+# example EAGLE-3 head for a few steps straight from the stream (the loss
+# falls), stop the server (SIGTERM: it drains), and summarise what was written.
 #
-# Environment: HSX_DEMO_DIR (default ~/.cache/hsx/demo) holds the model and output.
+# Environment: HSX_DEMO_DIR (default ~/.cache/hsx/demo) holds the model and output;
+# HSX_VENV (default ~/.cache/hsx/venv) the Python environment (torch) for training.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --python
+venv="${HSX_VENV:-$HOME/.cache/hsx/venv}"
 bin="${HSX_BUILD_DIR:-build}/bin"
 demo="${HSX_DEMO_DIR:-$HOME/.cache/hsx/demo}"
 model="$demo/tiny"
@@ -17,7 +20,7 @@ log="$demo/server.log"
 
 rm -rf "$model" "$out"
 mkdir -p "$demo"
-echo "== generating the tiny model (Kimi-K2 layout, INT4 routed experts) in $model"
+echo "== generating the tiny model (DeepSeek-V3 / Kimi-K2 architecture, INT4 routed experts) in $model"
 "$bin/hsx-make-model" --preset tiny --seed 0 --out "$model"
 "$bin/hsx-inspect" --model "$model" | sed -n '1,4p;/eagle3/p;/^bytes/p'
 
@@ -43,6 +46,15 @@ echo "== extracting $(wc -l <"$samples") samples with hsx-dump --server (capture
 echo
 echo "== hsx-verify"
 "$bin/hsx-verify" "$out" --input "$samples"
+
+echo
+echo "== hsx-verify --for speculators (what speculators assumes of hs_{i}.safetensors)"
+"$bin/hsx-verify" "$out" --input "$samples" --for speculators | tail -n 1
+
+echo
+echo "== training the example EAGLE-3 head from the stream (client/python/examples/train_eagle3_head.py)"
+"$venv/bin/python" client/python/examples/train_eagle3_head.py --server "$address" --input "$samples" \
+  --steps 24 --lr 3e-3 | sed -n '1,3p;$p'
 
 echo
 echo "== stopping the server (SIGTERM drains, then exits 0)"

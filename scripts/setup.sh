@@ -24,6 +24,7 @@ packages=(
   libabsl-dev nlohmann-json3-dev libxxhash-dev libgtest-dev libgmock-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev grpc-proto clang libclang-rt-14-dev python3-venv
+  patchelf  # scripts/device-check.sh --prepare: the bundle's RPATH
 )
 missing=()
 for package in "${packages[@]}"; do

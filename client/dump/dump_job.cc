@@ -13,6 +13,7 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -40,22 +41,29 @@ std::string LossMaskHashHex(const InputSample& input) {
   return input.loss_mask ? Int64Xxh64Hex(*input.loss_mask) : std::string();
 }
 
-// Removes temporary files that an earlier, killed hsx-dump left for the
-// samples this run is about to write: "hs_{i}.safetensors.partial.{pid}" and
-// the writer's "...tmp.{pid}", when {pid} is not a live process here. (This
-// listing only tidies up; what is done is decided by the journal alone.)
-void RemoveStaleTemporaries(const std::string& dir, const std::vector<const InputSample*>& todo) {
+// A name part no other writer uses: 64 random bits, drawn per run. Staging
+// names must be unique across processes that share a directory, including two
+// pods that are both PID 1 on one volume.
+std::string RandomToken() {
+  std::random_device random;
+  return absl::StrFormat("%08x%08x", random(), random());
+}
+
+// Removes the temporaries ("hs_{i}.safetensors.partial.*" and the writer's
+// "*.tmp.*") of samples the journal already records as done. Those are
+// provably nobody's work in progress: a writer still busy with such a sample
+// finds it journaled when it commits and discards its own copy, so deleting
+// its staging file loses nothing. Temporaries of samples not yet done are
+// left alone: another live process, on this host or another, may own them.
+void RemoveStaleTemporaries(const std::string& dir, const std::set<int64_t>& done) {
   std::set<std::string> prefixes;
-  for (const InputSample* sample : todo) prefixes.insert(SampleFileName(sample->index) + ".");
+  for (int64_t index : done) prefixes.insert(SampleFileName(index) + ".");
   std::error_code error;
   for (const auto& item : std::filesystem::directory_iterator(dir, error)) {
     const std::string name = item.path().filename().string();
     const size_t dot = name.find(".safetensors.");
     if (dot == std::string::npos || !prefixes.count(name.substr(0, dot + 13))) continue;
     if (name.find(".partial.") == std::string::npos && name.find(".tmp.") == std::string::npos) continue;
-    int pid = 0;
-    if (!absl::SimpleAtoi(name.substr(name.rfind('.') + 1), &pid) || pid <= 0) continue;
-    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // its writer may still be running
     std::filesystem::remove(item.path(), error);
   }
 }
@@ -221,21 +229,23 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
     if (absl::Status s = CheckJournalEntry(line.entry, line.number, samples, options); !s.ok()) return s;
   }
   std::vector<const InputSample*> todo;
+  std::set<int64_t> done;
   int64_t todo_tokens = 0;
   for (const InputSample& sample : samples) {
     if (!options.shard.Contains(sample.index)) continue;
     if (journal.IsJournaled(sample.index)) {
       ++stats->skipped;
+      done.insert(sample.index);
       continue;
     }
     todo.push_back(&sample);
     todo_tokens += static_cast<int64_t>(sample.input_ids.size());
   }
+  if (!options.discard) RemoveStaleTemporaries(options.out_dir, done);
   if (todo.empty()) {
     stats->seconds = elapsed();
     return absl::OkStatus();
   }
-  RemoveStaleTemporaries(options.out_dir, todo);
 
   const ExtractSpec spec{options.capture, options.dtype};
   Progress::Options progress_options;
@@ -258,7 +268,7 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
   bool closing = false;
   bool cancelled = false;  // CancelAll was called
   absl::Status failure;
-  const std::string pid = std::to_string(::getpid());
+  const std::string run_token = RandomToken();  // this run's staging names
   const auto check_entry = [&](const JournalEntry& entry, int64_t line) {
     return CheckJournalEntry(entry, line, samples, options);
   };
@@ -286,7 +296,7 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
     }
     const std::filesystem::path dir(options.out_dir);
     const std::string final_path = (dir / SampleFileName(input.index)).string();
-    const std::string staging = absl::StrCat(final_path, ".partial.", pid);
+    const std::string staging = absl::StrCat(final_path, ".partial.", run_token);
     if (absl::Status s = WriteSampleFile(staging, input, sample, options.info); !s.ok()) return s;
     absl::StatusOr<FileDigest> digest = DigestFile(staging);
     if (!digest.ok()) {

@@ -265,10 +265,9 @@ absl::Status Run() {
   hsx::InputLimits limits;
   limits.vocab_size = transport->config.vocab_size;
   limits.max_tokens_per_sample = transport->max_tokens_per_sample;
-  absl::StatusOr<std::vector<hsx::InputSample>> samples = hsx::ReadInputFile(input_path, limits);
+  std::string input_xxh64;  // hashed while parsing: a pipe or FIFO is read once
+  absl::StatusOr<std::vector<hsx::InputSample>> samples = hsx::ReadInputFile(input_path, limits, &input_xxh64);
   if (!samples.ok()) return samples.status();
-  absl::StatusOr<hsx::FileDigest> input_digest = hsx::DigestFile(input_path);
-  if (!input_digest.ok()) return input_digest.status();
 
   hsx::DumpOptions dump;
   dump.out_dir = out;
@@ -281,7 +280,7 @@ absl::Status Run() {
   dump.discard = absl::GetFlag(FLAGS_discard);
   dump.shard = *shard;
   dump.info = transport->info;
-  dump.input_xxh64 = input_digest->xxh64;
+  dump.input_xxh64 = input_xxh64;
   dump.progress = progress;
   dump.progress_interval_seconds = absl::GetFlag(FLAGS_progress_interval);
   dump.interrupted = &g_interrupted;

@@ -1,13 +1,21 @@
 // input.cc: JSONL parsing with per-line errors.
 #include "client/dump/input.h"
 
-#include <fstream>
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace hsx {
 namespace {
@@ -16,11 +24,39 @@ using json = nlohmann::json;
 
 absl::Status Bad(const std::string& what) { return absl::InvalidArgumentError(what); }
 
+// Parses `text` and names the first key that appears twice in one object
+// (nlohmann keeps the last silently; config.json already refuses duplicates).
+json ParseRejectingDuplicateKeys(const std::string& text, std::string* duplicate) {
+  std::vector<std::set<std::string>> keys;
+  return json::parse(
+      text,
+      [&](int, json::parse_event_t event, json& parsed) {
+        if (event == json::parse_event_t::object_start) {
+          keys.emplace_back();
+        } else if (event == json::parse_event_t::object_end && !keys.empty()) {
+          keys.pop_back();
+        } else if (event == json::parse_event_t::key && !keys.empty() &&
+                   !keys.back().insert(parsed.get<std::string>()).second && duplicate->empty()) {
+          *duplicate = parsed.get<std::string>();
+        }
+        return true;
+      },
+      /*allow_exceptions=*/false);
+}
+
 }  // namespace
 
+int64_t MaxInputLineBytes(const InputLimits& limits) {
+  if (limits.max_tokens_per_sample <= 0) return int64_t{1} << 30;
+  // "2147483647, " for an id and "1, " for its mask value, with spaces to spare.
+  return (int64_t{64} << 10) + 32 * limits.max_tokens_per_sample;
+}
+
 absl::StatusOr<InputSample> ParseInputLine(const std::string& text, const InputLimits& limits) {
-  const json line = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  std::string duplicate;
+  const json line = ParseRejectingDuplicateKeys(text, &duplicate);
   if (line.is_discarded()) return Bad("not valid JSON");
+  if (!duplicate.empty()) return Bad(absl::StrCat("key '", duplicate, "' appears twice"));
   if (!line.is_object()) return Bad("not a JSON object");
   if (!line.contains("input_ids") || !line["input_ids"].is_array()) {
     return Bad("missing list 'input_ids'");
@@ -71,27 +107,61 @@ absl::StatusOr<InputSample> ParseInputLine(const std::string& text, const InputL
   return sample;
 }
 
-absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path,
-                                                       const InputLimits& limits) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path, const InputLimits& limits,
+                                                       std::string* xxh64) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(), &XXH64_freeState);
+  XXH64_reset(state.get(), 0);
+  const size_t max_line = static_cast<size_t>(MaxInputLineBytes(limits));
   std::vector<InputSample> samples;
-  std::string text;
+  std::string pending;  // the line being read
+  std::vector<char> buffer(1 << 20);
   int64_t line_number = 0;
-  while (std::getline(in, text)) {
+  absl::Status status;
+  auto take_line = [&](std::string text) -> absl::Status {
     ++line_number;
-    if (absl::StripAsciiWhitespace(text).empty()) continue;
+    if (absl::StripAsciiWhitespace(text).empty()) return absl::OkStatus();
     absl::StatusOr<InputSample> sample = ParseInputLine(text, limits);
     if (!sample.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ":", line_number, ": ", sample.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", line_number, ": ", sample.status().message()));
     }
     sample->line = line_number;
     sample->index = static_cast<int64_t>(samples.size());
     if (sample->id.empty()) sample->id = std::to_string(sample->index);
     samples.push_back(*std::move(sample));
+    return absl::OkStatus();
+  };
+  auto too_long = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", line_number + 1, ": line longer than ", max_line,
+                                                   " bytes, more than ", limits.max_tokens_per_sample,
+                                                   " tokens can take (is this JSON Lines?)"));
+  };
+  while (status.ok()) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      status = absl::DataLossError(absl::StrCat(path, ":", line_number + 1, ": read failed: ", std::strerror(errno)));
+      break;
+    }
+    if (n == 0) break;
+    XXH64_update(state.get(), buffer.data(), static_cast<size_t>(n));
+    absl::string_view chunk(buffer.data(), static_cast<size_t>(n));
+    for (size_t newline; status.ok() && (newline = chunk.find('\n')) != absl::string_view::npos;) {
+      pending.append(chunk.data(), newline);
+      chunk.remove_prefix(newline + 1);
+      status = pending.size() > max_line ? too_long() : take_line(std::move(pending));
+      pending.clear();
+    }
+    if (!status.ok()) break;
+    pending.append(chunk.data(), chunk.size());
+    if (pending.size() > max_line) status = too_long();
   }
+  ::close(fd);
+  if (status.ok() && !pending.empty()) status = take_line(std::move(pending));
+  if (!status.ok()) return status;
   if (samples.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no samples"));
+  if (xxh64 != nullptr) *xxh64 = absl::StrFormat("%016x", XXH64_digest(state.get()));
   return samples;
 }
 

@@ -29,9 +29,18 @@ struct InputLimits {
   int64_t max_tokens_per_sample = 0;  // 0: no limit
 };
 
-// Reads and validates every line. The error names the file and line.
-absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path,
-                                                       const InputLimits& limits);
+// Reads and validates every line, in one pass (a pipe or FIFO works; it is
+// read once). A read error is an error, never an early end of file; a line
+// longer than MaxInputLineBytes(limits) is refused without reading it whole.
+// `xxh64`, when given, receives the XXH64 of every byte read (hex). Errors
+// name the file and line.
+absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path, const InputLimits& limits,
+                                                       std::string* xxh64 = nullptr);
+
+// The longest line accepted: room for max_tokens_per_sample ids and loss-mask
+// values at their longest spelling, plus 64 KiB for the rest (1 GiB without a
+// token limit).
+int64_t MaxInputLineBytes(const InputLimits& limits);
 
 // Parses one line (exposed for tests).
 absl::StatusOr<InputSample> ParseInputLine(const std::string& text, const InputLimits& limits);

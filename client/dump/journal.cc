@@ -228,7 +228,17 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& dir) {
   }
   journal->scanned_ = scan->valid_bytes;
   journal->next_line_ = scan->next_line;
-  for (const JournalScan::Line& line : scan->lines) journal->journaled_.insert(line.entry.index);
+  std::map<int64_t, int64_t> first_line;  // index -> the line that journaled it
+  for (const JournalScan::Line& line : scan->lines) {
+    auto [it, fresh] = first_line.emplace(line.entry.index, line.number);
+    if (!fresh) {
+      return absl::DataLossError(absl::StrCat(
+          journal->path_, ":", line.number, ": sample ", line.entry.index, " is journaled twice (also at line ",
+          it->second, "); hsx-dump never writes that, so the journal was edited or merged by hand: keep the "
+          "line whose xxh64 matches the file (hsx-verify tells) and delete the other"));
+    }
+    journal->journaled_.insert(line.entry.index);
+  }
   journal->initial_ = *std::move(scan);
   return journal;
 }

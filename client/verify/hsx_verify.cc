@@ -10,7 +10,9 @@
 //   with --input: token_ids, loss_mask and the id equal the input line's, and
 //   every input sample (of --shard) is journaled;
 //   files on disk that the journal does not list are incomplete: a warning
-//   (an error with --strict).
+//   (an error with --strict);
+//   with --for TRAINER: what that trainer assumes of its input (see
+//   TrainerProblems and docs/trainers.md).
 // Exit status 0 when all is well, 1 with the list of problems otherwise.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -35,6 +37,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -52,6 +55,10 @@ ABSL_FLAG(std::string, shard, "0/1", "With --input: only samples whose index % N
 ABSL_FLAG(bool, strict, false, "Warnings (files not in the journal, a torn journal line, "
           "duplicate journal lines) are failures too.");
 ABSL_FLAG(int, threads, 0, "Files checked in parallel (0: the number of cores).");
+ABSL_FLAG(std::string, for, "", "Also check what a trainer assumes of this dump: speculators (capture ids end "
+          "in N, samples 0..n-1 without gaps, as hs_{i} is matched to row i of its prepared dataset), "
+          "specforge (--final-norm, 3 auxiliary layers below N) or modelopt (the final norm or N, "
+          "auxiliary layers below N). See docs/trainers.md.");
 
 namespace {
 
@@ -262,6 +269,95 @@ std::vector<std::string> CheckFile(const std::string& path, const JournalEntry& 
   return errors;
 }
 
+// N of the model that produced the dump, from the metadata of `path`.
+absl::StatusOr<int> NumLayersOf(const std::string& path) {
+  Mapping file;
+  if (absl::Status s = file.Open(path); !s.ok()) return s;
+  absl::StatusOr<hsx::SafetensorsHeader> header = hsx::ParseSafetensors(file.bytes(), path);
+  if (!header.ok()) return header.status();
+  auto it = header->metadata.find("num_layers");
+  int n = 0;
+  if (it == header->metadata.end() || !absl::SimpleAtoi(it->second, &n) || n < 1) {
+    return absl::DataLossError("metadata num_layers is missing or not a positive integer");
+  }
+  return n;
+}
+
+// What `trainer` assumes of a dump with these journal entries (by index) that
+// the general checks do not cover. `have_input`: --input was given (then gaps
+// are already reported as input samples not journaled).
+std::vector<Problem> TrainerProblems(const std::string& trainer, const std::string& dir,
+                                     const std::map<int64_t, const hsx::JournalScan::Line*>& entries,
+                                     bool have_input) {
+  std::vector<Problem> problems;
+  if (entries.empty()) {
+    problems.push_back({dir, absl::StrCat("--for ", trainer, ": no journaled samples")});
+    return problems;
+  }
+  const JournalEntry& first = entries.begin()->second->entry;
+  absl::StatusOr<int> n = NumLayersOf((std::filesystem::path(dir) / first.file).string());
+  if (!n.ok()) {
+    problems.push_back({(std::filesystem::path(dir) / first.file).string(), std::string(n.status().message())});
+    return problems;
+  }
+  // Settings are the same for every sample (hsx-dump refuses to mix them); a
+  // problem is reported once, for the first sample that has it.
+  std::set<std::string> reported;
+  auto report = [&](const JournalEntry& e, const std::string& what, bool error = true) {
+    if (reported.insert(what).second) {
+      problems.push_back({(std::filesystem::path(dir) / e.file).string(), absl::StrCat("--for ", trainer, ": ", what), error});
+    }
+  };
+  const std::string ids_hint = absl::StrCat("dump with --capture eagle3 (2, N/2, N-3, N; N = ", *n, ")");
+  for (const auto& [index, line] : entries) {
+    const JournalEntry& e = line->entry;
+    const int64_t aux = std::count_if(e.capture_ids.begin(), e.capture_ids.end(), [&](int id) { return id < *n; });
+    const bool has_n = !e.capture_ids.empty() && e.capture_ids.back() == *n;
+    const std::string ids = nlohmann::json(e.capture_ids).dump();
+    if (trainer == "speculators") {
+      if (!has_n) {
+        report(e, absl::StrCat("capture ids ", ids, " do not end in N = ", *n,
+                               ": speculators takes the last captured layer as the verifier's last layer and "
+                               "would misread this dump silently; ", ids_hint));
+      }
+      if (aux < 1) report(e, absl::StrCat("capture ids ", ids, " have no auxiliary layer below N; ", ids_hint));
+    } else if (trainer == "specforge") {
+      if (!e.final_norm) {
+        report(e, "no final_norm_hidden_states: SpecForge trains against the post-norm state (hidden_state); "
+                  "dump with --final-norm");
+      }
+      if (aux != 3) {
+        report(e, absl::StrCat("capture ids ", ids, " have ", aux, " auxiliary layers below N = ", *n,
+                               "; SpecForge's EAGLE-3 draft reads exactly 3 (aux_hidden_state [T, 3H]); ", ids_hint));
+      }
+      if (e.loss_mask_xxh64.empty()) {
+        report(e, "no loss_mask: SpecForge reads loss_mask from each file and hsx.convert writes all ones "
+                  "(every token trained); put the prepared dataset's loss_mask in the input", false);
+      }
+    } else if (trainer == "modelopt") {
+      if (!e.final_norm && !has_n) {
+        report(e, absl::StrCat("neither the final norm nor capture id N = ", *n,
+                               ": ModelOpt needs the base model's last hidden state; dump with --final-norm"));
+      }
+      if (aux < 1) report(e, absl::StrCat("capture ids ", ids, " have no auxiliary layer below N; ", ids_hint));
+      if (!e.loss_mask_xxh64.empty()) {
+        report(e, "ModelOpt ignores loss_mask unless answer_only_loss is on (then it uses the file's)", false);
+      }
+    }
+  }
+  // speculators pairs hs_{i} with row i of its prepared dataset.
+  if (trainer == "speculators" && !have_input) {
+    const int64_t count = static_cast<int64_t>(entries.size());
+    const int64_t last = entries.rbegin()->first;
+    if (last != count - 1) {
+      problems.push_back({dir, absl::StrCat("--for speculators: samples 0..", last, " are not all journaled (",
+                                            count, " of ", last + 1,
+                                            "); speculators pairs hs_{i} with row i of its prepared dataset")});
+    }
+  }
+  return problems;
+}
+
 absl::Status Run(const std::vector<char*>& args) {
   if (args.size() != 2) return absl::InvalidArgumentError("expected one directory (see --help)");
   const std::string dir = args[1];
@@ -277,6 +373,12 @@ absl::Status Run(const std::vector<char*>& args) {
     absl::StatusOr<std::vector<hsx::InputSample>> read = hsx::ReadInputFile(input_path, limits);
     if (!read.ok()) return read.status();
     samples = *std::move(read);
+  }
+
+  const std::string trainer = absl::GetFlag(FLAGS_for);
+  if (!trainer.empty() && trainer != "speculators" && trainer != "specforge" && trainer != "modelopt") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--for '", trainer, "': expected speculators, specforge or modelopt"));
   }
 
   std::vector<Problem> problems;
@@ -364,6 +466,10 @@ absl::Status Run(const std::vector<char*>& args) {
     }
   }
 
+  if (!trainer.empty()) {
+    for (Problem& p : TrainerProblems(trainer, dir, entries, !samples.empty())) problems.push_back(std::move(p));
+  }
+
   // Files the journal does not list.
   std::set<std::string> journaled;
   for (const auto& [index, line] : entries) journaled.insert(line->entry.file);
@@ -377,11 +483,17 @@ absl::Status Run(const std::vector<char*>& args) {
   std::sort(strays.begin(), strays.end());
   for (const std::string& name : strays) {
     const bool temporary = absl::StrContains(name, ".tmp.") || absl::StrContains(name, ".partial.");
-    problems.push_back({(root / name).string(),
-                        temporary ? "a leftover temporary file of an interrupted write (not in the journal)"
-                                  : "not in the journal: incomplete (written but never declared done; "
-                                    "hsx-dump writes it again on the next run)",
-                        false});
+    int64_t index = -1;
+    const bool sample_file = absl::StartsWith(name, "hs_") && absl::EndsWith(name, ".safetensors") &&
+                             absl::SimpleAtoi(name.substr(3, name.size() - 3 - 12), &index);
+    const char* what =
+        temporary ? "a temporary of an interrupted (or still running) write, not in the journal; hsx-dump "
+                    "removes it once the journal records that sample as done"
+        : sample_file ? "a sample file the journal does not list: written but never declared done (a crash "
+                        "between rename and journal line); hsx-dump writes it again on the next run"
+                      : "not written by hsx-dump (not in the journal); --strict refuses any file the journal "
+                        "does not list";
+    problems.push_back({(root / name).string(), what, false});
   }
 
   int64_t errors = 0;
@@ -392,9 +504,10 @@ absl::Status Run(const std::vector<char*>& args) {
     (fails ? errors : warnings)++;
     std::printf("%s: %s: %s\n", p.where.c_str(), fails ? "error" : "warning", p.what.c_str());
   }
-  std::printf("hsx-verify: %s: %zu journaled samples (%lld tokens, %lld bytes) checked; %lld errors, %lld warnings\n",
+  std::printf("hsx-verify: %s: %zu journaled samples (%lld tokens, %lld bytes) checked%s; %lld errors, %lld warnings\n",
               dir.c_str(), entries.size(), static_cast<long long>(tokens), static_cast<long long>(bytes),
-              static_cast<long long>(errors), static_cast<long long>(warnings));
+              trainer.empty() ? "" : absl::StrCat(" for ", trainer).c_str(), static_cast<long long>(errors),
+              static_cast<long long>(warnings));
   std::fflush(stdout);
   if (errors > 0) {
     return absl::DataLossError(absl::StrCat(dir, ": ", errors, errors == 1 ? " problem" : " problems",
@@ -409,7 +522,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Re-checks an hsx-dump output directory: the journal, every journaled file's bytes, header,\n"
       "shapes, checksums and values; with --input, that it matches the input. Flags accept - or _.\n\n"
-      "  hsx-verify DIR [--input samples.jsonl] [--shard I/N] [--strict]");
+      "  hsx-verify DIR [--input samples.jsonl] [--shard I/N] [--strict] [--for speculators|specforge|modelopt]\n\n"
+      "With --for, also what that trainer assumes (docs/trainers.md); with --input, the input must be\n"
+      "the trainer's prepared dataset exported in row order.");
   hsx::AcceptDashedFlags(argc, argv);
   const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   return hsx::ExitWithStatus("hsx-verify", Run(args));

@@ -1,6 +1,7 @@
 // checkpoint.cc: shard resolution and whole-checkpoint validation.
 #include "server/model/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -10,6 +11,10 @@
 #include <xxhash.h>
 
 #include "absl/status/status.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -188,6 +193,17 @@ absl::Status Checkpoint::LoadShards() {
     }
     tensors_[tensor] = TensorRef{info, shard};
   }
+  // And the converse: a shard may hold nothing the index does not map to it,
+  // or a tensor would be invisible to every check below.
+  for (const auto& [name, shard] : by_name) {
+    for (const TensorInfo& info : shard->header().tensors) {
+      auto it = placement.find(info.name);
+      if (it == placement.end() || it->second != name) {
+        return absl::InvalidArgumentError(absl::StrCat(shard->path(), ": holds tensor '", info.name, "', which ",
+                                                       source_, " does not map to this shard"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -262,13 +278,55 @@ absl::Status Checkpoint::ValidateQuantized(const WeightSpec& spec) const {
 }
 
 absl::Status Checkpoint::Validate() const {
+  absl::flat_hash_set<std::string> expected;
   for (const WeightSpec& spec : weights_) {
     absl::Status status = spec.quantized ? ValidateQuantized(spec)
                           : spec.is_linear ? ValidateTensor(spec.name + ".weight", spec.dtype, spec.shape)
                                            : ValidateTensor(spec.name, spec.dtype, spec.shape);
     if (!status.ok()) return status;
+    if (spec.quantized) {
+      for (const char* suffix : {".weight_packed", ".weight_scale", ".weight_shape"}) expected.insert(spec.name + suffix);
+    } else {
+      expected.insert(spec.is_linear ? spec.name + ".weight" : spec.name);
+    }
+  }
+  std::vector<std::string> extra;
+  for (const auto& [name, ref] : tensors_) {
+    if (!expected.contains(name)) extra.push_back(name);
+  }
+  std::sort(extra.begin(), extra.end());  // the same error for the same checkpoint, every time
+  for (const std::string& name : extra) {
+    if (absl::Status s = CheckExtraTensor(name); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status Checkpoint::CheckExtraTensor(const std::string& name) const {
+  const std::string prefix = config_.tensor_prefix();
+  // A K2.5 checkpoint also holds its vision tower and projector, outside the language model.
+  if (!prefix.empty() && !absl::StartsWith(name, prefix)) {
+    for (const char* part : {"vision_tower.", "mm_projector.", "multi_modal_projector."}) {
+      if (absl::StartsWith(name, part)) return absl::OkStatus();
+    }
+  }
+  const std::string file = tensors_.at(name).file->path();
+  absl::string_view rest = name;
+  if (absl::ConsumePrefix(&rest, prefix) && absl::ConsumePrefix(&rest, "model.layers.")) {
+    int64_t layer = -1;
+    const size_t dot = rest.find('.');
+    if (dot != absl::string_view::npos && absl::SimpleAtoi(rest.substr(0, dot), &layer) &&
+        layer >= config_.num_hidden_layers) {
+      // Multi-token-prediction layers follow the decoder when the config declares them.
+      if (layer < config_.num_hidden_layers + config_.num_nextn_predict_layers) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat(
+          file, ": tensor '", name, "' belongs to layer ", layer, ", but config.json says num_hidden_layers ",
+          config_.num_hidden_layers, " (and num_nextn_predict_layers ", config_.num_nextn_predict_layers,
+          "): does the config under-report the model's layers?"));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      file, ": unexpected tensor '", name, "': not a weight of this ", config_.model_type,
+      " configuration (hsx refuses checkpoints it would silently half-read)"));
 }
 
 absl::StatusOr<TensorRef> Checkpoint::Tensor(absl::string_view name) const {

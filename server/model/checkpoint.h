@@ -74,6 +74,8 @@ class Checkpoint {
   Checkpoint() = default;
   absl::Status LoadShards();
   absl::Status Validate() const;
+  // A tensor outside the model's weight list: a documented extra part, or an error naming it.
+  absl::Status CheckExtraTensor(const std::string& name) const;
   absl::Status ValidateTensor(const std::string& name, DType dtype,
                               const std::vector<int64_t>& shape) const;
   absl::Status ValidateQuantized(const WeightSpec& spec) const;

@@ -2,12 +2,14 @@
 #include "server/model/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace hsx {
@@ -113,6 +115,9 @@ absl::Status CheckConsistency(const ModelConfig& c, const std::string& where) {
   if (c.qk_rope_head_dim % 2 != 0) return fail("field 'qk_rope_head_dim' must be even");
   if (c.num_hidden_layers > 4096) return fail("field 'num_hidden_layers' is implausibly large");
   if (c.first_k_dense_replace < 0) return fail("field 'first_k_dense_replace' must be >= 0");
+  if (c.num_nextn_predict_layers < 0 || c.num_nextn_predict_layers > 16) {
+    return fail("field 'num_nextn_predict_layers' must be in 0..16");
+  }
   if (c.moe_layer_freq != 1) {
     return fail(absl::StrCat("field 'moe_layer_freq' is ", c.moe_layer_freq,
                              "; only 1 is supported (HF DeepseekV3 ignores it)"));
@@ -147,6 +152,67 @@ absl::Status CheckConsistency(const ModelConfig& c, const std::string& where) {
         return fail(absl::StrCat("field '", name, "' (", size,
                                  ") is not a multiple of the quantization group size ", group));
       }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Numbers whose absurd values would otherwise surface only as a SERVING
+// server that refuses every request, or as non-finite states.
+absl::Status CheckNumericRanges(const ModelConfig& c, const std::string& where) {
+  auto fail = [&](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat(where, ": ", what)); };
+  if (c.max_position_embeddings <= 0) {
+    return fail(absl::StrCat("field 'max_position_embeddings' must be positive, got ", c.max_position_embeddings));
+  }
+  const auto in_range = [](double v, double low, double high) { return std::isfinite(v) && v > low && v <= high; };
+  if (!in_range(c.rms_norm_eps, 0.0, 0.1)) {
+    return fail(absl::StrCat("field 'rms_norm_eps' must be in (0, 0.1], got ", c.rms_norm_eps));
+  }
+  if (!in_range(c.rope_theta, 0.0, 1e12)) {
+    return fail(absl::StrCat("field 'rope_theta' must be positive and finite, got ", c.rope_theta));
+  }
+  if (c.n_routed_experts > 0 && !in_range(c.routed_scaling_factor, 0.0, 100.0)) {
+    return fail(absl::StrCat("field 'routed_scaling_factor' must be in (0, 100], got ", c.routed_scaling_factor));
+  }
+  const RopeScaling& r = c.rope_scaling;
+  if (r.type == "yarn") {
+    if (!in_range(r.factor, 0.0, 1e6)) {
+      return fail(absl::StrCat("field 'rope_scaling.factor' must be positive and finite, got ", r.factor));
+    }
+    if (r.original_max_position_embeddings <= 0) {
+      return fail(absl::StrCat("field 'rope_scaling.original_max_position_embeddings' must be positive, got ",
+                               r.original_max_position_embeddings));
+    }
+    if (!std::isfinite(r.beta_fast) || !std::isfinite(r.beta_slow) || r.beta_fast <= 0 || r.beta_slow <= 0) {
+      return fail("fields 'rope_scaling.beta_fast' and 'beta_slow' must be positive and finite");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// hsx computes DeepSeek-V3-family models only: refuse a config that names another architecture.
+absl::Status CheckFamily(const json& root, const ModelConfig& c, const std::string& file, const std::string& where) {
+  static const char* const kModelTypes[] = {"deepseek_v3", "kimi_k2"};
+  if (!c.model_type.empty() && std::find(std::begin(kModelTypes), std::end(kModelTypes), c.model_type) ==
+                                   std::end(kModelTypes)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": field 'model_type' is '", c.model_type,
+                                                   "'; hsx runs the DeepSeek-V3 family (deepseek_v3, kimi_k2)"));
+  }
+  if (c.layout == CheckpointLayout::kNestedK25 && root.contains("model_type") && root["model_type"] != "kimi_k25") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": field 'model_type' is ", root["model_type"].dump(), "; a nested config is kimi_k25"));
+  }
+  // The text config's architectures (flat layout) and the root's (nested K2.5).
+  std::vector<std::string> names = c.architectures;
+  if (c.layout == CheckpointLayout::kNestedK25 && root.contains("architectures") && root["architectures"].is_array()) {
+    for (const json& name : root["architectures"]) {
+      if (name.is_string()) names.push_back(name.get<std::string>());
+    }
+  }
+  for (const std::string& name : names) {
+    if (!absl::StartsWith(name, "DeepseekV3") && !absl::StartsWith(name, "KimiK2")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": 'architectures' names ", name, "; hsx runs DeepseekV3* and KimiK2* models"));
     }
   }
   return absl::OkStatus();
@@ -194,6 +260,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
   fields.Int("vocab_size", &config.vocab_size, true);
   fields.Int("hidden_size", &config.hidden_size, true);
   fields.Int("num_hidden_layers", &config.num_hidden_layers, true);
+  fields.Int("num_nextn_predict_layers", &config.num_nextn_predict_layers, false);
   fields.Int("intermediate_size", &config.intermediate_size, true);
   fields.Int("moe_intermediate_size", &config.moe_intermediate_size, true);
   fields.Int("n_routed_experts", &config.n_routed_experts, true);
@@ -241,6 +308,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
     config.quantization = *std::move(parsed);
   }
   if (absl::Status s = CheckConsistency(config, where); !s.ok()) return s;
+  if (absl::Status s = CheckNumericRanges(config, where); !s.ok()) return s;
+  if (absl::Status s = CheckFamily(root, config, file, where); !s.ok()) return s;
   return config;
 }
 
@@ -285,7 +354,7 @@ json ModelConfigToJson(const ModelConfig& c) {
       {"hidden_act", c.hidden_act},
       {"attention_bias", false},
       {"tie_word_embeddings", c.tie_word_embeddings},
-      {"num_nextn_predict_layers", 0},
+      {"num_nextn_predict_layers", c.num_nextn_predict_layers},
       {"torch_dtype", "bfloat16"},
   };
   if (c.rope_scaling.type == "yarn") {

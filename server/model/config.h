@@ -43,6 +43,7 @@ struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t num_hidden_layers = 0;
+  int64_t num_nextn_predict_layers = 0;  // MTP layers N.. stored after the decoder (not run)
   int64_t intermediate_size = 0;
   int64_t moe_intermediate_size = 0;
   int64_t n_routed_experts = 0;

@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 
 ModelConfig TinyConfig() {
   ModelConfig c;
-  c.model_type = "kimi_k2";
+  c.model_type = "deepseek_v3";
   c.vocab_size = 2048;
   c.hidden_size = 128;
   c.num_hidden_layers = 8;
@@ -74,7 +74,7 @@ ModelConfig SmallConfig() {
 // Kimi-K2-Thinking's dimensions (model-spec.md §1).
 ModelConfig KimiK2Config() {
   ModelConfig c;
-  c.model_type = "kimi_k2";
+  c.model_type = "deepseek_v3";
   c.vocab_size = 163840;
   c.hidden_size = 7168;
   c.num_hidden_layers = 61;
@@ -263,6 +263,22 @@ absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name) {
   return config;
 }
 
+std::vector<std::string> LayoutNames() { return {"deepseek_v3", "k2", "k2.5"}; }
+
+absl::Status ApplyLayoutName(absl::string_view name, ModelConfig& config) {
+  if (name == "deepseek_v3" || name == "k2") {
+    ApplyLayout(CheckpointLayout::kFlat, config);
+    config.model_type = name == "k2" ? "kimi_k2" : "deepseek_v3";
+    return absl::OkStatus();
+  }
+  if (name == "k2.5") {
+    ApplyLayout(CheckpointLayout::kNestedK25, config);
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("layout '", name, "': expected one of ",
+                                                 absl::StrJoin(LayoutNames(), ", ")));
+}
+
 void ApplyLayout(CheckpointLayout layout, ModelConfig& config) {
   config.layout = layout;
   const bool kimi_dims = config.hidden_size == 7168 && config.n_routed_experts == 384;
@@ -321,7 +337,8 @@ absl::Status WriteRandomCheckpoint(ModelConfig config, const std::string& out_di
       !s.ok()) {
     return s;
   }
-  if (shards.size() == 1) return absl::OkStatus();
+  // An index even for one shard: some trainers (SpecForge's target head) find
+  // the embedding and lm_head through it.
   nlohmann::ordered_json index = {{"metadata", {{"total_size", total_size}}},
                                   {"weight_map", weight_map}};
   return WriteFileAtomically((fs::path(out_dir) / "model.safetensors.index.json").string(),

@@ -1,9 +1,13 @@
 // random_model.h: random-weight checkpoints in exactly the real Kimi format.
 //
 // Writes config.json (with the compressed-tensors quantization_config),
-// sharded safetensors with model.safetensors.index.json (or one
-// model.safetensors when everything fits in one shard), routed experts INT4
-// pack-quantized and the rest BF16. Every value is a pure function of
+// safetensors shards (model.safetensors when everything fits in one) with
+// model.safetensors.index.json (always, also for one shard), routed experts
+// INT4 pack-quantized and the rest BF16. The presets' config says
+// model_type "deepseek_v3" (the layout "deepseek_v3"), which transformers'
+// Auto classes load without remote code; the layouts "k2" (model_type
+// "kimi_k2", as Kimi-K2 ships it) and "k2.5" need the real checkpoint's remote
+// code to load in transformers. Every value is a pure function of
 // (seed, tensor name, element index), so the output is byte-identical for a
 // given seed whatever the thread count. Scales are chosen so the residual
 // stream stays O(1) through the layers and routing spreads over all experts.
@@ -24,6 +28,11 @@ namespace hsx {
 // The presets of hsx-make-model: "tiny", "small", "kimi-k2".
 std::vector<std::string> PresetNames();
 absl::StatusOr<ModelConfig> PresetConfig(absl::string_view name);
+
+// The layout names of hsx-make-model --layout: "deepseek_v3" (flat, model_type
+// deepseek_v3), "k2" (flat, model_type kimi_k2), "k2.5" (nested, kimi_k25).
+std::vector<std::string> LayoutNames();
+absl::Status ApplyLayoutName(absl::string_view name, ModelConfig& config);
 
 // Switches a config to the K2 (flat) or K2.5 (nested) layout. For the kimi-k2
 // preset numbers this also applies K2.5's rms_norm_eps and YaRN betas.

@@ -8,27 +8,37 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace hsx {
 namespace {
 
+std::string RandomSuffix() {
+  std::random_device random;
+  return absl::StrFormat("%08x%08x", random(), random());
+}
+
 // An open temporary file that is removed unless Commit() renamed it.
 class TempFile {
  public:
+  // The temporary's name carries 64 random bits and is created exclusively:
+  // writers in other processes (other hosts on a shared volume, where PIDs
+  // repeat) never share or truncate each other's temporary.
   explicit TempFile(std::string final_path)
       : final_path_(std::move(final_path)),
-        temp_path_(absl::StrCat(final_path_, ".tmp.", ::getpid())) {}
+        temp_path_(absl::StrCat(final_path_, ".tmp.", RandomSuffix())) {}
   ~TempFile() {
     if (fd_ >= 0) ::close(fd_);
     if (!committed_) ::unlink(temp_path_.c_str());
   }
 
   absl::Status Open() {
-    fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd_ < 0) return Error("cannot create");
     return absl::OkStatus();
   }

@@ -1,70 +1,57 @@
-// health.cc: mirroring health status across servers; the health-only port.
+// health.cc: the shared health state; the health-only port.
 #include "server/service/health.h"
 
 #include <algorithm>
 
-#include <grpcpp/generic/async_generic_service.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/impl/server_builder_option.h>
-#include <grpcpp/impl/server_builder_plugin.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/service/health_service.h"
 
 namespace hsx {
 namespace {
 
-void Set(grpc::Server* server, bool serving) {
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  if (health == nullptr) return;
-  health->SetServingStatus("", serving);
-  health->SetServingStatus(kServiceName, serving);
-}
-
-// Removes the reflection plugin (which linking grpc++_reflection adds to every
-// ServerBuilder) from one builder.
-class WithoutReflection : public grpc::ServerBuilderOption {
- public:
-  void UpdateArguments(grpc::ChannelArguments* /*args*/) override {}
-  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
-    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
-                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
-                                    return plugin->name() == "proto_server_reflection";
-                                  }),
-                   plugins->end());
-  }
-};
+using Response = grpc::health::v1::HealthCheckResponse;
 
 }  // namespace
 
-void Health::Attach(grpc::Server* server) {
+Health::Status Health::Current() const { return serving_ ? Response::SERVING : Response::NOT_SERVING; }
+
+std::optional<Health::Status> Health::Get(const std::string& service) const {
+  if (!service.empty() && service != kServiceName) return std::nullopt;
   std::lock_guard<std::mutex> lock(mutex_);
-  servers_.push_back(server);
-  if (shut_down_) {
-    if (auto* health = server->GetHealthCheckService()) health->Shutdown();
-  } else {
-    Set(server, serving_);
-  }
+  return Current();
 }
 
 void Health::SetServing(bool serving) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (shut_down_) return;
+  if (shut_down_ || serving_ == serving) return;
   serving_ = serving;
-  for (grpc::Server* server : servers_) Set(server, serving);
+  for (Watcher* watcher : watchers_) watcher->OnStatus(Current());
 }
 
 void Health::Shutdown() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (shut_down_) return;
   shut_down_ = true;
+  const bool changed = serving_;
   serving_ = false;
-  for (grpc::Server* server : servers_) {
-    Set(server, false);
-    if (auto* health = server->GetHealthCheckService()) health->Shutdown();
+  if (changed) {
+    for (Watcher* watcher : watchers_) watcher->OnStatus(Current());
   }
+}
+
+void Health::AddWatcher(Watcher* watcher) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  watchers_.push_back(watcher);
+  watcher->OnStatus(Current());
+}
+
+void Health::RemoveWatcher(Watcher* watcher) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  watchers_.erase(std::remove(watchers_.begin(), watchers_.end(), watcher), watchers_.end());
 }
 
 std::string WithPort(const std::string& address, int port) {
@@ -72,23 +59,21 @@ std::string WithPort(const std::string& address, int port) {
   return absl::StrCat(colon == std::string::npos ? address : address.substr(0, colon), ":", port);
 }
 
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthOnlyServer(const std::string& address, std::string* bound) {
-  // With no service of its own the builder sets up no callback queue for the
-  // default health service; an empty generic service (everything else:
-  // UNIMPLEMENTED) makes it. It must outlive the server: it lives forever.
-  static auto* const unimplemented = new grpc::CallbackGenericService();
+absl::StatusOr<HealthOnlyServer> StartHealthOnlyServer(const std::string& address, Health* health,
+                                                       std::string* bound) {
+  HealthOnlyServer result;
+  result.service = std::make_unique<HealthService>(health);
   grpc::ServerBuilder builder;
-  builder.SetOption(std::make_unique<WithoutReflection>());
-  builder.RegisterCallbackGenericService(unimplemented);
+  builder.RegisterService(result.service.get());
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
+  result.server = builder.BuildAndStart();
+  if (result.server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("--health-listen ", address, ": cannot listen"));
   }
   *bound = WithPort(address, port);
-  return server;
+  return result;
 }
 
 }  // namespace hsx

@@ -1,24 +1,27 @@
-// health.h: grpc.health.v1 status of the server, kept the same on every gRPC
-// server of the process (the main port and the optional --health-listen
-// port).
+// health.h: the grpc.health.v1 status of hsx-server, one state shared by every
+// gRPC server of the process (the main port and the optional --health-listen
+// port), each of which carries a HealthService (health_service.h) reading it.
 //
-// Two names are reported: "" (the whole server, for liveness) and
-// "hsx.v1.HiddenStates" (readiness). Both are NOT_SERVING from the moment a
-// server is attached until SetServing(true) -- i.e. until the model is loaded
-// and the start-up self-check passed -- and NOT_SERVING for good after
-// Shutdown() (drain). The health service itself is gRPC's default one
-// (grpc::EnableDefaultHealthCheckService), so Check and Watch both work.
+// Two names are served: "" (the whole server, for liveness) and
+// "hsx.v1.HiddenStates" (readiness); any other name is unknown. Both are
+// NOT_SERVING from construction -- before any server exists, so there is no
+// instant at which a probe can see SERVING early -- until SetServing(true),
+// i.e. until the model is loaded and the start-up self-check passed; and
+// NOT_SERVING for good after Shutdown() (drain). Watchers (the Watch RPCs)
+// hear every change.
 #ifndef HSX_SERVER_SERVICE_HEALTH_H_
 #define HSX_SERVER_SERVICE_HEALTH_H_
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
+#include "grpc/health/v1/health.pb.h"
 
 namespace hsx {
 
@@ -26,22 +29,45 @@ inline constexpr char kServiceName[] = "hsx.v1.HiddenStates";
 
 class Health {
  public:
-  // Marks `server` NOT_SERVING now and follows later changes.
-  void Attach(grpc::Server* server);
+  using Status = grpc::health::v1::HealthCheckResponse::ServingStatus;
+
+  // Told of every status change; called with Health's lock held, so it must
+  // not call back into Health.
+  class Watcher {
+   public:
+    virtual ~Watcher() = default;
+    virtual void OnStatus(Status status) = 0;
+  };
+
+  // The status of `service`; nullopt for a name that is not served.
+  std::optional<Status> Get(const std::string& service) const;
   void SetServing(bool serving);
-  // NOT_SERVING on every attached server, frozen.
+  // NOT_SERVING, frozen.
   void Shutdown();
 
+  // `watcher` hears the current status at once (under the lock, so that no
+  // change can slip in between) and every later one until RemoveWatcher.
+  void AddWatcher(Watcher* watcher);
+  void RemoveWatcher(Watcher* watcher);
+
  private:
-  std::mutex mutex_;
-  std::vector<grpc::Server*> servers_;
+  Status Current() const;
+
+  mutable std::mutex mutex_;
   bool serving_ = false;
   bool shut_down_ = false;
+  std::vector<Watcher*> watchers_;
 };
 
-// A plaintext server on `address` carrying only grpc.health.v1 (no
-// reflection, no hsx service). `bound` receives HOST:PORT.
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthOnlyServer(const std::string& address, std::string* bound);
+// A plaintext server on `address` carrying only grpc.health.v1 from `health`
+// and reflection (which then describes grpc.health.v1 alone, so that grpcurl
+// can call it there too); no hsx service. `bound` receives HOST:PORT. The returned
+// service must outlive the server.
+struct HealthOnlyServer {
+  std::unique_ptr<grpc::Service> service;
+  std::unique_ptr<grpc::Server> server;
+};
+absl::StatusOr<HealthOnlyServer> StartHealthOnlyServer(const std::string& address, Health* health, std::string* bound);
 
 // HOST of HOST:PORT with `port` instead.
 std::string WithPort(const std::string& address, int port);

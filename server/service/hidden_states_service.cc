@@ -37,7 +37,7 @@ void LogFailure(const char* method, const std::string& sample_id, const std::str
   const bool server_fault = code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNKNOWN ||
                             code == grpc::StatusCode::DATA_LOSS;
   std::string line = absl::StrFormat("%s sample_id='%s' (%d tokens) from %s: %s: %s", method,
-                                     sample_id.substr(0, 128), tokens, peer, StatusCodeName(code),
+                                     TruncateForLog(sample_id, 128), tokens, peer, StatusCodeName(code),
                                      status.error_message());
   if (messages_sent > 0) absl::StrAppend(&line, " (after ", messages_sent, " messages)");
   LogLine(server_fault ? LogLevel::kError : LogLevel::kInfo, line);
@@ -149,7 +149,11 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* HiddenStatesService::Extract(grpc
           metrics_->SampleDone(result.tokens, absl::ToDoubleSeconds(result.elapsed));
         } else {
           metrics_->Error(result.status.error_code());
-          LogFailure("Extract", sample_id, peer, result.tokens, result.status, result.messages_sent);
+          grpc::Status status = result.status;
+          if (status.error_code() == grpc::StatusCode::CANCELLED && drain_expired_.load()) {
+            status = {grpc::StatusCode::CANCELLED, "cancelled by the server: the drain timed out (--drain-timeout)"};
+          }
+          LogFailure("Extract", sample_id, peer, result.tokens, status, result.messages_sent);
         }
         inflight_.fetch_sub(1);
         metrics_->AddInflight(-1);

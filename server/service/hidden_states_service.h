@@ -41,6 +41,9 @@ class HiddenStatesService final : public v1::HiddenStates::CallbackService {
   void SetBatcher(Batcher* batcher);
   // From now on Extract answers UNAVAILABLE "draining".
   void StartDraining();
+  // The drain's time is up: streams cancelled from now on are the server's
+  // doing, and their log lines say so rather than blaming the client.
+  void DrainExpired() { drain_expired_.store(true); }
   // Blocks until no Extract is in progress and no sample is in the batcher
   // (true), or until `deadline` or Interrupt() (false).
   bool WaitIdle(absl::Time deadline);
@@ -67,6 +70,7 @@ class HiddenStatesService final : public v1::HiddenStates::CallbackService {
 
   std::atomic<Batcher*> batcher_{nullptr};
   std::atomic<bool> draining_{false};
+  std::atomic<bool> drain_expired_{false};
   std::atomic<int> inflight_{0};
   std::atomic<int64_t> samples_in_batcher_{0};
 

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace hsx {
 namespace {
@@ -116,6 +117,7 @@ absl::StatusOr<bool> ResponseEncoder::Next(v1::ExtractResponse* out) {
       header->set_sample_id(options_.sample_id);
       header->set_num_tokens(states_.tokens);
       header->set_token_ids_xxh64(options_.token_ids_hash);
+      header->set_token_ids_xxh64_hex(absl::StrFormat("%016x", options_.token_ids_hash));
       for (int id : states_.capture_ids) header->add_capture_ids(id);
       header->set_final_norm(!states_.final_norm.empty());
       header->set_hidden_size(static_cast<int32_t>(states_.hidden));
@@ -152,8 +154,10 @@ absl::StatusOr<bool> ResponseEncoder::Next(v1::ExtractResponse* out) {
         v1::TensorChecksum* checksum = trailer->add_checksums();
         checksum->set_capture_id(capture_id(k));
         checksum->set_xxh64(checksums_[k]);
+        checksum->set_xxh64_hex(absl::StrFormat("%016x", checksums_[k]));
       }
       trailer->set_token_ids_xxh64(options_.token_ids_hash);
+      trailer->set_token_ids_xxh64_hex(absl::StrFormat("%016x", options_.token_ids_hash));
       stage_ = Stage::kDone;
       return true;
     }

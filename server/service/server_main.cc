@@ -3,7 +3,7 @@
 // Start-up: flags -> options; config.json (for limits and ModelInfo); the
 // metrics endpoint; the gRPC port(s), health NOT_SERVING; then the checkpoint,
 // the engine and the self-check; then the one shared batcher, health SERVING
-// and "ready". Shutdown (SIGTERM/SIGINT, seen by a sigwait thread, never in a
+// and "ready". Shutdown (SIGTERM/SIGINT/SIGHUP, seen by a sigwait thread, never in a
 // signal handler): health NOT_SERVING, new Extract calls refused with
 // UNAVAILABLE "draining", in-flight samples finish within --drain-timeout (a
 // second signal cuts the wait short), then the rest are cancelled, the servers
@@ -20,7 +20,6 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -36,6 +35,7 @@
 #include "server/service/auth.h"
 #include "server/service/credentials.h"
 #include "server/service/health.h"
+#include "server/service/health_service.h"
 #include "server/service/hidden_states_service.h"
 #include "server/service/log.h"
 #include "server/service/metrics.h"
@@ -118,15 +118,16 @@ absl::Status Serve() {
   StopRequests stop;
   SignalWatcher watcher([&](int signal, int count) { stop.OnSignal(signal, count, &service); });
 
-  grpc::EnableDefaultHealthCheckService(true);
+  // NOT_SERVING from here, before any port is open. gRPC's default health
+  // service stays off: it has no descriptor for reflection (see health_service.h).
   Health health;
-  std::unique_ptr<grpc::Server> health_server;
+  HealthService health_service(&health);
+  HealthOnlyServer health_only;
   if (!options.health_listen.empty()) {
     std::string bound;
-    absl::StatusOr<std::unique_ptr<grpc::Server>> started = StartHealthOnlyServer(options.health_listen, &bound);
+    absl::StatusOr<HealthOnlyServer> started = StartHealthOnlyServer(options.health_listen, &health, &bound);
     if (!started.ok()) return started.status();
-    health_server = *std::move(started);
-    health.Attach(health_server.get());
+    health_only = *std::move(started);
     LogInfo("health (grpc.health.v1 only, plaintext) on %s", bound);
   }
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -135,6 +136,7 @@ absl::Status Serve() {
   int port = 0;
   builder.AddListeningPort(options.listen, *credentials, &port);
   builder.RegisterService(&service);
+  builder.RegisterService(&health_service);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(std::max<int64_t>(4 << 20, options.max_chunk_bytes + (64 << 10))));
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second server on the port is an error
@@ -144,13 +146,17 @@ absl::Status Serve() {
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("--listen ", options.listen, ": cannot listen (address in use?)"));
   }
-  health.Attach(server.get());
   LogInfo("listening on %s (%s; health NOT_SERVING until the model is loaded)", WithPort(options.listen, port),
           options.tls() ? (options.tls_client_ca.empty() ? "TLS" : "mTLS") : "plaintext");
+  if (!options.tls() && options.auth_token_file.empty() && !IsLoopbackAddress(options.listen)) {
+    LogWarning("serving plaintext without a token on %s, a non-loopback address: anyone who can reach it can "
+               "extract hidden states; use --tls-cert/--tls-key and --auth-token-file, or listen on loopback",
+               options.listen);
+  }
 
   auto shutdown_now = [&] {
     server->Shutdown(std::chrono::system_clock::now());
-    if (health_server) health_server->Shutdown(std::chrono::system_clock::now());
+    if (health_only.server) health_only.server->Shutdown(std::chrono::system_clock::now());
   };
 
   // The model.
@@ -200,8 +206,9 @@ absl::Status Serve() {
   if (service.WaitIdle(absl::Now() + options.drain_timeout)) {
     LogInfo("drained in %.2f s", SecondsSince(start));
   } else {
-    LogWarning("drain incomplete after %.2f s: cancelling %d in-flight Extract calls", SecondsSince(start),
-               service.inflight());
+    LogWarning("drain incomplete after %.2f s (--drain-timeout): cancelling %d in-flight Extract calls",
+               SecondsSince(start), service.inflight());
+    service.DrainExpired();
   }
   shutdown_now();
   server->Wait();
@@ -229,7 +236,7 @@ int main(int argc, char** argv) {
       "             [--precision bf16|fp32] [--tp N] [--metrics-listen 0.0.0.0:9090]\n"
       "             [--tls-cert CRT --tls-key KEY [--tls-client-ca CA]] [--auth-token-file FILE]\n\n"
       "Logs go to stderr; 'hsx-server: listening on HOST:PORT' names the port bound (also with port 0).\n"
-      "SIGTERM/SIGINT drain: health NOT_SERVING, in-flight samples finish (--drain-timeout), exit 0.");
+      "SIGTERM/SIGINT/SIGHUP drain: health NOT_SERVING, in-flight samples finish (--drain-timeout), exit 0.");
   absl::FlagsUsageConfig usage;
   // --help lists the flags of this binary (defined in service_options.cc).
   usage.contains_help_flags = [](absl::string_view file) { return absl::StrContains(file, "server/service/"); };

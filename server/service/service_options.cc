@@ -8,6 +8,9 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "server/tools/cli.h"
 
@@ -74,14 +77,52 @@ std::string Bytes(int64_t n) {
   return absl::StrCat(n, "B");
 }
 
+// The host of HOST:PORT ("[::1]:50051" -> "::1"), or "" for a unix: address.
+absl::string_view HostOf(absl::string_view address) {
+  if (absl::StartsWith(address, "unix:")) return "";
+  const size_t colon = address.rfind(':');
+  absl::string_view host = colon == absl::string_view::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
 }  // namespace
+
+absl::Status ValidateListenAddress(absl::string_view flag, absl::string_view address) {
+  if (absl::StartsWith(address, "unix:")) {
+    if (address.size() == 5) return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", address, ": no path"));
+    return absl::OkStatus();
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " '", address, "': expected HOST:PORT"));
+  }
+  const absl::string_view host = address.substr(0, colon);
+  if (host.front() == '[' ? host.back() != ']' : host.find(':') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " '", address, "': write an IPv6 host in brackets, e.g. [::1]:50051"));
+  }
+  const absl::string_view port = address.substr(colon + 1);
+  int value = -1;
+  if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port, &value) || value > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " '", address, "': port '", port, "' is not in 0..65535"));
+  }
+  return absl::OkStatus();
+}
+
+bool IsLoopbackAddress(absl::string_view address) {
+  const absl::string_view host = HostOf(address);
+  return host.empty() || host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
 
 absl::StatusOr<ServiceOptions> OptionsFromFlags() {
   ServiceOptions o;
   o.model_dir = absl::GetFlag(FLAGS_model);
   if (o.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required (see --help)");
   o.listen = absl::GetFlag(FLAGS_listen);
-  if (o.listen.empty()) return absl::InvalidArgumentError("--listen: empty address");
+  if (absl::Status s = ValidateListenAddress("listen", o.listen); !s.ok()) return s;
   o.device = absl::GetFlag(FLAGS_device);
   absl::StatusOr<Device> device = ParseDevice(o.device);
   if (!device.ok()) return device.status();
@@ -95,14 +136,19 @@ absl::StatusOr<ServiceOptions> OptionsFromFlags() {
   }
   o.precision = precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
   o.threads = absl::GetFlag(FLAGS_threads);
-  if (o.threads < 0) return absl::InvalidArgumentError("--threads must be 0 (all cores) or more");
+  if (o.threads < 0 || o.threads > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads ", o.threads, ": expected 0 (all cores) to ", kMaxThreads));
+  }
   o.capture_text = absl::GetFlag(FLAGS_capture);
   o.final_norm = absl::GetFlag(FLAGS_final_norm);
 
   o.max_tokens_per_sample = absl::GetFlag(FLAGS_max_tokens_per_sample);
   if (o.max_tokens_per_sample < 0) return absl::InvalidArgumentError("--max-tokens-per-sample must be 0 (auto) or more");
   o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  if (o.max_batch_tokens < 1) return absl::InvalidArgumentError("--max-batch-tokens must be at least 1");
+  if (o.max_batch_tokens < 1 || o.max_batch_tokens > kMaxBatchTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-batch-tokens ", o.max_batch_tokens, ": expected 1 to ",
+                                                   kMaxBatchTokens, " (the activations of a batch live at once)"));
+  }
   o.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
   if (o.max_concurrent_requests < 1) return absl::InvalidArgumentError("--max-concurrent-requests must be at least 1");
   absl::StatusOr<int64_t> size = ByteFlag("max-buffered-bytes-per-stream", absl::GetFlag(FLAGS_max_buffered_bytes_per_stream));
@@ -116,6 +162,10 @@ absl::StatusOr<ServiceOptions> OptionsFromFlags() {
     size = ByteFlag("max-request-bytes", text);
     if (!size.ok()) return size.status();
     if (*size > INT32_MAX) return absl::InvalidArgumentError("--max-request-bytes: at most 2147483647");
+    if (*size < kMinRequestBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("--max-request-bytes ", *size, ": at least ", kMinRequestBytes,
+                                                     " (smaller refuses even a one-token request)"));
+    }
     o.max_request_bytes = *size;
   }
   if (2 * (o.max_chunk_bytes + kChunkOverheadBytes) > o.max_buffered_bytes_per_stream) {
@@ -127,6 +177,11 @@ absl::StatusOr<ServiceOptions> OptionsFromFlags() {
 
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.health_listen = absl::GetFlag(FLAGS_health_listen);
+  for (const auto& [flag, address] : {std::pair{"metrics-listen", &o.metrics_listen},
+                                      std::pair{"health-listen", &o.health_listen}}) {
+    if (address->empty()) continue;
+    if (absl::Status s = ValidateListenAddress(flag, *address); !s.ok()) return s;
+  }
   o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "kernels/backend.h"
 #include "server/model/config.h"
@@ -26,6 +27,10 @@ namespace hsx {
 inline constexpr int64_t kChunkOverheadBytes = 64;
 // The longest sample_id accepted.
 inline constexpr int64_t kMaxSampleIdBytes = 1024;
+// Limits past which a flag's value is a mistake, not a configuration.
+inline constexpr int kMaxThreads = 1024;
+inline constexpr int64_t kMaxBatchTokens = 1LL << 24;
+inline constexpr int64_t kMinRequestBytes = 256;
 
 struct ServiceOptions {
   std::string model_dir;
@@ -64,6 +69,12 @@ absl::StatusOr<ServiceOptions> OptionsFromFlags();
 
 // Fills the model-dependent defaults and checks the limits against the model.
 absl::Status ResolveModelLimits(const ModelConfig& config, ServiceOptions* options);
+
+// Checks a --listen style address: HOST:PORT with the port in 0..65535 (an
+// IPv6 host in brackets), or unix:PATH. The error names the flag.
+absl::Status ValidateListenAddress(absl::string_view flag, absl::string_view address);
+// True for 127.0.0.0/8, ::1, localhost and unix: addresses.
+bool IsLoopbackAddress(absl::string_view address);
 
 // One line for the start-up log: every setting that matters.
 std::string DescribeOptions(const ServiceOptions& options, const ModelConfig& config);

@@ -15,6 +15,7 @@ sigset_t StopSignals() {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);  // a closed terminal or a supervisor's hang-up: drain, do not die mid-stream
   return set;
 }
 

@@ -45,6 +45,24 @@ std::string Category(const hsx::WeightSpec& spec, const hsx::ModelConfig& config
   return "dense_mlp";
 }
 
+// hsx-make-model's --layout name of the checkpoint.
+std::string LayoutName(const hsx::ModelConfig& c) {
+  if (c.layout == hsx::CheckpointLayout::kNestedK25) return "k2.5";
+  if (c.model_type == "deepseek_v3") return "deepseek_v3";
+  if (c.model_type == "kimi_k2") return "k2";
+  return absl::StrCat("flat (model_type ", c.model_type, ")");
+}
+
+// Whether transformers' Auto classes know the model type without remote code.
+std::string TransformersLoad(const hsx::ModelConfig& c) {
+  if (c.layout == hsx::CheckpointLayout::kFlat && c.model_type == "deepseek_v3") {
+    return "Auto classes load it without remote code (model_type deepseek_v3)";
+  }
+  return absl::StrCat("needs the checkpoint's remote code (model_type ",
+                      c.layout == hsx::CheckpointLayout::kNestedK25 ? "kimi_k25" : c.model_type,
+                      " is not built into transformers)");
+}
+
 json Report(const hsx::Checkpoint& checkpoint, int tp) {
   const hsx::ModelConfig& c = checkpoint.config();
   const int group = c.quantization ? c.quantization->group_size : 32;
@@ -82,7 +100,8 @@ json Report(const hsx::Checkpoint& checkpoint, int tp) {
       {"name", hsx::CheckpointName(checkpoint.dir())},
       {"revision", revision.ok() ? *revision : std::string(revision.status().message())},
       {"architecture", {{"model_type", c.model_type},
-                        {"layout", c.layout == hsx::CheckpointLayout::kFlat ? "k2" : "k2.5"},
+                        {"layout", LayoutName(c)},
+                        {"transformers", TransformersLoad(c)},
                         {"num_hidden_layers", c.num_hidden_layers},
                         {"hidden_size", c.hidden_size},
                         {"vocab_size", c.vocab_size},

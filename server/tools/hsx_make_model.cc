@@ -21,9 +21,11 @@ ABSL_FLAG(std::string, config, "", "A DeepSeek-V3-family config.json to generate
           "preset (flat or with text_config). Without a quantization_config, routed experts "
           "are INT4 as in Kimi-K2.5.");
 ABSL_FLAG(std::string, out, "", "Output directory (created; must be empty if it exists).");
-ABSL_FLAG(std::string, layout, "", "Checkpoint layout: k2 (flat config, 'model.' tensors) or k2.5 "
-          "(text_config, 'language_model.' tensors). Default: k2 for presets, the config's own "
-          "layout for --config.");
+ABSL_FLAG(std::string, layout, "", "Checkpoint layout: deepseek_v3 (flat config, model_type deepseek_v3, "
+          "'model.' tensors: transformers' Auto classes load it without remote code), k2 (the same "
+          "with model_type kimi_k2, as Kimi-K2 ships it: needs Kimi's remote code in transformers) or "
+          "k2.5 (text_config, 'language_model.' tensors). Default: deepseek_v3 for presets, the "
+          "config's own layout for --config.");
 ABSL_FLAG(int64_t, layers, 0, "Number of decoder layers (0: the preset's or config's own).");
 ABSL_FLAG(uint64_t, seed, 0, "Random seed; the output is byte-identical for a given seed.");
 ABSL_FLAG(std::string, shard_size, "5GB", "Largest shard, e.g. 500MB, 5GB or a byte count.");
@@ -44,13 +46,10 @@ absl::StatusOr<hsx::ModelConfig> ChooseConfig() {
   absl::StatusOr<hsx::ModelConfig> config =
       preset.empty() ? hsx::ReadModelConfig(config_path) : hsx::PresetConfig(preset);
   if (!config.ok()) return config.status();
-  const std::string layout = absl::GetFlag(FLAGS_layout);
-  if (layout == "k2") {
-    hsx::ApplyLayout(hsx::CheckpointLayout::kFlat, *config);
-  } else if (layout == "k2.5") {
-    hsx::ApplyLayout(hsx::CheckpointLayout::kNestedK25, *config);
-  } else if (!layout.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--layout '", layout, "': expected k2 or k2.5"));
+  if (const std::string layout = absl::GetFlag(FLAGS_layout); !layout.empty()) {
+    if (absl::Status s = hsx::ApplyLayoutName(layout, *config); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", s.message()));
+    }
   }
   if (const int64_t layers = absl::GetFlag(FLAGS_layers); layers != 0) {
     if (layers < 1) return absl::InvalidArgumentError("--layers must be at least 1");
@@ -92,8 +91,10 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Writes a random-weight DeepSeek-V3 / Kimi-K2 checkpoint in the real format:\n"
-      "config.json with a compressed-tensors quantization_config, sharded safetensors with\n"
-      "an index, routed experts INT4 pack-quantized (group 32), everything else BF16.\n\n"
+      "config.json with a compressed-tensors quantization_config, safetensors shards with\n"
+      "an index (also for one shard), routed experts INT4 pack-quantized (group 32), everything\n"
+      "else BF16. Presets say model_type deepseek_v3 (transformers' Auto classes load them);\n"
+      "--layout k2 writes Kimi-K2's own model_type kimi_k2.\n\n"
       "  hsx-make-model --preset tiny --out /tmp/tiny\n"
       "  hsx-make-model --preset kimi-k2 --layers 2 --layout k2.5 --out /data/k2-2layer\n"
       "  hsx-make-model --config my_config.json --out DIR --seed 7");

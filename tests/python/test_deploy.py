@@ -2,10 +2,15 @@
 
 Docker and a cluster are not available to the tests, so they check what can be checked without
 them:
-- deploy/Dockerfile parsed: a CUDA devel build stage and the matching CUDA runtime stage, the
-  build as scripts/setup.sh's packages + cmake/ninja without tests, the five binaries copied, a
-  numeric non-root USER, no HEALTHCHECK, ENTRYPOINT hsx-server; the ignore file keeps build trees
-  out and the sources in;
+- deploy/Dockerfile parsed: base images as build arguments defaulting to a CUDA devel build
+  stage and the matching CUDA runtime stage, the build as scripts/setup.sh's packages +
+  cmake/ninja without tests, runtime packages derived from the binaries, the five binaries
+  copied, a numeric non-root USER, no HEALTHCHECK, ENTRYPOINT hsx-server; the ignore file keeps
+  build trees out and the sources in;
+- when the CPU image of scripts/image.sh is here (buildah storage; HSX_IMAGE_TESTS=required
+  makes its absence a failure instead of a skip): every flag below is accepted by the binaries
+  inside the image, the cpu-demo overlay deploys that image, its user/entrypoint/command are the
+  Dockerfile's, the derived runtime libraries are installed and no compiler or -dev package is;
 - every overlay (and the base) rendered with `kubectl kustomize` (kubectl from HSX_KUBECTL or
   PATH; Debian's kubernetes-client 1.20 and current kubectl both render these) and every
   document validated strictly against the Kubernetes 1.30 schemas (kubernetes-validate);
@@ -67,12 +72,21 @@ def _bin(bin_dir, name):
 _HELP_CACHE = {}
 
 
+def help_text(bin_dir, name):
+    """`name --helpfull` of the binaries in bin_dir: a directory, or an ImageBinaries (the
+    binaries inside the built container image)."""
+    if isinstance(bin_dir, ImageBinaries):
+        return bin_dir.helpfull(name)
+    proc = subprocess.run([str(_bin(bin_dir, name)), "--helpfull"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    return proc.stdout + proc.stderr
+
+
 def flags_of(bin_dir, name):
     """{flag name with underscores: default text} from `name --helpfull` (absl)."""
-    if name not in _HELP_CACHE:
-        proc = subprocess.run([str(_bin(bin_dir, name)), "--helpfull"], capture_output=True, text=True,
-                              timeout=60, check=False)
-        text = proc.stdout + proc.stderr
+    key = (str(bin_dir), name)
+    if key not in _HELP_CACHE:
+        text = help_text(bin_dir, name)
         starts = list(re.finditer(r"^\s+--([A-Za-z0-9_]+) \(", text, re.M))
         flags = {}
         for i, m in enumerate(starts):
@@ -80,8 +94,8 @@ def flags_of(bin_dir, name):
             d = re.search(r"default: (.*?);\s*$", text[m.end():end], re.M | re.S)
             flags[m.group(1)] = d.group(1).strip() if d else ""
         assert len(flags) > 4, f"could not read the flags of {name} from --helpfull:\n{text[:2000]}"
-        _HELP_CACHE[name] = flags
-    return _HELP_CACHE[name]
+        _HELP_CACHE[key] = flags
+    return _HELP_CACHE[key]
 
 
 def norm(flag):
@@ -155,7 +169,8 @@ def dockerfile_args(instructions):
     for stage, word, rest in instructions:
         if stage == -1 and word == "ARG":
             name, _, default = rest.partition("=")
-            args[name.strip()] = default.strip()
+            # A default may use the ARGs before it (BUILD_IMAGE=nvidia/cuda:${CUDA_VERSION}-...).
+            args[name.strip()] = substitute(default.strip(), args)
     return args
 
 
@@ -239,6 +254,11 @@ def test_dockerfile_stages_base_images_and_build():
     runs = " && ".join(r for w, r in build["ins"] if w == "RUN")
     assert re.search(r"\bcmake\b[^&;]*-G\s*Ninja", runs), "configure with cmake -G Ninja"
     assert "-DHSX_BUILD_TESTS=OFF" in runs, "build without the unit tests"
+    assert "-DHSX_ENABLE_CUDA=${HSX_ENABLE_CUDA}" in runs, "the CUDA kernels follow the HSX_ENABLE_CUDA build argument"
+    cuda_arg = [r for w, r in build["ins"] if w == "ARG" and r.startswith("HSX_ENABLE_CUDA")]
+    assert cuda_arg == ["HSX_ENABLE_CUDA=ON"], f"production builds the CUDA kernels by default: {cuda_arg}"
+    for stage, arg in ((build, "BUILD_IMAGE"), (runtime, "RUNTIME_IMAGE")):
+        assert stage["from"] == "${" + arg + "}", f"FROM {stage['from']}: the base image is the {arg} build argument"
     assert re.search(r"\bninja\b", runs), "build with ninja"
     installed = set(apt_packages(runs))
     needed = [p for p in setup_sh_packages() if p not in NOT_FOR_THE_IMAGE]
@@ -257,8 +277,15 @@ def test_dockerfile_runtime_stage():
     dev = [p for p in packages if p.endswith("-dev") or p in ("build-essential", "cmake", "ninja-build",
                                                                 "protobuf-compiler", "protobuf-compiler-grpc")]
     assert not dev, f"the runtime stage installs build packages: {dev}"
-    for lib in ("libgrpc++", "libprotobuf", "libabsl", "libprometheus-cpp-core", "libprometheus-cpp-pull", "libxxhash"):
-        assert any(p.startswith(lib) for p in packages), f"the runtime stage installs no {lib}* package"
+    # The runtime packages are the ones the build stage derived from its binaries (ldd + dpkg,
+    # deploy/runtime-packages.sh), not a hand-written list: test_image_* check the result.
+    build_runs = " && ".join(r for w, r in build["ins"] if w == "RUN")
+    assert re.search(r"deploy/runtime-packages\.sh [^&;]*> */out/runtime-packages\.txt", build_runs), \
+        "the build stage derives the runtime packages with deploy/runtime-packages.sh"
+    copies = [r for w, r in runtime["ins"] if w == "COPY" and f"--from={build['name']}" in r]
+    assert any("/out/runtime-packages.txt" in r for r in copies), "the runtime stage copies the derived package list"
+    assert any("$(cat /usr/local/share/hsx/runtime-packages.txt)" in r for w, r in runtime["ins"] if w == "RUN"), \
+        "the runtime stage installs the derived package list"
 
     copied = set()
     for word, rest in runtime["ins"]:
@@ -509,22 +536,150 @@ def all_invocations(rendered):
     return out
 
 
-def test_every_flag_is_accepted_by_its_binary(bin_dir, rendered):
+def check_every_flag_is_accepted(bin_dir, rendered, where_prefix=""):
+    """Every hsx command of all_invocations is accepted by the binaries of bin_dir (a directory
+    or an ImageBinaries); those of where_prefix ("" = anywhere) include the three main tools."""
     invocations = all_invocations(rendered)
-    used = {b for _, b, _ in invocations}
+    used = {b for where, b, _ in invocations if where.startswith(where_prefix)}
     for needed in ("hsx-server", "hsx-dump", "hsx-make-model"):
-        assert needed in used, f"no {needed} command found in the Dockerfile or the manifests"
+        assert needed in used, f"no {needed} command found in {where_prefix or 'the Dockerfile or the manifests'}"
     problems = []
     for where, binary, args in invocations:
         _, unknown = parse_flags(bin_dir, binary, args)
         if unknown:
-            problems.append(f"{where}: {binary} does not accept {', '.join(unknown)}")
+            problems.append(f"{where}: {binary} ({bin_dir}) does not accept {', '.join(unknown)}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_flag_is_accepted_by_its_binary(bin_dir, rendered):
+    check_every_flag_is_accepted(bin_dir, rendered)
 
 
 def test_defaults_assumed_here_are_the_binaries(bin_dir):
     assert flags_of(bin_dir, "hsx-server")["max_concurrent_requests"] == str(SERVER_DEFAULT_MAX_CONCURRENT)
     assert flags_of(bin_dir, "hsx-dump")["concurrency"] == str(DUMP_DEFAULT_CONCURRENCY)
+
+
+# ----------------------------------------------------------------------------------------------
+# The CPU image built by scripts/image.sh (buildah, Debian bookworm base), when it is here
+
+
+CPU_DEMO_KUSTOMIZATION = K8S / "overlays" / "cpu-demo" / "kustomization.yaml"
+
+
+def cpu_demo_image():
+    """The image the cpu-demo overlay deploys ("name:tag" from its `images:`); scripts/image.sh
+    reads the same entry and builds localhost/<name:tag>."""
+    kustomization = yaml.safe_load(CPU_DEMO_KUSTOMIZATION.read_text())
+    entries = [i for i in kustomization.get("images", []) if i.get("name") == "hsx"]
+    assert len(entries) == 1, f"{CPU_DEMO_KUSTOMIZATION}: one images: entry for hsx expected: {entries}"
+    return f"{entries[0]['newName']}:{entries[0]['newTag']}"
+
+
+# buildah as scripts/image.sh runs it: as root (sudo -n when the tests are not root), so that it
+# sees the same (rootful) storage.
+BUILDAH = ["buildah"] if os.geteuid() == 0 else ["sudo", "-n", "buildah"]
+
+
+class ImageBinaries:
+    """The hsx binaries inside a built image, run in one working container of it with
+    `buildah run --isolation chroot` (podman run does not work on these machines) as the image's
+    user, uid/gid 10001."""
+
+    def __init__(self, image):
+        self.image = image
+        proc = subprocess.run(BUILDAH + ["from", "--pull=never", image], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, f"buildah from {image}:\n{proc.stderr}"
+        self.container = proc.stdout.strip().splitlines()[-1]
+
+    def __str__(self):
+        return f"image {self.image}"
+
+    def run(self, *argv, timeout=120):
+        return subprocess.run(BUILDAH + ["run", "--isolation", "chroot", "--user", "10001:10001", self.container,
+                               "--", *argv], capture_output=True, text=True, timeout=timeout)
+
+    def helpfull(self, name):
+        proc = self.run(f"/usr/local/bin/{name}", "--helpfull")
+        return proc.stdout + proc.stderr
+
+    def config(self):
+        """The image's OCI configuration (User, Entrypoint, Cmd, ...)."""
+        proc = subprocess.run(BUILDAH + ["inspect", "--type", "image", self.image], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["OCIv1"]["config"]
+
+    def close(self):
+        subprocess.run(BUILDAH + ["rm", self.container], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def image_bins():
+    """The binaries of localhost/<cpu-demo image>. Skips, saying why, where buildah or the image
+    is missing; fails instead with HSX_IMAGE_TESTS=required (scripts/test.sh, after building it)."""
+    image = "localhost/" + cpu_demo_image()
+    required = os.environ.get("HSX_IMAGE_TESTS") == "required"
+
+    def unavailable(reason):
+        if required:
+            pytest.fail(f"{reason} (HSX_IMAGE_TESTS=required)", pytrace=False)
+        pytest.skip(reason)
+
+    if not shutil.which("buildah"):
+        unavailable("buildah is not installed; scripts/image.sh installs it and builds the CPU image")
+    proc = subprocess.run(BUILDAH + ["inspect", "--type", "image", image], capture_output=True, text=True,
+                          timeout=60)
+    if proc.returncode != 0:
+        unavailable(f"no image {image} in buildah's storage; build it with scripts/image.sh "
+                    f"({proc.stderr.strip()[:200]})")
+    bins = ImageBinaries(image)
+    yield bins
+    bins.close()
+
+
+def test_image_accepts_every_flag(image_bins, rendered):
+    """The flag-drift check of test_every_flag_is_accepted_by_its_binary, against the binaries
+    inside the image rather than the local build."""
+    check_every_flag_is_accepted(image_bins, rendered, where_prefix="cpu-demo:")
+
+
+def test_image_is_what_the_cpu_demo_overlay_deploys(image_bins, rendered):
+    images = {c["image"] for _, spec, _ in pod_templates(rendered["cpu-demo"])
+              for c in spec.get("initContainers", []) + spec["containers"]}
+    assert images == {cpu_demo_image()}, f"cpu-demo runs {images}, scripts/image.sh builds {cpu_demo_image()}"
+    config = image_bins.config()
+    assert config.get("User") == "10001:10001", config
+    assert (config.get("Entrypoint"), config.get("Cmd")) == entrypoint_and_cmd(), config
+    proc = image_bins.run("id", "-u")
+    assert proc.returncode == 0 and proc.stdout.strip() == "10001", proc.stdout + proc.stderr
+
+
+# Build tools that must not be in the runtime image (Debian package names).
+BUILD_PACKAGES = {"gcc", "g++", "cpp", "clang", "cmake", "ninja-build", "make", "binutils", "build-essential",
+                  "protobuf-compiler", "protobuf-compiler-grpc", "nvidia-cuda-toolkit"}
+
+
+def test_image_has_its_runtime_libraries_and_no_compiler(image_bins):
+    proc = image_bins.run("cat", "/usr/local/share/hsx/runtime-packages.txt")
+    assert proc.returncode == 0, proc.stderr
+    derived = proc.stdout.split()
+    for lib in ("libgrpc++", "libprotobuf", "libabsl", "libprometheus-cpp-core", "libprometheus-cpp-pull",
+                "libxxhash"):
+        assert any(p.startswith(lib) for p in derived), f"{lib}* is not among the derived runtime packages {derived}"
+    proc = image_bins.run("dpkg-query", "-W", "-f", "${Package} ${Status}\n")
+    assert proc.returncode == 0, proc.stderr
+    installed = {line.split()[0] for line in proc.stdout.splitlines() if line.endswith(" installed")}
+    assert set(derived) <= installed, f"derived but not installed: {set(derived) - installed}"
+    build_tools = sorted(p for p in installed if p.endswith("-dev") or p in BUILD_PACKAGES
+                         or re.fullmatch(r"(gcc|g\+\+|cpp|clang)-\d+", p))
+    assert not build_tools, f"the runtime image holds build packages: {build_tools}"
+    proc = image_bins.run("sh", "-c", "for c in gcc cc c++ g++ clang nvcc ld; do command -v $c; done; true")
+    assert proc.stdout.strip() == "", f"compilers in the runtime image: {proc.stdout.split()}"
+    for b in HSX_BINARIES:
+        proc = image_bins.run("ldd", f"/usr/local/bin/{b}")
+        assert proc.returncode == 0 and "not found" not in proc.stdout, f"{b} in the image:\n{proc.stdout}"
 
 
 # ----------------------------------------------------------------------------------------------

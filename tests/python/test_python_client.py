@@ -143,11 +143,11 @@ def test_converters_write_what_each_trainer_loads(run, tiny, tmp_path):
         ref = hsx.read_sample(out / f"hs_{i}.safetensors", torch=True)
         assert torch.equal(d["hidden_state"][0], ref["final_norm_hidden_states"])
         assert torch.equal(d["aux_hidden_state"][0, :, HIDDEN:2 * HIDDEN], ref["hidden_states"][:, 1])
-    # ModelOpt: {conversation_id}.pt
+    # ModelOpt: data_{i}.pt, the id in conversation_id
     assert convert(out, "modelopt", tmp_path / "mo") == 5
     for i, row in enumerate(samples):
         t = len(row["input_ids"])
-        d = torch.load(tmp_path / "mo" / f"{row['id']}.pt")
+        d = torch.load(tmp_path / "mo" / f"data_{i}.pt")
         assert set(d) == {"input_ids", "hidden_states", "aux_hidden_states", "conversation_id", "loss_mask"}
         assert d["conversation_id"] == row["id"]
         assert tuple(d["hidden_states"].shape) == (t, HIDDEN)
@@ -170,7 +170,7 @@ def test_converters_write_what_each_trainer_loads(run, tiny, tmp_path):
 def test_modelopt_marks_prenorm_when_no_final_norm(run, tiny, tmp_path):
     out = dump(run, tiny, rows(2, seed=6), tmp_path / "dump")
     convert(out, "modelopt", tmp_path / "mo")
-    d = torch.load(tmp_path / "mo" / "r0.pt")
+    d = torch.load(tmp_path / "mo" / "data_0.pt")
     assert d["hidden_states_prenorm"] is True
     ref = hsx.read_sample(out / "hs_0.safetensors", torch=True)
     assert torch.equal(d["hidden_states"], ref["hidden_states"][:, 3])  # capture id N, pre-norm

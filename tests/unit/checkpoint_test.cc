@@ -69,8 +69,31 @@ TEST(Checkpoint, SingleFileCheckpoint) {
   GeneratorOptions options;
   ASSERT_TRUE(WriteRandomCheckpoint(*PresetConfig("tiny"), dir / "m", options).ok());
   EXPECT_TRUE(std::filesystem::exists(dir / "m/model.safetensors"));
-  EXPECT_FALSE(std::filesystem::exists(dir / "m/model.safetensors.index.json"));
+  // An index even for one shard (SpecForge finds lm_head through it).
+  const json index = json::parse(ReadFile(dir / "m/model.safetensors.index.json"));
+  ASSERT_TRUE(index.contains("weight_map"));
+  EXPECT_TRUE(index["weight_map"].contains("lm_head.weight"));
+  for (const auto& [name, file] : index["weight_map"].items()) EXPECT_EQ(file, "model.safetensors") << name;
   EXPECT_TRUE(OpenStatus(dir / "m").ok());
+  // Real single-file checkpoints have no index: that loads too.
+  std::filesystem::remove(dir / "m/model.safetensors.index.json");
+  EXPECT_TRUE(OpenStatus(dir / "m").ok());
+}
+
+TEST(Checkpoint, LayoutNamesSetModelType) {
+  ModelConfig config = *PresetConfig("tiny");
+  EXPECT_EQ(config.model_type, "deepseek_v3");  // the default: transformers' Auto classes know it
+  ASSERT_TRUE(ApplyLayoutName("k2", config).ok());
+  EXPECT_EQ(config.model_type, "kimi_k2");
+  EXPECT_EQ(config.layout, CheckpointLayout::kFlat);
+  ASSERT_TRUE(ApplyLayoutName("deepseek_v3", config).ok());
+  EXPECT_EQ(config.model_type, "deepseek_v3");
+  ASSERT_TRUE(ApplyLayoutName("k2.5", config).ok());
+  EXPECT_EQ(config.layout, CheckpointLayout::kNestedK25);
+  EXPECT_EQ(ModelConfigToJson(config)["model_type"], "kimi_k25");
+  const absl::Status bad = ApplyLayoutName("kimi", config);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("deepseek_v3, k2, k2.5"));
 }
 
 TEST(Checkpoint, DequantizedWeightsMatchTheReference) {

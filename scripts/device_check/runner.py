@@ -1,0 +1,638 @@
+#!/usr/bin/env python3
+"""The device check's runner: runs the bundle's steps on a GPU machine and writes a short report.
+
+Prepared here by `scripts/device-check.sh --prepare` (which copies this file into the bundle as
+run.py) and started there by the bundle's run.sh. Standard library only: the GPU machine has a
+python3 but none of our packages. Guarantees:
+  - every step runs under a hard timeout, and the whole run under --budget-s (default 480 s);
+  - without a GPU it says "no GPU: <reason>", runs what needs none, skips the rest, and exits 0
+    unless something that ran failed;
+  - OUT gets exactly three files (report.md, report.json, device-check.log), each written whole.
+
+Later work adds what it checks to STEPS below and nothing else: prepare bundles the binaries
+each step names, and the report lists each step's outcome.
+"""
+
+import argparse
+import collections
+import datetime
+import glob
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROBE = "hsx_cuda_probe"  # versions and devices (tests/cuda/cuda_probe.cc)
+MAX_BUDGET_S = 540  # a device command runs at most 10 minutes; leave room for start and copy-back
+LOG_TAIL_BYTES = 64 * 1024  # of each command's output, in the log
+
+# What Context.execute returns: exit status, output (its tail), whether it was killed at its
+# time limit, and how long it ran.
+Outcome = collections.namedtuple("Outcome", "rc output timed_out seconds")
+
+# Shared libraries the bundle does not carry. Prepare and the bundle check both use these.
+# glibc's own libraries: every Linux machine has them, and they must match its loader.
+GLIBC_FAMILY = re.compile(
+    r"^(linux-vdso|linux-gate|ld-linux[-\w]*|lib(c|m|mvec|pthread|dl|rt|util|resolv|anl|nsl"
+    r"|BrokenLocale|thread_db|nss_\w+))\.so")
+# The NVIDIA driver: only the machine's own matches its kernel module.
+DRIVER = re.compile(r"^lib(cuda|nvidia-[\w.-]+)\.so")
+# CUDA libraries the GPU machine has (toolkit, Python nvidia-* packages); hundreds of MB each.
+GPU_MACHINE_CUDA = re.compile(r"^lib(cublas|cublasLt|cudnn[\w]*|nccl)\.so")
+# What is looked for on the GPU machine and reported, needed by a binary or not (the CUDA
+# backend will link these), so the first run there already says where they are.
+CUDA_LIBRARIES_TO_FIND = ["libcublasLt.so.13", "libcublas.so.13", "libcudnn.so.9", "libnccl.so.2"]
+
+
+def carried(soname):
+    """Whether prepare copies this library into the bundle."""
+    return not (GLIBC_FAMILY.match(soname) or DRIVER.match(soname) or GPU_MACHINE_CUDA.match(soname))
+
+
+# --- the steps --------------------------------------------------------------------------------
+
+
+class Step:
+    """One line of the report. `binaries` are bundled by prepare; `needs_gpu` steps are skipped,
+    saying so, without one. run() returns a dict with at least status and summary."""
+
+    binaries = ()
+    needs_gpu = False
+    timeout_s = 60
+
+    def __init__(self, name, title):
+        self.name = name
+        self.title = title
+
+    def run(self, ctx):
+        raise NotImplementedError
+
+
+class Pending(Step):
+    """A part of the check that is not written yet: listed so the report shows what is missing."""
+
+    def __init__(self, name, title, owner):
+        super().__init__(name, title)
+        self.owner = owner
+
+    def run(self, ctx):
+        return {"status": "not built yet", "summary": "comes with " + self.owner}
+
+
+class BundleCheck(Step):
+    """Every bundled binary's libraries resolve into the bundle, or to glibc, the driver or the
+    GPU machine's CUDA libraries; and the machine's glibc is as new as the binaries need."""
+
+    timeout_s = 60
+
+    def __init__(self):
+        super().__init__("bundle", "bundled binaries load here (libraries, glibc)")
+
+    def run(self, ctx):
+        problems = []
+        need = ctx.manifest.get("glibc_required", "")
+        have = glibc_version()
+        if need and have and version_tuple(have) < version_tuple(need):
+            problems.append("glibc %s here, the binaries need %s" % (have, need))
+        binaries = sorted(os.listdir(ctx.bin_dir))
+        if shutil.which("ldd") is None:
+            return {"status": "skip", "summary": "ldd not on PATH: libraries not checked; " + (
+                "; ".join(problems) or "glibc %s, need %s" % (have or "?", need or "?"))}
+        for binary in binaries:
+            ldd = ctx.execute(["ldd", os.path.join(ctx.bin_dir, binary)], 30)
+            if ldd.rc != 0 or ldd.timed_out:
+                problems.append("%s: ldd failed (exit %s)" % (binary, ldd.rc))
+                continue
+            for soname, path in parse_ldd(ldd.output):
+                if path is None:
+                    problems.append("%s: %s not found" % (binary, soname))
+                elif carried(soname) and not os.path.realpath(path).startswith(ctx.lib_dir + os.sep):
+                    problems.append("%s: %s resolved outside the bundle (%s)" % (binary, soname, path))
+        if problems:
+            return {"status": "fail", "summary": "; ".join(problems[:8])}
+        return {"status": "pass",
+                "summary": "%d binaries, every library from the bundle or the system's glibc/CUDA"
+                           " (glibc %s, need %s)" % (len(binaries), have or "?", need or "?")}
+
+
+class GTestSuite(Step):
+    """A GoogleTest binary; its counts come from --gtest_output=xml."""
+
+    def __init__(self, name, binary, title, timeout_s):
+        super().__init__(name, title)
+        self.binaries = (binary,)
+        self.timeout_s = timeout_s
+
+    def run(self, ctx):
+        xml_path = os.path.join(ctx.work_dir, self.name + ".xml")
+        argv = [ctx.binary(self.binaries[0]), "--gtest_brief=1", "--gtest_output=xml:" + xml_path]
+        outcome = ctx.execute(argv, self.timeout_s)
+        if outcome.timed_out:
+            return {"status": "timeout", "summary": "killed at its time limit, after %.0f s" % outcome.seconds}
+        if not os.path.exists(xml_path):
+            return {"status": "error", "summary": "no XML report (exit status %d)" % outcome.rc}
+        counts, skip_reasons = parse_gtest_xml(xml_path)
+        summary = "%(passed)d passed, %(failed)d failed, %(skipped)d skipped of %(tests)d" % counts
+        if skip_reasons:
+            summary += " (skipped: %s)" % "; ".join(skip_reasons[:3])
+        if outcome.rc != 0 or counts["failed"]:
+            status = "fail"
+        elif counts["tests"] and counts["skipped"] == counts["tests"]:
+            status = "skip"
+        else:
+            status = "pass"
+        return {"status": status, "summary": summary, "counts": counts}
+
+
+class CpuPipeline(Step):
+    """The bundled tools end to end on the CPU backend: generate a tiny model, inspect it, dump
+    eight samples, verify the dump. Shows the tools run on the GPU machine's system."""
+
+    binaries = ("hsx-make-model", "hsx-inspect", "hsx-dump", "hsx-verify")
+    timeout_s = 120
+
+    def __init__(self):
+        super().__init__("cpu_pipeline", "hsx-make-model, hsx-inspect, hsx-dump --model --device cpu, hsx-verify")
+
+    def run(self, ctx):
+        model = os.path.join(ctx.work_dir, "tiny")
+        samples = os.path.join(ctx.work_dir, "samples.jsonl")
+        dump = os.path.join(ctx.work_dir, "dump")
+        commands = [
+            [ctx.binary("hsx-make-model"), "--preset", "tiny", "--out", model],
+            [ctx.binary("hsx-inspect"), "--model", model, "--json"],
+            None,  # the samples, once the model's vocabulary is known
+            [ctx.binary("hsx-dump"), "--model", model, "--device", "cpu", "--input", samples, "--out", dump],
+            [ctx.binary("hsx-verify"), dump, "--input", samples, "--strict"],
+        ]
+        tokens = 0
+        for argv in commands:
+            if argv is None:
+                tokens = write_samples(os.path.join(model, "config.json"), samples, count=8, seed=1)
+                continue
+            outcome = ctx.execute(argv, self.timeout_s)
+            tool = os.path.basename(argv[0])
+            if outcome.timed_out:
+                return {"status": "timeout",
+                        "summary": "%s killed at its time limit, after %.0f s" % (tool, outcome.seconds)}
+            if outcome.rc != 0:
+                return {"status": "fail", "summary": "%s exited %d (see the log)" % (tool, outcome.rc)}
+        return {"status": "pass", "summary": "8 samples, %d tokens dumped and verified" % tokens}
+
+
+# The device check, in order. New suites, oracle comparisons and benchmarks go here (and only
+# here): prepare bundles each step's binaries, the report gets one line per step.
+STEPS = [
+    BundleCheck(),
+    GTestSuite("cuda_kernels", "hsx_cuda_tests", "CUDA kernels against the CPU reference (tests/cuda)",
+               timeout_s=120),
+    GTestSuite("cpu_unit", "hsx_unit_tests", "CPU unit tests (tests/unit)", timeout_s=180),
+    CpuPipeline(),
+    Pending("oracle", "--device cuda against the CPU backend on the oracle configs"
+            " (fp32 1e-5, bf16 2e-2)", "the CUDA backend (issue 11, item 3)"),
+    Pending("batch_invariance", "a sample's states bitwise the same solo and in any batch"
+            " (20 seeds, up to 2048 tokens)", "the CUDA backend (issue 11, item 3)"),
+    Pending("gpu_forward", "bench/gpu_forward: one rank of Kimi-K2 at 8k and 32k tokens"
+            " (tokens/s, TFLOP/s per op class against a cuBLAS peak)", "bench/gpu_forward (issue 11, item 5)"),
+]
+
+
+def required_binaries():
+    names = [PROBE]
+    for step in STEPS:
+        names += [b for b in step.binaries if b not in names]
+    return names
+
+
+# --- parsing ----------------------------------------------------------------------------------
+
+
+def glibc_version():
+    """The running glibc's version ("2.39"): asked of the C library itself, since a Python
+    may be linked against an older one than the machine has."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
+    except (ValueError, OSError, AttributeError, IndexError):
+        return platform.libc_ver()[1]
+
+
+def version_tuple(text):
+    return tuple(int(part) for part in re.findall(r"\d+", text))
+
+
+def parse_ldd(output):
+    """(soname, resolved path or None when not found) for each line of ldd's output."""
+    libraries = []
+    for line in output.splitlines():
+        line = line.strip()
+        match = re.match(r"^(\S+) => (not found|(\S+) \(0x[0-9a-f]+\))$", line)
+        if match:
+            libraries.append((match.group(1), match.group(3)))
+            continue
+        match = re.match(r"^(\S+) \(0x[0-9a-f]+\)$", line)  # the loader, the vdso
+        if match:
+            libraries.append((os.path.basename(match.group(1)), match.group(1)))
+    return libraries
+
+
+def parse_gtest_xml(path):
+    """Counts of one gtest run and the distinct reasons given for skips."""
+    root = ElementTree.parse(path).getroot()
+    counts = {"tests": 0, "passed": 0, "failed": 0, "skipped": 0, "disabled": 0}
+    reasons = []
+    for case in root.iter("testcase"):
+        counts["tests"] += 1
+        if case.get("status") == "notrun":
+            counts["disabled"] += 1
+        elif case.find("failure") is not None or case.find("error") is not None:
+            counts["failed"] += 1
+        elif case.find("skipped") is not None or case.get("result") == "skipped":
+            counts["skipped"] += 1
+            skipped = case.find("skipped")
+            message = (skipped.get("message") or "").strip() if skipped is not None else ""
+            reason = message.splitlines()[-1] if message else "no reason given"
+            if reason not in reasons:
+                reasons.append(reason)
+        else:
+            counts["passed"] += 1
+    return counts, reasons
+
+
+def write_samples(config_path, path, count, seed):
+    """count JSONL samples of random token ids below the model's vocabulary; returns the tokens."""
+    with open(config_path) as f:
+        vocab = json.load(f)["vocab_size"]
+    rng = random.Random(seed)
+    tokens = 0
+    with open(path, "w") as f:
+        for i in range(count):
+            ids = [rng.randrange(vocab) for _ in range(rng.randint(4, 64))]
+            tokens += len(ids)
+            f.write(json.dumps({"id": i, "input_ids": ids}) + "\n")
+    return tokens
+
+
+# --- the machine ------------------------------------------------------------------------------
+
+
+class Context:
+    """What a step needs: the bundle's paths, the environment for its binaries, a work folder,
+    the log, and the time left."""
+
+    def __init__(self, args, manifest, log):
+        self.bin_dir = os.path.join(HERE, "bin")
+        self.lib_dir = os.path.realpath(os.path.join(HERE, "lib"))
+        self.manifest = manifest
+        self.log = log
+        self.deadline = time.monotonic() + args.budget_s
+        self.work_dir = tempfile.mkdtemp(prefix="hsx-device-check-")
+        self.env = dict(os.environ)
+        self.library_path = [self.lib_dir]
+
+    def binary(self, name):
+        return os.path.join(self.bin_dir, name)
+
+    def add_library_dirs(self, dirs):
+        for d in dirs:
+            if d not in self.library_path:
+                self.library_path.append(d)
+        inherited = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+        self.env["LD_LIBRARY_PATH"] = ":".join(self.library_path + inherited)
+
+    def remaining_s(self):
+        return self.deadline - time.monotonic()
+
+    def execute(self, argv, timeout_s, system_tool=False):
+        """Runs argv with the bundle's environment (a system_tool with the caller's, so that it
+        loads none of the bundle's libraries); returns an Outcome.
+        The process group is killed at the timeout or when the run's budget is spent. Output
+        goes to a file, not a pipe, so a child that outlives its parent cannot hold us up."""
+        timeout_s = max(1.0, min(timeout_s, self.remaining_s()))
+        self.log.write("\n$ %s\n" % " ".join(argv))
+        start = time.monotonic()
+        with tempfile.TemporaryFile(dir=self.work_dir) as output_file:
+            try:
+                process = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=output_file, stderr=subprocess.STDOUT,
+                    env=os.environ if system_tool else self.env, cwd=self.work_dir, start_new_session=True)
+            except OSError as error:
+                self.log.write("could not start: %s\n" % error)
+                return Outcome(127, str(error), False, 0.0)
+            timed_out = False
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            # Also after a normal exit: whatever the command left running in its group goes.
+            kill_group(process)
+            output_file.seek(0)
+            text = output_file.read().decode("utf-8", "replace")
+        if len(text) > LOG_TAIL_BYTES:
+            text = "[... %d bytes cut ...]\n" % (len(text) - LOG_TAIL_BYTES) + text[-LOG_TAIL_BYTES:]
+        self.log.write(text)
+        seconds = time.monotonic() - start
+        self.log.write("[exit %s%s, %.1f s]\n" % (process.returncode, ", TIMED OUT" if timed_out else "", seconds))
+        self.log.flush()
+        return Outcome(process.returncode, text, timed_out, seconds)
+
+
+def kill_group(process):
+    """Ends the command's process group (start_new_session): SIGTERM, up to 5 s for the
+    leader, then SIGKILL for whatever of the group is left."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return  # nothing left in the group
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def find_library(soname, roots):
+    """The first folder among roots' library folders that holds soname, or None."""
+    for root in roots:
+        if os.path.exists(os.path.join(root, soname)):
+            return root
+    return None
+
+
+def library_roots():
+    """Where a GPU machine keeps the driver and CUDA's libraries: the loader's cache, the
+    lib folders of the Python packages nvidia-* (site-packages/nvidia/<package>/lib), CUDA
+    toolkits, the driver's own folder."""
+    roots = []
+    try:
+        cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+        roots += sorted({os.path.dirname(p) for p in re.findall(r"=> (\S+)", cache)})
+    except (OSError, subprocess.SubprocessError):
+        pass
+    site_dirs = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    site_dirs += glob.glob("/opt/*/.venv/lib/python3*/site-packages")
+    site_dirs += glob.glob("/usr/local/lib/python3*/dist-packages")
+    for site in site_dirs:
+        roots += sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib")))
+    roots += sorted(glob.glob("/usr/local/cuda*/lib64")) + sorted(glob.glob("/usr/local/cuda*/targets/*/lib"))
+    roots += ["/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"]
+    seen, unique = set(), []
+    for root in roots:
+        if root not in seen and os.path.isdir(root):
+            seen.add(root)
+            unique.append(root)
+    return unique
+
+
+def nvidia_smi(ctx):
+    """name, driver and memory of each GPU by nvidia-smi, and the CUDA version its header
+    names; or the reason it gave none."""
+    if shutil.which("nvidia-smi") is None:
+        return {"error": "nvidia-smi not on PATH"}
+    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+    listed = ctx.execute(query, 30, system_tool=True)
+    if listed.rc != 0 or listed.timed_out:
+        last = listed.output.strip().splitlines()[-1] if listed.output.strip() else "no output"
+        return {"error": "nvidia-smi failed (exit %s): %s" % (listed.rc, last)}
+    gpus = []
+    for line in listed.output.strip().splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 3:
+            gpus.append({"name": fields[0], "driver": fields[1], "memory": fields[2]})
+    result = {"gpus": gpus}
+    match = re.search(r"CUDA Version:\s*([\d.]+)", ctx.execute(["nvidia-smi"], 30, system_tool=True).output)
+    if match:
+        result["cuda_version"] = match.group(1)
+    return result
+
+
+def probe_gpu(ctx):
+    """What the GPU machine offers: nvidia-smi, the CUDA probe, the libraries. Adds the
+    folders of libcuda and the CUDA libraries the binaries need to the binaries' search path."""
+    roots = library_roots()
+    needed = set(ctx.manifest.get("gpu_machine_libraries", []))
+    found = {}
+    for soname in ["libcuda.so.1"] + CUDA_LIBRARIES_TO_FIND + sorted(needed):
+        found[soname] = find_library(soname, roots)
+    ctx.add_library_dirs([found[s] for s in ["libcuda.so.1"] + sorted(needed) if found[s]])
+    gpu = {"nvidia_smi": nvidia_smi(ctx), "libraries": {s: (os.path.join(d, s) if d else None)
+                                                         for s, d in found.items()}}
+    missing = sorted(s for s in needed if not found[s])
+    if missing:
+        gpu["missing_libraries"] = missing
+    if PROBE in ctx.manifest.get("binaries", []):
+        probe = ctx.execute([ctx.binary(PROBE)], 60)
+        try:
+            gpu["probe"] = json.loads(probe.output.strip().splitlines()[-1]) if probe.rc == 0 else None
+        except (ValueError, IndexError):
+            gpu["probe"] = None
+        if gpu["probe"] is None:
+            gpu["probe_error"] = "timed out" if probe.timed_out else "exit %s" % probe.rc
+    else:
+        gpu["probe_error"] = ctx.manifest.get("missing_binaries", {}).get(PROBE, "not bundled")
+    gpu["available"], gpu["reason"] = gpu_verdict(gpu)
+    return gpu
+
+
+def gpu_verdict(gpu):
+    """(available, why not) from what nvidia-smi, the loader and the CUDA probe said: the
+    driver's absence first, as it explains the rest."""
+    probe = gpu.get("probe")
+    if probe is not None and any("error" not in d for d in probe.get("devices", [])):
+        return True, None
+    smi = gpu.get("nvidia_smi", {})
+    if probe is None and smi.get("gpus"):
+        return True, None  # no word from the probe (not bundled, or it failed): nvidia-smi's
+    reasons = []
+    if "error" in smi:
+        reasons.append(smi["error"])
+    if not gpu.get("libraries", {}).get("libcuda.so.1"):
+        reasons.append("libcuda.so.1 (the driver) not found")
+    if probe is None:
+        reasons.append("CUDA probe: %s" % gpu.get("probe_error"))
+    else:
+        reasons.append(probe.get("error") or "; ".join(d["error"] for d in probe.get("devices", [])))
+    return False, "; ".join(r for r in reasons if r)
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def machine_facts():
+    os_name = ""
+    try:
+        with open("/etc/os-release") as f:
+            os_name = dict(re.findall(r'^(\w+)="?([^"\n]*)"?$', f.read(), re.M)).get("PRETTY_NAME", "")
+    except OSError:
+        pass
+    return {"os": os_name, "kernel": platform.release(), "glibc": glibc_version(),
+            "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def gpu_line(gpu):
+    if not gpu["available"]:
+        return "no GPU: " + gpu["reason"]
+    parts = []
+    probe = gpu.get("probe") or {}
+    for d in probe.get("devices", []):
+        parts.append("%s (sm_%s, %d SMs, %.1f GiB)" % (d["name"], d["compute_capability"].replace(".", ""),
+                                                      d["multiprocessors"], d["memory_total_bytes"] / 2**30))
+    if not parts:
+        parts = [g["name"] for g in gpu["nvidia_smi"].get("gpus", [])]
+    smi_gpus = gpu["nvidia_smi"].get("gpus", [])
+    versions = []
+    if smi_gpus:
+        versions.append("driver %s" % smi_gpus[0]["driver"])
+    if probe.get("driver_version"):
+        versions.append("CUDA driver API %s" % probe["driver_version"])
+    if probe.get("runtime_version"):
+        versions.append("runtime %s" % probe["runtime_version"])
+    return "GPU: %s; %s" % (", ".join(parts), ", ".join(versions))
+
+
+def render_markdown(report):
+    lines = ["# hsx device check", "",
+             "- date: %s" % report["date"],
+             "- host: %s (%s, kernel %s, glibc %s, %s CPUs)" % (
+                 report["host"], report["machine"]["os"] or "?", report["machine"]["kernel"],
+                 report["machine"]["glibc"] or "?", report["machine"]["cpus"]),
+             "- bundle: %s, built %s" % (report["bundle"].get("commit", "?"), report["bundle"].get("built", "?")),
+             "- %s" % gpu_line(report["gpu"]),
+             "- result: **%s** in %.0f s" % (report["result"], report["seconds"]),
+             "", "| step | status | s | result |", "|---|---|---|---|"]
+    for step in report["steps"]:
+        lines.append("| %s: %s | %s | %.1f | %s |" % (step["name"], step["title"], step["status"],
+                                                      step["seconds"], step["summary"].replace("|", "/")))
+    libraries = report["gpu"]["libraries"]
+    lines += ["", "CUDA libraries on this machine: " + ", ".join(
+        "%s %s" % (s, p or "not found") for s, p in sorted(libraries.items()))]
+    return "\n".join(lines) + "\n"
+
+
+def write_whole(path, text):
+    """Writes text to path through a temporary file and a rename: never half a file."""
+    temporary = path + ".tmp"
+    with open(temporary, "w") as f:
+        f.write(text)
+    os.replace(temporary, path)
+
+
+def run(args):
+    out = os.path.abspath(args.out)
+    with open(os.path.join(HERE, "manifest.json")) as f:
+        manifest = json.load(f)
+    started = time.monotonic()
+    with open(os.path.join(out, "device-check.log"), "w") as log:
+        ctx = Context(args, manifest, log)
+        ctx.add_library_dirs([])
+        try:
+            try:
+                gpu = probe_gpu(ctx)
+            except Exception as error:  # still run the steps that need no GPU, and report
+                gpu = {"available": False, "reason": "the probe broke: %s: %s" % (type(error).__name__, error),
+                       "nvidia_smi": {}, "libraries": {}}
+            print(gpu_line(gpu), flush=True)
+            results = []
+            for step in STEPS:
+                if args.steps and step.name not in args.steps:
+                    results.append({"name": step.name, "title": step.title, "status": "not run",
+                                    "summary": "not in --steps", "seconds": 0.0})
+                else:
+                    results.append(run_step(step, ctx, gpu))
+                print("%-16s %-13s %s" % (step.name, results[-1]["status"], results[-1]["summary"]), flush=True)
+        finally:
+            shutil.rmtree(ctx.work_dir, ignore_errors=True)
+    failed = [r["name"] for r in results if r["status"] in ("fail", "error", "timeout")]
+    report = {
+        "schema": 1,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "host": socket.gethostname(),
+        "machine": machine_facts(),
+        "bundle": {k: manifest.get(k) for k in ("commit", "built", "build_type", "cuda_archs", "nvcc")},
+        "gpu": gpu,
+        "steps": results,
+        "result": "fail (%s)" % ", ".join(failed) if failed else "pass",
+        "seconds": time.monotonic() - started,
+    }
+    write_whole(os.path.join(out, "report.json"), json.dumps(report, indent=2) + "\n")
+    markdown = render_markdown(report)
+    write_whole(os.path.join(out, "report.md"), markdown)
+    print("\n" + markdown + "\nreport: %s/report.md, report.json, device-check.log" % out)
+    return 1 if failed else 0
+
+
+def run_step(step, ctx, gpu):
+    start = time.monotonic()
+    result = {"name": step.name, "title": step.title}
+    missing = [b for b in step.binaries if b not in ctx.manifest.get("binaries", [])]
+    if missing:
+        why = ctx.manifest.get("missing_binaries", {}).get(missing[0], "not in the bundle")
+        result.update(status="not built", summary="%s: %s" % (", ".join(missing), why))
+    elif step.needs_gpu and not gpu["available"]:
+        result.update(status="skip", summary="no GPU")
+    elif ctx.remaining_s() < 5:
+        result.update(status="skip", summary="the run's time budget was spent")
+    else:
+        ctx.log.write("\n== %s: %s\n" % (step.name, step.title))
+        try:
+            result.update(step.run(ctx))
+        except Exception as error:  # a broken step is reported, the others still run
+            result.update(status="error", summary="%s: %s" % (type(error).__name__, error))
+    result["seconds"] = round(time.monotonic() - start, 1)
+    return result
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(
+        prog="run.sh", description="Runs the hsx device check from this bundle and writes report.md, "
+        "report.json and device-check.log to --out (default: $OUT). Exits 0 when nothing that ran "
+        "failed, also on a machine without a GPU (the report then says 'no GPU: <reason>').")
+    parser.add_argument("--out", default=os.environ.get("OUT"), help="folder for the report (default $OUT)")
+    parser.add_argument("--budget-s", type=float, default=480,
+                        help="hard limit for the whole run in seconds (default 480, at most %d)" % MAX_BUDGET_S)
+    parser.add_argument("--steps", default="",
+                        help="comma-separated names of the steps to run (default: all): "
+                        + ", ".join(step.name for step in STEPS))
+    parser.add_argument("--list-binaries", action="store_true",
+                        help="print the binaries the steps need, one a line (used by prepare), and exit")
+    args = parser.parse_args(argv)
+    if args.list_binaries:
+        print("\n".join(required_binaries()))
+        return 0
+    args.steps = [name for name in args.steps.split(",") if name]
+    unknown = [name for name in args.steps if name not in [step.name for step in STEPS]]
+    if unknown:
+        parser.error("--steps: no step named %s (the steps: %s)" % (
+            ", ".join(unknown), ", ".join(step.name for step in STEPS)))
+    if not args.out:
+        parser.error("--out: no folder given and OUT is not set")
+    if not 10 <= args.budget_s <= MAX_BUDGET_S:
+        parser.error("--budget-s: %g is outside 10..%d" % (args.budget_s, MAX_BUDGET_S))
+    if not os.path.exists(os.path.join(HERE, "manifest.json")):
+        parser.error("no manifest.json beside %s: run it from a bundle made by "
+                     "scripts/device-check.sh --prepare" % os.path.basename(__file__))
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        probe_file = os.path.join(args.out, ".writable")
+        open(probe_file, "w").close()
+        os.remove(probe_file)
+    except OSError as error:
+        parser.error("--out: cannot write to %s: %s" % (args.out, error.strerror or error))
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,132 @@
+"""python -m hsx.convert with hostile sample ids and hostile journals: files are
+named by sample index, ids only ever land in OUT/sample_ids.jsonl, nothing is
+written outside OUT, no sample overwrites another, and a bad journal or a
+non-empty OUT is a clear error with nothing written."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hsx
+from hsx.convert import IDS_FILE, ConvertError, convert
+
+FORMATS = ("specforge", "modelopt", "speculators-legacy")
+LONG_ID = "x" * 1000  # longer than any file name may be (NAME_MAX 255)
+# (input "id" field or None for no id) -> the id the dump records (hsx-dump names a sample
+# without an id by its index: sample 2 gets "2", the same as the next sample's explicit id)
+HOSTILE = [("dup", "dup"), ("dup", "dup"), (None, "2"), ("2", "2"), (7, "7"), ("a/b", "a/b"),
+           ("../escaped", "../escaped"), ("/tmp/hsx-absolute", "/tmp/hsx-absolute"), ("a\0b", "a\0b"),
+           ("..", ".."), ("", "10"), (LONG_ID, LONG_ID)]  # "" is "no id" too
+
+
+def _files(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def hostile_dump(run, tiny, tmp_path_factory):
+    base = tmp_path_factory.mktemp("hostile")
+    rows = []
+    for i, (sample_id, _) in enumerate(HOSTILE):
+        row = {"input_ids": [(i * 37 + j) % 2048 for j in range(3 + i)], "loss_mask": [j % 2 for j in range(3 + i)]}
+        if sample_id is not None:
+            row["id"] = sample_id
+        rows.append(row)
+    (base / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run("hsx-dump", "--model", tiny, "--input", base / "in.jsonl", "--out", base / "dump", "--capture", "eagle3",
+        "--final-norm")
+    return base, rows
+
+
+def _expected_name(target, i):
+    return {"specforge": f"rows_0-2000/data_{i}.ckpt", "modelopt": f"data_{i}.pt",
+            "speculators-legacy": f"data_{i}.pt"}[target]
+
+
+@pytest.mark.parametrize("target", FORMATS)
+def test_hostile_ids_one_file_per_sample_named_by_index(hostile_dump, target):
+    base, rows = hostile_dump
+    out = base / "work" / target / "out"
+    before = _files(base) 
+    assert convert(base / "dump", target, out) == len(HOSTILE)
+    # Nothing appeared outside OUT (not ../escaped, not a/b beside it, no leftover staging directory).
+    after = [f for f in _files(base) if not f.startswith(f"work/{target}/out/")]
+    assert after == before
+    assert not os.path.exists("/tmp/hsx-absolute.pt") and not os.path.exists("/tmp/hsx-absolute")
+    names = [_expected_name(target, i) for i in range(len(HOSTILE))]
+    extra = {"speculators-legacy": ["data_config.json", "sample_lengths.json"]}.get(target, [])
+    assert _files(out) == sorted(names + extra + [IDS_FILE])
+    ids = [json.loads(line) for line in (out / IDS_FILE).read_text().splitlines()]
+    assert [e["index"] for e in ids] == list(range(len(HOSTILE)))
+    assert [e["file"] for e in ids] == names
+    assert [e["id"] for e in ids] == [want for _, want in HOSTILE]  # verbatim, NUL and all
+    # every file holds its own sample: the two "dup" samples and index 2 vs id "2" did not collide
+    for i, row in enumerate(rows):
+        record = torch.load(out / names[i], weights_only=True)
+        assert record["input_ids"].tolist() == row["input_ids"]
+        if target == "modelopt":
+            assert record["conversation_id"] == HOSTILE[i][1]
+
+
+def test_cli_reports_count_and_side_file(hostile_dump):
+    base, _ = hostile_dump
+    proc = subprocess.run([sys.executable, "-m", "hsx.convert", str(base / "dump"), "--to", "modelopt",
+                           str(base / "cli-out")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {len(HOSTILE)} samples" in proc.stdout
+
+
+@pytest.mark.parametrize("target", FORMATS)
+def test_non_empty_out_is_refused_and_untouched(hostile_dump, target):
+    base, _ = hostile_dump
+    out = base / f"busy-{target}"
+    out.mkdir()
+    (out / "data_0.pt").write_text("someone else's")
+    with pytest.raises(ConvertError, match="not empty"):
+        convert(base / "dump", target, out)
+    assert _files(out) == ["data_0.pt"] and (out / "data_0.pt").read_text() == "someone else's"
+    proc = subprocess.run([sys.executable, "-m", "hsx.convert", str(base / "dump"), "--to", target, str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "not empty" in proc.stderr and "wrote" not in proc.stdout
+
+
+def _copy_dump(src, dst, manifest_lines):
+    dst.mkdir()
+    for p in src.iterdir():
+        if p.name != "manifest.jsonl":
+            os.link(p, dst / p.name)
+    (dst / "manifest.jsonl").write_text("".join(json.dumps(e) + "\n" for e in manifest_lines))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda e: e.update(file="../hs_0.safetensors"), "plain file name"),
+    (lambda e: e.update(file="/etc/passwd"), "plain file name"),
+    (lambda e: e.update(file="sub/hs_0.safetensors"), "plain file name"),
+    (lambda e: e.update(file="hs_0.safetensors\0x"), "plain file name"),
+    (lambda e: e.update(index=-1), "non-negative integer"),
+    (lambda e: e.update(index="1"), "non-negative integer"),
+    (lambda e: e.update(index=0), "journaled twice"),
+])
+def test_hostile_journal_is_an_error_and_nothing_is_written(hostile_dump, tmp_path, change, message):
+    base, _ = hostile_dump
+    lines = [json.loads(line) for line in (base / "dump" / "manifest.jsonl").read_text().splitlines()]
+    change(lines[1])
+    _copy_dump(base / "dump", tmp_path / "dump", lines)
+    with pytest.raises(ConvertError, match=message) as error:
+        convert(tmp_path / "dump", "modelopt", tmp_path / "out")
+    assert "manifest.jsonl:2" in str(error.value)
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["dump"]  # no staging directory left behind
+
+
+def test_failure_midway_leaves_nothing(run, tiny, tmp_path):
+    """SpecForge needs --final-norm: the error comes at the first sample; OUT never appears."""
+    (tmp_path / "in.jsonl").write_text('{"input_ids": [1, 2, 3]}\n')
+    run("hsx-dump", "--model", tiny, "--input", tmp_path / "in.jsonl", "--out", tmp_path / "dump")
+    with pytest.raises(ConvertError, match="--final-norm"):
+        convert(tmp_path / "dump", "specforge", tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dump", "in.jsonl"]

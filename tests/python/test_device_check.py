@@ -1,0 +1,299 @@
+"""The device check (scripts/device-check.sh) on this machine, which has no GPU: the bundle is
+self-contained (it runs in a root holding only glibc), the run reports "no GPU: <reason>" and
+exits 0, a broken bundle or a hung step is reported as such, and bad arguments get precise
+errors. The GPU side of the report is exercised with a fake nvidia-smi and probe.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = REPO_ROOT / "scripts" / "device-check.sh"
+sys.path.insert(0, str(REPO_ROOT / "scripts" / "device_check"))
+import runner  # noqa: E402
+
+BUILD_DIR = os.environ.get("HSX_BUILD_DIR", "build")
+
+
+def have_gpu():
+    return shutil.which("nvidia-smi") is not None and subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def run(argv, env=None, timeout=300):
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout,
+                          env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    """A bundle prepared from the build the other tests use (a no-op build when it is current)."""
+    path = tmp_path_factory.mktemp("device") / "bundle"
+    proc = run([SCRIPT, "--prepare", "--build-dir", BUILD_DIR, "--bundle", path])
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "MiB" in proc.stdout
+    return path
+
+
+@pytest.fixture
+def bundle_copy(bundle, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy, symlinks=True)
+    return copy
+
+
+def run_bundle(bundle, out, *args, env=None):
+    proc = run(["bash", bundle / "run.sh", "--out", out, *args], env=env)
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else None
+    return proc, report
+
+
+def step(report, name):
+    return next(s for s in report["steps"] if s["name"] == name)
+
+
+def test_bundle_is_small_and_lists_what_it_carries(bundle):
+    size = sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file())
+    assert size <= 60 * 2**20
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert set(manifest["binaries"]) | set(manifest["missing_binaries"]) == set(runner.required_binaries())
+    carried = set(os.listdir(bundle / "lib"))
+    assert set(manifest["libraries"]) == carried
+    assert {"libstdc++.so.6", "libgcc_s.so.1", "libgrpc.so.29"} <= carried
+    assert not [s for s in carried if not runner.carried(s)], "glibc, driver or cuBLAS/cuDNN/NCCL carried"
+
+
+def test_run_here_says_no_gpu_and_exits_0(bundle, tmp_path):
+    proc, report = run_bundle(bundle, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["device-check.log", "report.json", "report.md"]
+    assert report["gpu"]["available"] == have_gpu()
+    if not have_gpu():
+        assert report["gpu"]["reason"]
+        assert "- no GPU: " + report["gpu"]["reason"] in (tmp_path / "report.md").read_text()
+        assert proc.stdout.startswith("no GPU: ")
+    assert report["result"] == "pass"
+    assert [s["name"] for s in report["steps"]] == [s.name for s in runner.STEPS]
+    assert step(report, "bundle")["status"] == "pass"
+    assert step(report, "cpu_unit")["status"] == "pass" and step(report, "cpu_unit")["counts"]["passed"] > 0
+    assert step(report, "cpu_pipeline")["status"] == "pass"
+    for pending in ("oracle", "batch_invariance", "gpu_forward"):
+        assert step(report, pending)["status"] == "not built yet"
+    cuda = step(report, "cuda_kernels")
+    if "hsx_cuda_tests" in json.loads((bundle / "manifest.json").read_text())["binaries"]:
+        counts = cuda["counts"]
+        assert counts["failed"] == 0 and counts["tests"] > 0
+        if not have_gpu():  # the kernel tests skip, saying why; the argument checks run
+            assert counts["skipped"] > 0 and "no CUDA device" in cuda["summary"]
+
+
+def test_bundle_runs_in_a_root_with_only_glibc(bundle, tmp_path):
+    """The bundled binaries start where none of this machine's libraries exist but glibc's:
+    the GPU machine has no Debian -dev packages. A binary from the build tree, as a control,
+    must fail there."""
+    if os.geteuid() != 0 or not (shutil.which("chroot") and shutil.which("unshare")):
+        pytest.skip("needs root, chroot and unshare to build a root holding only glibc")
+    namespace = run(["unshare", "--mount", "--propagation", "private", "true"])
+    if namespace.returncode != 0:
+        pytest.skip("no mount namespace here (unshare: %s)" % namespace.stderr.strip())
+    root = tmp_path / "root"
+    shutil.copytree(bundle, root / "b", symlinks=True)
+    (root / "tmp").mkdir()
+    (root / "proc").mkdir()  # the loader resolves $ORIGIN through /proc/self/exe
+    glibc = set()
+    for binary in (bundle / "bin").iterdir():
+        out = run(["ldd", binary]).stdout
+        glibc |= {p for s, p in runner.parse_ldd(out) if p and not runner.carried(s) and p.startswith("/")}
+    for path in glibc:
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath(path), target)
+    shutil.copy2(REPO_ROOT / BUILD_DIR / "bin" / "hsx-inspect", root / "unbundled-hsx-inspect")
+
+    def chrooted(*argv):
+        # /proc bound in a mount namespace of its own: gone when the command ends.
+        script = 'mount --rbind /proc "$0/proc" && exec chroot "$0" "$@"'
+        return run([shutil.which("unshare"), "--mount", "--propagation", "private", "sh", "-c", script,
+                    root, *argv], env={"PATH": "/b/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, timeout=120)
+
+    control = chrooted("/unbundled-hsx-inspect", "--version")
+    assert control.returncode != 0 and "error while loading shared libraries" in control.stderr
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    if "hsx_cuda_probe" in manifest["binaries"]:
+        probe = chrooted("/b/bin/hsx_cuda_probe")
+        assert probe.returncode == 0, probe.stderr
+        assert json.loads(probe.stdout)["device_count"] == 0
+    for binary in ("hsx_unit_tests", "hsx_cuda_tests"):
+        if binary in manifest["binaries"]:
+            listed = chrooted("/b/bin/" + binary, "--gtest_list_tests")
+            assert listed.returncode == 0 and "." in listed.stdout, listed.stderr
+    made = chrooted("/b/bin/hsx-make-model", "--preset", "tiny", "--out", "/tmp/m")
+    assert made.returncode == 0, made.stderr
+    inspected = chrooted("/b/bin/hsx-inspect", "--model", "/tmp/m", "--json")
+    assert inspected.returncode == 0 and json.loads(inspected.stdout)["architecture"]["hidden_size"] > 0
+    for tool in ("hsx-dump", "hsx-verify"):
+        assert chrooted("/b/bin/" + tool, "--version").returncode == 0
+
+
+def test_a_library_missing_from_the_bundle_fails_the_bundle_step(bundle_copy, tmp_path):
+    (bundle_copy / "lib" / "libxxhash.so.0").unlink()
+    out = tmp_path / "out"
+    proc, report = run_bundle(bundle_copy, out, "--steps", "bundle")
+    assert proc.returncode == 1
+    assert report["result"] == "fail (bundle)"
+    summary = step(report, "bundle")["summary"]
+    assert "libxxhash.so.0" in summary and ("outside the bundle" in summary or "not found" in summary)
+    assert step(report, "cpu_unit")["status"] == "not run"
+
+
+def test_a_hung_suite_is_killed_within_the_budget(bundle_copy, tmp_path):
+    hung = bundle_copy / "bin" / "hsx_unit_tests"
+    pid_file = tmp_path / "child.pid"
+    hung.write_text("#!/bin/sh\nsleep 300 &\necho $! > %s\nsleep 300\n" % pid_file)
+    hung.chmod(0o755)
+    out = tmp_path / "out"
+    proc, report = run_bundle(bundle_copy, out, "--steps", "cpu_unit", "--budget-s", "10")
+    assert proc.returncode == 1
+    assert step(report, "cpu_unit")["status"] == "timeout"
+    assert step(report, "cpu_unit")["seconds"] < 20
+    assert step(report, "cpu_unit")["summary"].startswith("killed at its time limit, after ")
+    assert report["seconds"] < 25
+    # The suite's own children die with it (the process group is killed), not only the suite.
+    stat = Path("/proc/%s/stat" % pid_file.read_text().strip())
+    assert not stat.exists() or stat.read_text().split()[2] == "Z"
+
+
+def test_gpu_side_of_the_report_with_a_fake_gpu(bundle_copy, tmp_path):
+    """What the report says where a GPU exists, from a fake nvidia-smi and probe."""
+    fake_bin = tmp_path / "fakebin"
+    fake_bin.mkdir()
+    smi = fake_bin / "nvidia-smi"
+    smi.write_text('#!/bin/sh\ncase "$1" in\n  --query-gpu=*) echo "NVIDIA H200, 580.159.04, 143771 MiB" ;;\n'
+                   '  *) echo "| NVIDIA-SMI 580.159.04   Driver Version: 580.159.04   CUDA Version: 13.0 |" ;;\nesac\n')
+    probe = bundle_copy / "bin" / "hsx_cuda_probe"
+    device = {"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0", "multiprocessors": 132,
+              "memory_total_bytes": 150754820096, "memory_free_bytes": 150000000000, "l2_bytes": 62914560}
+    probe.write_text("#!/bin/sh\necho '%s'\n" % json.dumps(
+        {"runtime_version": "13.0", "driver_version": "13.0", "device_count": 1, "devices": [device]}))
+    for script in (smi, probe):
+        script.chmod(0o755)
+    env = dict(os.environ, PATH="%s:%s" % (fake_bin, os.environ["PATH"]))
+    out = tmp_path / "out"
+    proc, report = run_bundle(bundle_copy, out, "--steps", "cpu_pipeline", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert report["gpu"]["available"] is True and report["gpu"]["reason"] is None
+    headline = "GPU: NVIDIA H200 (sm_90, 132 SMs, 140.4 GiB); driver 580.159.04, CUDA driver API 13.0, runtime 13.0"
+    assert proc.stdout.startswith(headline)
+    assert "- " + headline in (out / "report.md").read_text()
+    assert report["gpu"]["nvidia_smi"]["cuda_version"] == "13.0"
+
+
+def test_gpu_verdict():
+    no_driver = {"nvidia_smi": {"error": "nvidia-smi not on PATH"}, "libraries": {"libcuda.so.1": None},
+                 "probe": {"devices": [], "error": "cudaGetDeviceCount: CUDA driver version is insufficient"}}
+    assert runner.gpu_verdict(no_driver) == (
+        False, "nvidia-smi not on PATH; libcuda.so.1 (the driver) not found; "
+               "cudaGetDeviceCount: CUDA driver version is insufficient")
+    broken_device = {"nvidia_smi": {"gpus": [{"name": "X"}]}, "libraries": {"libcuda.so.1": "/l/libcuda.so.1"},
+                     "probe": {"devices": [{"index": 0, "error": "cudaMemGetInfo: out of memory"}]}}
+    assert runner.gpu_verdict(broken_device) == (False, "cudaMemGetInfo: out of memory")
+    no_probe = {"nvidia_smi": {"gpus": [{"name": "X"}]}, "libraries": {}, "probe": None}
+    assert runner.gpu_verdict(no_probe) == (True, None)
+
+
+def test_parse_gtest_xml(tmp_path):
+    xml = tmp_path / "r.xml"
+    xml.write_text("""<?xml version="1.0"?><testsuites tests="4">
+<testsuite name="S"><testcase name="a" status="run" result="completed"/>
+<testcase name="b" status="run" result="completed"><failure message="x"/></testcase>
+<testcase name="c" status="run" result="skipped"><skipped message="f.cc:3&#x0A;no CUDA device: none"/></testcase>
+<testcase name="DISABLED_d" status="notrun" result="suppressed"/></testsuite></testsuites>""")
+    counts, reasons = runner.parse_gtest_xml(str(xml))
+    assert counts == {"tests": 4, "passed": 1, "failed": 1, "skipped": 1, "disabled": 1}
+    assert reasons == ["no CUDA device: none"]
+
+
+def test_parse_ldd():
+    text = ("\tlinux-vdso.so.1 (0x00007ffd)\n\tlibxxhash.so.0 => /lib/x/libxxhash.so.0 (0x00007f84)\n"
+            "\tlibcublasLt.so.13 => not found\n\t/lib64/ld-linux-x86-64.so.2 (0x00007f85)\n")
+    assert runner.parse_ldd(text) == [("linux-vdso.so.1", "linux-vdso.so.1"),
+                                      ("libxxhash.so.0", "/lib/x/libxxhash.so.0"),
+                                      ("libcublasLt.so.13", None),
+                                      ("ld-linux-x86-64.so.2", "/lib64/ld-linux-x86-64.so.2")]
+    assert [runner.carried(s) for s in ("libc.so.6", "libcares.so.2", "libcuda.so.1", "libnvidia-ml.so.1",
+                                        "libcudnn_graph.so.9", "libnccl.so.2", "libstdc++.so.6", "libm.so.6")] == \
+        [False, True, False, False, False, False, True, False]
+
+
+def test_a_gpu_step_is_skipped_without_a_gpu_and_a_broken_step_is_reported(tmp_path):
+    class NeedsGpu(runner.Step):
+        needs_gpu = True
+
+        def run(self, ctx):
+            raise AssertionError("ran without a GPU")
+
+    class Broken(runner.Step):
+        def run(self, ctx):
+            raise KeyError("boom")
+
+    class Ctx:
+        manifest = {"binaries": []}
+        log = open(tmp_path / "log", "w")
+
+        def remaining_s(self):
+            return 100
+
+    no_gpu = {"available": False}
+    assert runner.run_step(NeedsGpu("g", "t"), Ctx(), no_gpu)["status"] == "skip"
+    result = runner.run_step(Broken("b", "t"), Ctx(), no_gpu)
+    assert (result["status"], result["summary"]) == ("error", "KeyError: 'boom'")
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "--out: no folder given and OUT is not set"),
+    (["--out", "F"], "--out: cannot write to"),
+    (["--out", "X", "--budget-s", "600"], "--budget-s: 600 is outside 10..540"),
+    (["--out", "X", "--steps", "cpu_unit,nope"], "--steps: no step named nope"),
+])
+def test_run_rejects_bad_arguments(bundle, tmp_path, args, message):
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    (tmp_path / "F").write_text("a file, not a folder")
+    proc = run(["bash", bundle / "run.sh", *[str(tmp_path / a) if a in ("X", "F") else a for a in args]], env=env)
+    assert proc.returncode == 2 and message in proc.stderr
+    assert not (tmp_path / "X").exists()
+
+
+def test_script_rejects_bad_usage(tmp_path):
+    proc = run([SCRIPT, "--bogus"])
+    assert proc.returncode == 2 and "say --prepare or --run (got '--bogus')" in proc.stderr
+    proc = run([SCRIPT, "--run", "--bundle", tmp_path / "none", "--out", tmp_path])
+    assert proc.returncode == 2 and "no bundle in" in proc.stderr and "--prepare first" in proc.stderr
+    proc = run([sys.executable, REPO_ROOT / "scripts" / "device_check" / "runner.py", "--out", tmp_path])
+    assert proc.returncode == 2 and "no manifest.json beside runner.py" in proc.stderr
+
+
+def test_prepare_refuses_a_sanitizer_or_debug_build_and_keeps_the_old_bundle(bundle_copy, tmp_path):
+    build = tmp_path / "build-debug"
+    build.mkdir()
+    (build / "build.ninja").write_text("")
+    (build / "CMakeCache.txt").write_text("CMAKE_BUILD_TYPE:STRING=Debug\nHSX_SANITIZE:STRING=address\n")
+    before = sorted(p.name for p in bundle_copy.rglob("*"))
+    proc = run([SCRIPT, "--prepare", "--build-dir", build, "--bundle", bundle_copy])
+    assert proc.returncode == 1
+    assert "is a Debug build with HSX_SANITIZE=address" in proc.stderr and str(build) in proc.stderr
+    assert sorted(p.name for p in bundle_copy.rglob("*")) == before
+    assert not Path(str(bundle_copy) + ".tmp").exists()
+
+
+def test_prepare_enforces_the_size_limit(bundle_copy):
+    before = (bundle_copy / "manifest.json").read_text()
+    proc = run([SCRIPT, "--prepare", "--build-dir", BUILD_DIR, "--bundle", bundle_copy, "--max-mib", "1"])
+    assert proc.returncode == 1 and "MiB, over --max-mib 1" in proc.stderr
+    assert (bundle_copy / "manifest.json").read_text() == before
+    assert not Path(str(bundle_copy) + ".tmp").exists()
