@@ -11,7 +11,7 @@
 // raised so freed blocks are reused, not returned to the driver); freeing is
 // stream-ordered, so a Buffer destroyed right after the op that reads it is
 // safe. Weights are plain cudaMalloc allocations held until the backend is
-// destroyed; each placement first checks that it leaves kReservedBytes free
+// destroyed; each placement first checks that it leaves kCudaReservedBytes free
 // for activations, and fails with the plan (asked, free, placed so far)
 // otherwise. Out of memory anywhere says how much was asked and how much was
 // free (cudaMemGetInfo).
@@ -21,7 +21,9 @@
 // weight is dequantised to bf16 once, at placement. Routed experts stay INT4
 // in device memory (the checkpoint's pack-quantized layout, unchanged); per
 // MoE call, the experts that received tokens are dequantised into bf16
-// scratch by the int4_dequant kernel and run as cuBLASLt GEMMs.
+// scratch by the int4_dequant kernel and run as cuBLASLt GEMMs. MoeExperts
+// waits for the stream once per call: the per-expert row counts are host
+// arguments of those GEMMs (a device-side grouped GEMM would remove the wait).
 //
 // Arithmetic. In Precision::kBf16 activations are bf16; GEMMs take bf16
 // operands with float32 accumulation (gemm.h: one pinned algorithm per shape,

@@ -76,8 +76,8 @@ struct AttentionTile {
 // rounded and scaled as the contract says, a two-pass softmax (max, then the
 // sum of exp over keys ascending), probabilities rounded, then each output a
 // fma dot product over keys ascending. Scores are recomputed per pass instead
-// of stored. `tiles` has `num_tiles` entries (one per kAttentionQueryTile rows
-// of each sample, times nothing: heads are the grid's y).
+// of stored. `tiles` has `num_tiles` entries, one per kAttentionQueryTile
+// query rows of each sample; heads are the grid's second dimension.
 int LaunchAttention(DeviceMatrix q, DeviceMatrix kv, DeviceMatrix k_rope, int64_t heads, int64_t nope_dim,
                     int64_t rope_dim, int64_t v_dim, const int64_t* cu_seqlens, const AttentionTile* tiles,
                     int64_t num_tiles, float scale, bool round, DeviceMatrix out, CUstream_st* stream);
