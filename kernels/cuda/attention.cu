@@ -1,0 +1,193 @@
+// attention.cu: the reference attention kernel (causal, ragged, head dims from
+// the arguments), arithmetic for arithmetic the CPU backend's
+// (kernels/cpu/cpu_backend.cc, Attention):
+//
+//   s_ij = R(R(sum_d fma(q_id, k_jd)) * scale)     d ascending, from 0
+//   m_i  = max_j s_ij                              (exact in any order)
+//   z_i  = sum_j exp(s_ij - m_i)                   j ascending, one thread
+//   p_ij = R(exp(s_ij - m_i) / z_i)
+//   o_id = R(sum_j fma(p_ij, v_jd))                j ascending, from 0
+//
+// with j over the sample's keys up to i. A block owns kAttentionQueryTile
+// query rows of one sample and one head and streams the keys through shared
+// memory in tiles of kKeyTile, three times: for the maxima, for the sums, and
+// for the probabilities and outputs (scores are recomputed rather than
+// stored, so memory does not grow with the sample length). Every row's
+// arithmetic depends only on its own sample's rows up to itself: batch
+// invariant by construction. A reference, not a fast path: it runs on the
+// SIMT pipes, at a fraction of what cuDNN's SDPA would reach.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "kernels/cuda/device_matrix.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace hsx::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kQueryTile = static_cast<int>(kAttentionQueryTile);
+constexpr int kKeyTile = 32;
+
+struct Dims {
+  int heads, nope, rope, v, qk, kv_head;
+};
+
+// Shared memory, in floats: Q [kQueryTile][qk], K [kKeyTile][qk + 1] (padded:
+// lanes read different keys at the same d), V [kKeyTile][v], S [kQueryTile]
+// [kKeyTile], O [kQueryTile][v], row max and sum [kQueryTile] each.
+__host__ __device__ int64_t SharedFloats(int64_t qk, int64_t v) {
+  return kQueryTile * qk + kKeyTile * (qk + 1) + kKeyTile * v + kQueryTile * kKeyTile + kQueryTile * v +
+         2 * kQueryTile;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    AttentionKernel(DeviceMatrix q, DeviceMatrix kv, DeviceMatrix k_rope, Dims dims,
+                    const int64_t* __restrict__ cu_seqlens, const AttentionTile* __restrict__ tiles, float scale,
+                    bool round, DeviceMatrix out) {
+  extern __shared__ float shared[];
+  const int qk = dims.qk;
+  const int vd = dims.v;
+  float* Qs = shared;
+  float* Ks = Qs + kQueryTile * qk;
+  float* Vs = Ks + kKeyTile * (qk + 1);
+  float* S = Vs + kKeyTile * vd;
+  float* O = S + kQueryTile * kKeyTile;
+  float* row_max = O + kQueryTile * vd;
+  float* row_sum = row_max + kQueryTile;
+
+  const AttentionTile tile = tiles[blockIdx.x];
+  const int h = blockIdx.y;
+  const int64_t begin = cu_seqlens[tile.sample];
+  const int64_t len = cu_seqlens[tile.sample + 1] - begin;
+  const int64_t q0 = tile.q0;
+  const int rows = static_cast<int>(len - q0 < kQueryTile ? len - q0 : kQueryTile);
+  const int64_t keys = q0 + rows;  // keys [0, q0 + rows) are visible to some row of the tile
+  const int tid = threadIdx.x;
+
+  for (int idx = tid; idx < kQueryTile * qk; idx += kThreads) {
+    const int i = idx / qk, d = idx % qk;
+    Qs[idx] = i < rows ? Load(q, begin + q0 + i, static_cast<int64_t>(h) * qk + d) : 0.0f;
+  }
+  for (int idx = tid; idx < kQueryTile * vd; idx += kThreads) O[idx] = 0.0f;
+  if (tid < kQueryTile) {
+    row_max[tid] = -INFINITY;
+    row_sum[tid] = 0.0f;
+  }
+
+  // Scores of the tile's rows against keys [k0, k0 + kKeyTile) into S; -inf
+  // where masked (causal, or past the sample). Ks must be loaded.
+  auto scores = [&](int64_t k0) {
+    for (int pair = tid; pair < kQueryTile * kKeyTile; pair += kThreads) {
+      const int i = pair / kKeyTile, j = pair % kKeyTile;
+      const int64_t key = k0 + j;
+      float s = -INFINITY;
+      if (i < rows && key < keys && key <= q0 + i) {
+        float dot = 0.0f;
+        for (int d = 0; d < qk; ++d) dot = fmaf(Qs[i * qk + d], Ks[j * (qk + 1) + d], dot);
+        s = R(round, R(round, dot) * scale);
+      }
+      S[pair] = s;
+    }
+  };
+  auto load_keys = [&](int64_t k0, bool values) {
+    for (int idx = tid; idx < kKeyTile * qk; idx += kThreads) {
+      const int j = idx / qk, d = idx % qk;
+      const int64_t row = begin + k0 + j;
+      float value = 0.0f;
+      if (k0 + j < keys) {
+        value = d < dims.nope ? Load(kv, row, static_cast<int64_t>(h) * dims.kv_head + d)
+                              : Load(k_rope, row, d - dims.nope);  // K_h = [k_nope | k_rope]
+      }
+      Ks[j * (qk + 1) + d] = value;
+    }
+    if (!values) return;
+    for (int idx = tid; idx < kKeyTile * vd; idx += kThreads) {
+      const int j = idx / vd, d = idx % vd;
+      Vs[idx] = k0 + j < keys ? Load(kv, begin + k0 + j, static_cast<int64_t>(h) * dims.kv_head + dims.nope + d)
+                              : 0.0f;
+    }
+  };
+
+  // Loads key tile k0 (and its values) and fills S with its scores; on return
+  // every thread sees them, and the previous tile is no longer read.
+  auto tile_scores = [&](int64_t k0, bool values) {
+    __syncthreads();
+    load_keys(k0, values);
+    __syncthreads();
+    scores(k0);
+    __syncthreads();
+  };
+
+  // Pass 1: row maxima (std::max's comparison, so NaNs behave as on the CPU).
+  for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
+    tile_scores(k0, false);
+    if (tid < rows) {
+      float m = row_max[tid];
+      for (int j = 0; j < kKeyTile && k0 + j <= q0 + tid; ++j) m = m < S[tid * kKeyTile + j] ? S[tid * kKeyTile + j] : m;
+      row_max[tid] = m;
+    }
+  }
+  // Pass 2: sums of exp(s - max), keys ascending.
+  for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
+    tile_scores(k0, false);
+    for (int pair = tid; pair < kQueryTile * kKeyTile; pair += kThreads) {
+      const int i = pair / kKeyTile;
+      if (i < rows) S[pair] = Exp(S[pair] - row_max[i]);  // masked: exp(-inf) = 0, not added below
+    }
+    __syncthreads();
+    if (tid < rows) {
+      float sum = row_sum[tid];
+      for (int j = 0; j < kKeyTile && k0 + j <= q0 + tid; ++j) sum += S[tid * kKeyTile + j];
+      row_sum[tid] = sum;
+    }
+  }
+  // Pass 3: probabilities, and the outputs accumulated over keys ascending.
+  for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
+    tile_scores(k0, true);
+    for (int pair = tid; pair < kQueryTile * kKeyTile; pair += kThreads) {
+      const int i = pair / kKeyTile;
+      if (i < rows) S[pair] = R(round, Exp(S[pair] - row_max[i]) / row_sum[i]);
+    }
+    __syncthreads();
+    for (int idx = tid; idx < kQueryTile * vd; idx += kThreads) {
+      const int i = idx / vd, d = idx % vd;
+      if (i >= rows) continue;
+      float o = O[idx];
+      // Masked keys carry probability 0 on the CPU, and fma(0, v, o) == o: skipping them is identical.
+      for (int j = 0; j < kKeyTile && k0 + j <= q0 + i; ++j) o = fmaf(S[i * kKeyTile + j], Vs[j * vd + d], o);
+      O[idx] = o;
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kQueryTile * vd; idx += kThreads) {
+    const int i = idx / vd, d = idx % vd;
+    if (i < rows) Store(out, begin + q0 + i, static_cast<int64_t>(h) * vd + d, R(round, O[idx]));
+  }
+}
+
+}  // namespace
+
+int LaunchAttention(DeviceMatrix q, DeviceMatrix kv, DeviceMatrix k_rope, int64_t heads, int64_t nope_dim,
+                    int64_t rope_dim, int64_t v_dim, const int64_t* cu_seqlens, const AttentionTile* tiles,
+                    int64_t num_tiles, float scale, bool round, DeviceMatrix out, CUstream_st* stream) {
+  if (num_tiles == 0 || heads == 0) return cudaSuccess;
+  if (heads > 65535 || num_tiles > INT32_MAX) return cudaErrorInvalidValue;
+  const size_t bytes = static_cast<size_t>(SharedFloats(nope_dim + rope_dim, v_dim)) * sizeof(float);
+  int device = 0;
+  int limit = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (status != cudaSuccess) return status;
+  if (bytes > static_cast<size_t>(limit)) return cudaErrorInvalidValue;  // head dims too large for one block
+  status = cudaFuncSetAttribute(AttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (status != cudaSuccess) return status;
+  const Dims dims{static_cast<int>(heads), static_cast<int>(nope_dim), static_cast<int>(rope_dim),
+                  static_cast<int>(v_dim), static_cast<int>(nope_dim + rope_dim), static_cast<int>(nope_dim + v_dim)};
+  const dim3 grid(static_cast<unsigned int>(num_tiles), static_cast<unsigned int>(heads));
+  AttentionKernel<<<grid, kThreads, bytes, stream>>>(q, kv, k_rope, dims, cu_seqlens, tiles, scale, round, out);
+  return cudaGetLastError();
+}
+
+}  // namespace hsx::cuda

@@ -1,0 +1,64 @@
+// cuda_backend.h: the CUDA implementation of kernels/backend.h (contract v2)
+// for one rank on one device.
+//
+// Every op is enqueued on one stream of the device; Synchronize() waits for it
+// and returns the first error recorded since the previous call (a bad size, a
+// failed launch, a cuBLASLt failure, or a device fault while the stream ran).
+// Every error names the device, the op and the sizes.
+//
+// Memory. Activations, staged batches, routings and per-op scratch come from
+// the device's stream-ordered pool (cudaMallocAsync, release threshold
+// raised so freed blocks are reused, not returned to the driver); freeing is
+// stream-ordered, so a Buffer destroyed right after the op that reads it is
+// safe. Weights are plain cudaMalloc allocations held until the backend is
+// destroyed; each placement first checks that it leaves kCudaReservedBytes free
+// for activations, and fails with the plan (asked, free, placed so far)
+// otherwise. Out of memory anywhere says how much was asked and how much was
+// free (cudaMemGetInfo).
+//
+// Weights. Dense Linear weights are copied to the device as bf16 rows with a
+// row stride padded to 16 bytes (a column slice is compacted); an INT4 dense
+// weight is dequantised to bf16 once, at placement. Routed experts stay INT4
+// in device memory (the checkpoint's pack-quantized layout, unchanged); per
+// MoE call, the experts that received tokens are dequantised into bf16
+// scratch by the int4_dequant kernel and run as cuBLASLt GEMMs. MoeExperts
+// waits for the stream once per call: the per-expert row counts are host
+// arguments of those GEMMs (a device-side grouped GEMM would remove the wait).
+//
+// Arithmetic. In Precision::kBf16 activations are bf16; GEMMs take bf16
+// operands with float32 accumulation (gemm.h: one pinned algorithm per shape,
+// no split-K, so rows are batch-independent). In kFp32 activations are f32
+// and GEMMs run in true fp32 (bf16 weights are widened exactly to f32 first).
+// Everything else (ops.h) repeats the CPU reference's float32 operations in
+// the same order; see tests/cuda for what agrees bitwise and what within a
+// tolerance.
+#ifndef HSX_KERNELS_CUDA_CUDA_BACKEND_H_
+#define HSX_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace hsx {
+
+// A CUDA backend on device `device`. FailedPrecondition "no CUDA device: ..."
+// (with the CUDA error string) where the machine has none or fewer than
+// device + 1.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision precision);
+
+// The number of CUDA devices, or FailedPrecondition "no CUDA device: <why>".
+absl::StatusOr<int> CudaDeviceCount();
+
+// One line for start-up logs: device name, compute capability, memory (free
+// of total), driver and runtime versions.
+absl::StatusOr<std::string> DescribeCudaDevice(int device);
+
+// Memory every weight placement leaves free for activations and scratch.
+inline constexpr int64_t kCudaReservedBytes = int64_t{1} << 30;
+
+}  // namespace hsx
+
+#endif  // HSX_KERNELS_CUDA_CUDA_BACKEND_H_
