@@ -186,12 +186,18 @@ class EngineTest : public ::testing::Test {
 TempDir* EngineTest::dir_ = nullptr;
 Checkpoint* EngineTest::checkpoint_ = nullptr;
 
-TEST_F(EngineTest, CudaIsRefusedClearlyUntilItsBackendExists) {
+// Where --device cuda cannot run (a build without CUDA, or no device), the
+// engine says which, and nothing is loaded.
+TEST_F(EngineTest, CudaIsRefusedClearlyWhereItCannotRun) {
   absl::StatusOr<std::unique_ptr<Engine>> engine =
       Engine::Create(*checkpoint_, {.tp = 1, .precision = Precision::kBf16, .threads = 1, .device = Device::kCuda});
-  ASSERT_FALSE(engine.ok());
-  EXPECT_EQ(engine.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(engine.status().message().find("not available in this build"), std::string::npos) << engine.status();
+  if (engine.ok()) GTEST_SKIP() << "a CUDA device is present: the CUDA tests cover it";
+  const std::string message(engine.status().message());
+  const bool no_build = engine.status().code() == absl::StatusCode::kUnimplemented &&
+                        message.find("not available in this build") != std::string::npos;
+  const bool no_device = engine.status().code() == absl::StatusCode::kFailedPrecondition &&
+                         message.find("--device cuda: no CUDA device") != std::string::npos;
+  EXPECT_TRUE(no_build || no_device) << engine.status();
   EXPECT_FALSE(ParseDevice("tpu").ok());
 }
 
