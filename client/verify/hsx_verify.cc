@@ -489,8 +489,8 @@ absl::Status Run(const std::vector<char*>& args) {
     const char* what =
         temporary ? "a temporary of an interrupted (or still running) write, not in the journal; hsx-dump "
                     "removes it once the journal records that sample as done"
-        : sample_file ? "a sample file the journal does not list: written but never declared done (a crash "
-                        "between rename and journal line); hsx-dump writes it again on the next run"
+        : sample_file ? "not in the journal: a sample file written but never declared done (a crash between "
+                        "rename and journal line); hsx-dump writes it again on the next run"
                       : "not written by hsx-dump (not in the journal); --strict refuses any file the journal "
                         "does not list";
     problems.push_back({(root / name).string(), what, false});

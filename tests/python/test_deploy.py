@@ -231,8 +231,10 @@ def setup_sh_packages():
 # Packages of scripts/setup.sh the image build does not need: the test, fuzz and Python tools
 # (HSX_BUILD_TESTS=OFF), kubectl for these tests, and git. A package added to setup.sh must be
 # added to the Dockerfile's build stage or to this list.
+# Test and tooling packages of scripts/setup.sh that the image's build does not use (patchelf sets
+# the device-check bundle's RPATHs).
 NOT_FOR_THE_IMAGE = {"git", "clang", "libclang-rt-14-dev", "python3-venv", "libgtest-dev", "libgmock-dev",
-                     "kubernetes-client"}
+                     "kubernetes-client", "patchelf"}
 
 
 def test_dockerfile_stages_base_images_and_build():
