@@ -83,8 +83,10 @@ def test_run_here_says_no_gpu_and_exits_0(bundle, tmp_path):
     assert step(report, "bundle")["status"] == "pass"
     assert step(report, "cpu_unit")["status"] == "pass" and step(report, "cpu_unit")["counts"]["passed"] > 0
     assert step(report, "cpu_pipeline")["status"] == "pass"
-    for pending in ("oracle", "batch_invariance", "gpu_forward"):
-        assert step(report, pending)["status"] == "not built yet"
+    assert step(report, "gpu_forward")["status"] == "not built yet"
+    for gpu_suite in ("oracle", "batch_invariance"):  # CUDA tests: they skip here, saying why
+        assert step(report, gpu_suite)["status"] in (("pass",) if have_gpu() else ("skip", "pass")), \
+            step(report, gpu_suite)
     cuda = step(report, "cuda_kernels")
     if "hsx_cuda_tests" in json.loads((bundle / "manifest.json").read_text())["binaries"]:
         counts = cuda["counts"]
