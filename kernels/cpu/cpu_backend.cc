@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/op_checks.h"
 
 namespace hsx {
 
@@ -207,10 +208,6 @@ void MaskGroups(const RouterParams& router, std::vector<float>& choice) {
   }
 }
 
-std::string Shape(const Matrix& m) {
-  return absl::StrCat("[", m.rows, ", ", m.cols, "] ", ElementTypeName(m.type));
-}
-
 // A float32 view of a whole matrix for the GEMM: the matrix itself when it is
 // f32, else a converted copy in a pooled block (converted back by Store()).
 class FloatMatrix {
@@ -261,9 +258,9 @@ float CpuBackend::R(float value) const {
   return precision_ == Precision::kBf16 ? RoundToBf16(value) : value;
 }
 
-bool CpuBackend::Check(bool ok, const char* op, const std::string& what) {
-  if (!ok && error_.ok()) error_ = absl::InvalidArgumentError(absl::StrCat("cpu ", op, ": ", what));
-  return ok;
+bool CpuBackend::Check(const absl::Status& status) {
+  if (!status.ok() && error_.ok()) error_ = absl::InvalidArgumentError(absl::StrCat("cpu ", status.message()));
+  return status.ok();
 }
 
 // ---- Memory -----------------------------------------------------------------
@@ -368,10 +365,7 @@ absl::StatusOr<std::unique_ptr<Routing>> CpuBackend::AllocateRouting(int64_t tok
 void CpuBackend::Embed(const StagedBatch& staged, const uint16_t* table, int64_t vocab_begin,
                        int64_t vocab_rows, const Matrix& out) {
   const auto& batch = static_cast<const CpuStagedBatch&>(staged);
-  if (!Check(out.rows == batch.tokens(), "Embed", absl::StrCat("out ", Shape(out), " for ", batch.tokens(),
-                                                               " tokens"))) {
-    return;
-  }
+  if (!Check(CheckEmbed(out, batch.tokens()))) return;
   pool_.ParallelFor(out.rows, [&](int64_t t) {
     const int64_t local = batch.token_ids[t] - vocab_begin;
     const bool here = local >= 0 && local < vocab_rows;
@@ -391,13 +385,7 @@ void CpuBackend::Embed(const StagedBatch& staged, const uint16_t* table, int64_t
 }
 
 void CpuBackend::Linear(const Matrix& x, const LinearWeight& w, const Matrix& y, bool partial) {
-  const ElementType want = partial ? ElementType::kF32 : activation_type();
-  if (!Check(x.cols == w.in && y.cols == w.out && x.rows == y.rows && x.type == activation_type() &&
-                 y.type == want,
-             "Linear", absl::StrCat("x ", Shape(x), ", W [", w.out, ", ", w.in, "], y ", Shape(y),
-                                    partial ? " (partial: f32)" : ""))) {
-    return;
-  }
+  if (!Check(CheckLinear(x, w, y, partial, activation_type()))) return;
   const FloatMatrix a(blocks_.get(), &pool_, x, /*load=*/true);
   const FloatMatrix c(blocks_.get(), &pool_, y, /*load=*/false);
   Gemm(a.data(), a.ld(), x.rows, ToGemmB(w), c.data(), c.ld(), !partial && precision_ == Precision::kBf16,
@@ -406,11 +394,7 @@ void CpuBackend::Linear(const Matrix& x, const LinearWeight& w, const Matrix& y,
 }
 
 void CpuBackend::Round(const Matrix& partial, const Matrix& out) {
-  if (!Check(partial.type == ElementType::kF32 && out.type == activation_type() && partial.rows == out.rows &&
-                 partial.cols == out.cols,
-             "Round", absl::StrCat("partial ", Shape(partial), " into ", Shape(out)))) {
-    return;
-  }
+  if (!Check(CheckRound(partial, out, activation_type()))) return;
   if (out.data == partial.data && out.ld == partial.ld) return;  // f32 in place: nothing rounds
   pool_.ParallelFor(out.rows, [&](int64_t r) {
     const float* in = static_cast<const float*>(partial.at(r, 0));
@@ -421,10 +405,7 @@ void CpuBackend::Round(const Matrix& partial, const Matrix& out) {
 }
 
 void CpuBackend::RmsNorm(const Matrix& x, const uint16_t* weight, float eps, const Matrix& y) {
-  if (!Check(x.rows == y.rows && x.cols == y.cols && y.type == activation_type(), "RmsNorm",
-             absl::StrCat("x ", Shape(x), ", y ", Shape(y)))) {
-    return;
-  }
+  if (!Check(CheckRmsNorm(x, y, activation_type()))) return;
   pool_.ParallelFor(x.rows, [&](int64_t r) {
     const float* in = ReadRow(x, r, ThreadRow(0, x.cols));
     float* out = WriteTarget(y, r, ThreadRow(1, y.cols));
@@ -448,10 +429,7 @@ void CpuBackend::RmsNorm(const Matrix& x, const uint16_t* weight, float eps, con
 }
 
 void CpuBackend::Add(const Matrix& a, const Matrix& b, const Matrix& out) {
-  if (!Check(a.rows == b.rows && a.cols == b.cols && out.rows == a.rows && out.cols == a.cols, "Add",
-             absl::StrCat(Shape(a), " + ", Shape(b), " into ", Shape(out)))) {
-    return;
-  }
+  if (!Check(CheckAdd(a, b, out))) return;
   const bool bf16 = precision_ == Precision::kBf16;
   pool_.ParallelFor(a.rows, [&](int64_t r) {
     const float* x = ReadRow(a, r, ThreadRow(0, a.cols));
@@ -467,10 +445,7 @@ void CpuBackend::Add(const Matrix& a, const Matrix& b, const Matrix& out) {
 }
 
 void CpuBackend::SiluMul(const Matrix& gate, const Matrix& up, const Matrix& out) {
-  if (!Check(gate.rows == up.rows && gate.cols == up.cols && out.rows == gate.rows && out.cols == gate.cols,
-             "SiluMul", absl::StrCat(Shape(gate), " * ", Shape(up), " into ", Shape(out)))) {
-    return;
-  }
+  if (!Check(CheckSiluMul(gate, up, out))) return;
   pool_.ParallelFor(gate.rows, [&](int64_t r) {
     const float* g = ReadRow(gate, r, ThreadRow(0, gate.cols));
     const float* u = ReadRow(up, r, ThreadRow(1, up.cols));
@@ -486,13 +461,7 @@ void CpuBackend::Rope(const Matrix& x, int64_t heads, int64_t stride, int64_t of
   const auto& batch = static_cast<const CpuStagedBatch&>(staged);
   const auto& table = static_cast<const CpuRopeTable&>(rope);
   const int64_t half = table.half;
-  if (!Check(x.rows == batch.tokens() && batch.longest() <= table.positions() &&
-                 offset + (heads - 1) * stride + 2 * half <= x.cols,
-             "Rope", absl::StrCat("x ", Shape(x), ", ", heads, " heads at ", offset, " + h * ", stride,
-                                  ", table of ", table.positions(), " positions for samples up to ",
-                                  batch.longest()))) {
-    return;
-  }
+  if (!Check(CheckRope(x, heads, stride, offset, half, batch, table))) return;
   std::vector<float> rotated(2 * half);
   std::vector<float> row(x.cols);
   for (int64_t r = 0; r < x.rows; ++r) {
@@ -522,13 +491,7 @@ void CpuBackend::Attention(const Matrix& q, const Matrix& kv, const Matrix& k_ro
   const int64_t samples = batch.num_samples();
   const int64_t qk_dim = nope_dim + rope_dim;
   const int64_t kv_head = nope_dim + v_dim;
-  if (!Check(q.rows == batch.tokens() && kv.rows == q.rows && k_rope.rows == q.rows && out.rows == q.rows &&
-                 q.cols >= heads * qk_dim && kv.cols >= heads * kv_head && k_rope.cols == rope_dim &&
-                 out.cols == heads * v_dim,
-             "Attention", absl::StrCat("q ", Shape(q), ", kv ", Shape(kv), ", k_rope ", Shape(k_rope), ", out ",
-                                       Shape(out), ", ", heads, " heads"))) {
-    return;
-  }
+  if (!Check(CheckAttention(q, kv, k_rope, heads, nope_dim, rope_dim, v_dim, batch, out))) return;
   const bool bf16 = precision_ == Precision::kBf16;
   const std::vector<int64_t>& cu_seqlens = batch.cu_seqlens;
   pool_.ParallelFor(samples * heads, [&](int64_t task) {
@@ -634,11 +597,7 @@ void CpuBackend::Route(const Matrix& x, const RouterParams& router, Routing& rou
   auto& routing = static_cast<CpuRouting&>(routing_handle);
   const int64_t tokens = x.rows;
   const int64_t experts = router.num_experts;
-  if (!Check(routing.tokens() == tokens && routing.top_k() == router.top_k && x.type == activation_type(),
-             "Route", absl::StrCat("x ", Shape(x), ", routing for ", routing.tokens(), " tokens x top ",
-                                   routing.top_k(), ", router top ", router.top_k))) {
-    return;
-  }
+  if (!Check(CheckRoute(x, router, routing, activation_type()))) return;
   std::vector<float> logits(tokens * experts);
   // Router logits in float32 (HF keeps the gate in float32 in every mode).
   GemmB gate{GemmB::Kind::kBf16, router.weight, x.cols, nullptr, 0, experts, x.cols};
@@ -695,13 +654,7 @@ void CpuBackend::MoeExperts(const Matrix& x, const Routing& routing_handle, cons
   const auto& experts = static_cast<const CpuExpertTable&>(table);
   const int64_t tokens = x.rows;
   const int64_t top_k = routing.top_k();
-  const ElementType want = partial ? ElementType::kF32 : activation_type();
-  if (!Check(routing.tokens() == tokens && out.rows == tokens && out.cols == x.cols && out.type == want &&
-                 x.type == activation_type(),
-             "MoeExperts", absl::StrCat("x ", Shape(x), ", out ", Shape(out), ", routing for ",
-                                        routing.tokens(), " tokens", partial ? " (partial: f32)" : ""))) {
-    return;
-  }
+  if (!Check(CheckMoeExperts(x, routing, out, partial, activation_type()))) return;
   const int64_t num_experts = experts.num_experts();
   // Rows per expert, in ascending token order.
   std::vector<std::vector<int64_t>> rows(num_experts);

@@ -66,8 +66,8 @@ class CpuBackend : public Backend {
  private:
   // Rounds to bfloat16 in kBf16 mode, identity in kFp32.
   float R(float value) const;
-  // Records the first error since the last Synchronize(); false when `ok` is false.
-  bool Check(bool ok, const char* op, const std::string& what);
+  // Records `status` if it is the first error since the last Synchronize(); returns status.ok().
+  bool Check(const absl::Status& status);
   // Runs one expert's MLP on rows of x (single-threaded): y [rows.size(), hidden].
   void RunExpert(const Matrix& x, const std::vector<int64_t>& rows, const ExpertWeights& expert,
                  std::vector<float>& y);

@@ -17,6 +17,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/int4_dequant.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/op_checks.h"
 
 namespace hsx {
 namespace {
@@ -27,10 +28,6 @@ using cuda::GemmMatrix;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt workspace
 
 std::string MiB(int64_t bytes) { return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20)); }
-
-std::string Shape(const Matrix& m) {
-  return absl::StrCat("[", m.rows, ", ", m.cols, "] ", ElementTypeName(m.type));
-}
 
 int64_t RoundUp(int64_t value, int64_t to) { return (value + to - 1) / to * to; }
 
@@ -218,6 +215,11 @@ class CudaBackend : public Backend {
     if (error_.ok() && !status.ok()) error_ = std::move(status);
   }
   // Records an InvalidArgument when `ok` is false; returns ok.
+  // Records a failed contract rule (kernels/op_checks.h); returns status.ok().
+  bool Check(const absl::Status& status) {
+    if (!status.ok()) Record(absl::InvalidArgumentError(absl::StrCat(name(), " ", status.message())));
+    return status.ok();
+  }
   bool Check(bool ok, const char* op, const std::string& what) {
     if (!ok) Record(absl::InvalidArgumentError(absl::StrCat(name(), " ", op, ": ", what)));
     return ok;
@@ -383,7 +385,7 @@ void CudaBackend::CopyToHost(const Matrix& src, void* dst) {
   // but the driver may make the call synchronous.
   Cuda(cudaMemcpy2DAsync(dst, row, src.data, static_cast<size_t>(src.ld) * ElementSize(src.type), row,
                          static_cast<size_t>(src.rows), cudaMemcpyDeviceToHost, stream_),
-       "CopyToHost", Shape(src));
+       "CopyToHost", ShapeOf(src));
 }
 
 void CudaBackend::CopyFromHost(const void* src, const Matrix& dst) {
@@ -391,7 +393,7 @@ void CudaBackend::CopyFromHost(const void* src, const Matrix& dst) {
   const size_t row = static_cast<size_t>(dst.cols) * ElementSize(dst.type);
   Cuda(cudaMemcpy2DAsync(dst.data, static_cast<size_t>(dst.ld) * ElementSize(dst.type), src, row, row,
                          static_cast<size_t>(dst.rows), cudaMemcpyHostToDevice, stream_),
-       "CopyFromHost", Shape(dst));
+       "CopyFromHost", ShapeOf(dst));
 }
 
 absl::Status CudaBackend::Synchronize() {
@@ -694,55 +696,36 @@ void CudaBackend::Gemm(const Matrix& x, const uint16_t* w, int64_t n, int64_t k,
 void CudaBackend::Embed(const StagedBatch& staged, const uint16_t* table, int64_t vocab_begin, int64_t vocab_rows,
                         const Matrix& out) {
   const auto& batch = static_cast<const CudaStagedBatch&>(staged);
-  if (!Check(out.rows == batch.tokens(), "Embed", absl::StrCat("out ", Shape(out), " for ", batch.tokens(), " tokens"))) {
-    return;
-  }
-  Cuda(cuda::LaunchEmbed(batch.token_ids, table, vocab_begin, vocab_rows, Dev(out), stream_), "Embed", Shape(out));
+  if (!Check(CheckEmbed(out, batch.tokens()))) return;
+  Cuda(cuda::LaunchEmbed(batch.token_ids, table, vocab_begin, vocab_rows, Dev(out), stream_), "Embed", ShapeOf(out));
 }
 
 void CudaBackend::Linear(const Matrix& x, const LinearWeight& w, const Matrix& y, bool partial) {
-  const ElementType want = partial ? ElementType::kF32 : activation_type();
-  if (!Check(x.cols == w.in && y.cols == w.out && x.rows == y.rows && x.type == activation_type() && y.type == want &&
-                 w.kind == LinearWeight::Kind::kBf16,
-             "Linear", absl::StrCat("x ", Shape(x), ", W [", w.out, ", ", w.in, "], y ", Shape(y),
-                                    partial ? " (partial: f32)" : ""))) {
-    return;
-  }
+  if (!Check(CheckLinear(x, w, y, partial, activation_type()))) return;
+  // Dense weights only (routed INT4 experts go through PlaceExperts).
+  if (!Check(w.kind == LinearWeight::Kind::kBf16, "Linear", "an INT4 weight outside an expert table")) return;
   Gemm(x, w.bf16, w.out, w.in, w.ld, y, "Linear");
 }
 
 void CudaBackend::Round(const Matrix& partial, const Matrix& out) {
-  if (!Check(partial.type == ElementType::kF32 && out.type == activation_type() && partial.rows == out.rows &&
-                 partial.cols == out.cols,
-             "Round", absl::StrCat("partial ", Shape(partial), " into ", Shape(out)))) {
-    return;
-  }
+  if (!Check(CheckRound(partial, out, activation_type()))) return;
   if (out.data == partial.data && out.ld == partial.ld) return;  // f32 in place: nothing rounds
-  Cuda(cuda::LaunchConvert(Dev(partial), Dev(out), stream_), "Round", Shape(out));
+  Cuda(cuda::LaunchConvert(Dev(partial), Dev(out), stream_), "Round", ShapeOf(out));
 }
 
 void CudaBackend::RmsNorm(const Matrix& x, const uint16_t* weight, float eps, const Matrix& y) {
-  if (!Check(x.rows == y.rows && x.cols == y.cols && y.type == activation_type(), "RmsNorm",
-             absl::StrCat("x ", Shape(x), ", y ", Shape(y)))) {
-    return;
-  }
-  Cuda(cuda::LaunchRmsNorm(Dev(x), weight, eps, bf16(), Dev(y), stream_), "RmsNorm", Shape(x));
+  if (!Check(CheckRmsNorm(x, y, activation_type()))) return;
+  Cuda(cuda::LaunchRmsNorm(Dev(x), weight, eps, bf16(), Dev(y), stream_), "RmsNorm", ShapeOf(x));
 }
 
 void CudaBackend::Add(const Matrix& a, const Matrix& b, const Matrix& out) {
-  if (!Check(a.rows == b.rows && a.cols == b.cols && out.rows == a.rows && out.cols == a.cols, "Add",
-             absl::StrCat(Shape(a), " + ", Shape(b), " into ", Shape(out)))) {
-    return;
-  }
-  Cuda(cuda::LaunchAdd(Dev(a), Dev(b), bf16(), Dev(out), stream_), "Add", Shape(out));
+  if (!Check(CheckAdd(a, b, out))) return;
+  Cuda(cuda::LaunchAdd(Dev(a), Dev(b), bf16(), Dev(out), stream_), "Add", ShapeOf(out));
 }
 
 void CudaBackend::SiluMul(const Matrix& gate, const Matrix& up, const Matrix& out) {
-  if (!Check(gate.rows == up.rows && gate.cols == up.cols && out.rows == gate.rows && out.cols == gate.cols, "SiluMul",
-             absl::StrCat(Shape(gate), " * ", Shape(up), " into ", Shape(out)))) {
-    return;
-  }
-  Cuda(cuda::LaunchSiluMul(Dev(gate), Dev(up), bf16(), Dev(out), stream_), "SiluMul", Shape(out));
+  if (!Check(CheckSiluMul(gate, up, out))) return;
+  Cuda(cuda::LaunchSiluMul(Dev(gate), Dev(up), bf16(), Dev(out), stream_), "SiluMul", ShapeOf(out));
 }
 
 void CudaBackend::Rope(const Matrix& x, int64_t heads, int64_t stride, int64_t offset, const StagedBatch& staged,
@@ -750,14 +733,13 @@ void CudaBackend::Rope(const Matrix& x, int64_t heads, int64_t stride, int64_t o
   const auto& batch = static_cast<const CudaStagedBatch&>(staged);
   const auto& table = static_cast<const CudaRopeTable&>(rope);
   const int64_t half = table.half;
-  if (!Check(x.rows == batch.tokens() && batch.longest() <= table.positions() && heads >= 0 && heads <= 65535 &&
-                 half <= 1024 && offset + (heads - 1) * stride + 2 * half <= x.cols,
-             "Rope", absl::StrCat("x ", Shape(x), ", ", heads, " heads at ", offset, " + h * ", stride, ", table of ",
-                                  table.positions(), " positions for samples up to ", batch.longest()))) {
+  if (!Check(CheckRope(x, heads, stride, offset, half, batch, table))) return;
+  if (!Check(heads <= 65535 && half <= 1024, "Rope",
+             absl::StrCat(heads, " heads of half dim ", half, " (the kernel takes up to 65535 and 1024)"))) {
     return;
   }
   Cuda(cuda::LaunchRope(Dev(x), heads, stride, offset, half, batch.positions, table.cos, table.sin, bf16(), stream_),
-       "Rope", Shape(x));
+       "Rope", ShapeOf(x));
 }
 
 void CudaBackend::Attention(const Matrix& q, const Matrix& kv, const Matrix& k_rope, int64_t heads, int64_t nope_dim,
@@ -765,15 +747,9 @@ void CudaBackend::Attention(const Matrix& q, const Matrix& kv, const Matrix& k_r
                             const Matrix& out) {
   const auto& batch = static_cast<const CudaStagedBatch&>(staged);
   const int64_t qk_dim = nope_dim + rope_dim;
-  const int64_t kv_head = nope_dim + v_dim;
-  const std::string what = absl::StrCat("q ", Shape(q), ", kv ", Shape(kv), ", k_rope ", Shape(k_rope), ", out ",
-                                        Shape(out), ", ", heads, " heads");
-  if (!Check(q.rows == batch.tokens() && kv.rows == q.rows && k_rope.rows == q.rows && out.rows == q.rows &&
-                 q.cols >= heads * qk_dim && kv.cols >= heads * kv_head && k_rope.cols == rope_dim &&
-                 out.cols == heads * v_dim,
-             "Attention", what)) {
-    return;
-  }
+  const std::string what = absl::StrCat("q ", ShapeOf(q), ", kv ", ShapeOf(kv), ", k_rope ", ShapeOf(k_rope), ", out ",
+                                        ShapeOf(out), ", ", heads, " heads");
+  if (!Check(CheckAttention(q, kv, k_rope, heads, nope_dim, rope_dim, v_dim, batch, out))) return;
   Cuda(cuda::LaunchAttention(Dev(q), Dev(kv), Dev(k_rope), heads, nope_dim, rope_dim, v_dim, batch.cu_seqlens,
                              batch.tiles, batch.num_tiles, scale, bf16(), Dev(out), stream_),
        "Attention", absl::StrCat(what, " (head dims ", qk_dim, "/", v_dim, ")"));
@@ -783,11 +759,7 @@ void CudaBackend::Route(const Matrix& x, const RouterParams& router, Routing& ro
   auto& routing = static_cast<CudaRouting&>(routing_handle);
   const int64_t tokens = x.rows;
   const int64_t experts = router.num_experts;
-  if (!Check(routing.tokens() == tokens && routing.top_k() == router.top_k && x.type == activation_type(), "Route",
-             absl::StrCat("x ", Shape(x), ", routing for ", routing.tokens(), " tokens x top ", routing.top_k(),
-                          ", router top ", router.top_k))) {
-    return;
-  }
+  if (!Check(CheckRoute(x, router, routing, activation_type()))) return;
   if (!Check(experts >= 1 && experts <= cuda::kMaxExperts && router.top_k >= 1 && router.top_k <= experts &&
                  router.n_group >= 1 && router.n_group <= 64 && experts % router.n_group == 0 &&
                  router.topk_group >= 1 && router.topk_group <= router.n_group,
@@ -822,12 +794,11 @@ void CudaBackend::MoeExperts(const Matrix& x, const Routing& routing_handle, con
   const auto& table = static_cast<const CudaExpertTable&>(table_handle);
   const int64_t tokens = x.rows;
   const int64_t top_k = routing.top_k();
-  const ElementType want = partial ? ElementType::kF32 : activation_type();
-  const std::string what = absl::StrCat("x ", Shape(x), ", out ", Shape(out), ", routing for ", routing.tokens(),
+  const std::string what = absl::StrCat("x ", ShapeOf(x), ", out ", ShapeOf(out), ", routing for ", routing.tokens(),
                                         " tokens", partial ? " (partial: f32)" : "");
-  if (!Check(routing.tokens() == tokens && out.rows == tokens && out.cols == x.cols && out.type == want &&
-                 x.type == activation_type() && (table.hidden == 0 || table.hidden == x.cols),
-             "MoeExperts", what)) {
+  if (!Check(CheckMoeExperts(x, routing, out, partial, activation_type()))) return;
+  if (!Check(table.hidden == 0 || table.hidden == x.cols, "MoeExperts", absl::StrCat(what, ", experts of hidden ",
+                                                                                      table.hidden))) {
     return;
   }
   if (tokens == 0) return;
