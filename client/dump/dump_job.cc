@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <random>
 #include <set>
@@ -70,24 +71,16 @@ void RemoveStaleTemporaries(const std::string& dir, const std::set<int64_t>& don
 
 // A journaled sample's file must still be there with the size the journal
 // recorded (a stat: cheap). Otherwise the journal would skip the sample
-// forever while its data is gone; refuse, and say how to repair.
-absl::Status CheckJournaledFile(const std::string& dir, const std::string& journal_path,
-                                const JournalScan::Line& line) {
+// forever while its data is gone: say what is wrong, so that it is redone.
+std::string DamagedFile(const std::string& dir, const JournalScan::Line& line) {
   const std::string path = (std::filesystem::path(dir) / line.entry.file).string();
   std::error_code error;
   const uintmax_t size = std::filesystem::file_size(path, error);
-  std::string problem;
-  if (error) {
-    problem = absl::StrCat("is missing (", error.message(), ")");
-  } else if (static_cast<int64_t>(size) != line.entry.bytes) {
-    problem = absl::StrCat("has ", size, " bytes, the journal says ", line.entry.bytes);
-  } else {
-    return absl::OkStatus();
+  if (error) return absl::StrCat(path, " is missing (", error.message(), ")");
+  if (static_cast<int64_t>(size) != line.entry.bytes) {
+    return absl::StrCat(path, " has ", size, " bytes, the journal says ", line.entry.bytes);
   }
-  return absl::DataLossError(absl::StrCat(
-      path, " ", problem, ", but ", journal_path, ":", line.number, " records sample ", line.entry.index,
-      " as done. To redo it: delete that line from the journal (and the file, if any), then run hsx-dump "
-      "again; hsx-verify DIR lists every such sample."));
+  return "";
 }
 
 }  // namespace
@@ -247,10 +240,16 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
     std::fprintf(stderr, "hsx-dump: %s: removed a torn last line (%llu bytes) left by an interrupted run\n",
                  journal.path().c_str(), static_cast<unsigned long long>(journal.repaired_torn_bytes()));
   }
+  std::map<int64_t, int64_t> redo;  // journaled samples whose file is damaged -> their journal line
   for (const JournalScan::Line& line : journal.initial().lines) {
     if (absl::Status s = CheckJournalEntry(line.entry, line.number, samples, options); !s.ok()) return s;
     if (!options.discard && options.shard.Contains(line.entry.index)) {
-      if (absl::Status s = CheckJournaledFile(options.out_dir, journal.path(), line); !s.ok()) return s;
+      if (const std::string damage = DamagedFile(options.out_dir, line); !damage.empty()) {
+        std::fprintf(stderr, "hsx-dump: %s, though %s:%lld records sample %lld as done: redoing it\n",
+                     damage.c_str(), journal.path().c_str(), static_cast<long long>(line.number),
+                     static_cast<long long>(line.entry.index));
+        redo[line.entry.index] = line.number;
+      }
     }
   }
   std::vector<const InputSample*> todo;
@@ -258,7 +257,7 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
   int64_t todo_tokens = 0;
   for (const InputSample& sample : samples) {
     if (!options.shard.Contains(sample.index)) continue;
-    if (journal.IsJournaled(sample.index)) {
+    if (journal.IsJournaled(sample.index) && !redo.count(sample.index)) {
       ++stats->skipped;
       done.insert(sample.index);
       continue;
@@ -328,7 +327,8 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
       ::unlink(staging.c_str());
       return digest.status();
     }
-    const JournalEntry entry = MakeJournalEntry(input, sample, options, *digest);
+    JournalEntry entry = MakeJournalEntry(input, sample, options, *digest);
+    if (auto it = redo.find(input.index); it != redo.end()) entry.supersedes = it->second;
     absl::StatusOr<bool> committed = journal.Commit(
         entry,
         [&]() -> absl::Status {
@@ -367,6 +367,7 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
         if (status.ok()) {
           if (written) {
             ++stats->samples;
+            if (redo.count(input.index)) ++stats->redone;
             stats->tokens += static_cast<int64_t>(input.input_ids.size());
             stats->bytes += bytes;
           } else {
@@ -450,9 +451,11 @@ absl::StatusOr<DumpStats> RunDump(const std::vector<InputSample>& samples, Extra
 std::string FormatDumpSummary(const DumpStats& stats, const std::string& out_dir, bool discarded) {
   const double seconds = std::max(stats.seconds, 1e-9);
   return absl::StrFormat(
-      "hsx-dump: %s %d samples, skipped %d already done, failed %d; %d tokens, %d bytes "
+      "hsx-dump: %s %d samples%s, skipped %d already done, failed %d; %d tokens, %d bytes "
       "(%.1f MB) in %.2f s, %.1f tokens/s, %.1f MB/s -> %s",
-      discarded ? "verified and discarded" : "wrote", stats.samples, stats.skipped, stats.failed, stats.tokens, stats.bytes, stats.bytes / 1e6,
+      discarded ? "verified and discarded" : "wrote", stats.samples,
+      stats.redone > 0 ? absl::StrFormat(" (%d redone: journaled, but the file was damaged)", stats.redone) : "",
+      stats.skipped, stats.failed, stats.tokens, stats.bytes, stats.bytes / 1e6,
       stats.seconds, stats.tokens / seconds, stats.bytes / 1e6 / seconds, out_dir);
 }
 

@@ -52,6 +52,7 @@ struct DumpOptions {
 
 struct DumpStats {
   int64_t samples = 0;  // written (and journaled) by this run
+  int64_t redone = 0;   // of those, journaled before but found damaged (missing, other size)
   int64_t skipped = 0;  // already journaled (by an earlier run or another shard)
   int64_t failed = 0;
   int64_t tokens = 0;   // of the samples written

@@ -39,7 +39,8 @@ ABSL_FLAG(std::string, server, "", "hsx-server address(es), comma-separated (hos
 ABSL_FLAG(std::string, input, "", "JSON Lines input: {\"input_ids\": [...], \"loss_mask\": [...]?, "
           "\"id\": ...?} per line.");
 ABSL_FLAG(std::string, out, "", "Output directory; sample i (0-based line among samples) goes to "
-          "hs_{i}.safetensors, and manifest.jsonl records what is complete. Rerunning resumes.");
+          "hs_{i}.safetensors, and manifest.jsonl records what is complete. Rerunning resumes: journaled "
+          "samples are skipped, and one whose file is missing or not the journaled size is redone.");
 ABSL_FLAG(std::string, capture, "eagle3", "Capture ids: eagle3 ({2, N/2, N-3, N}), all (0..N) or a "
           "list like 2,30,58,61. Id k is the residual stream entering layer k; N is the last "
           "layer's output before the final norm.");

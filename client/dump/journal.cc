@@ -99,6 +99,27 @@ absl::Status Get(const json& object, const char* key, T* out) {
   return absl::OkStatus();
 }
 
+// A line that supersedes an earlier one of this scan replaces it: that line
+// must be its sample's current entry and comes out of scan->lines.
+absl::Status Supersede(const JournalEntry& entry, int64_t number, int64_t first_line,
+                       std::map<int64_t, int64_t>* current, JournalScan* scan) {
+  const int64_t target = entry.supersedes;
+  if (target >= number) return absl::InvalidArgumentError(absl::StrCat("supersedes line ", target, ", not earlier"));
+  if (target >= first_line) {
+    auto it = current->find(entry.index);
+    if (it == current->end() || it->second != target) {
+      return absl::InvalidArgumentError(absl::StrCat("supersedes line ", target, ", which is not sample ",
+                                                     entry.index, "'s current entry"));
+    }
+    auto line = std::find_if(scan->lines.begin(), scan->lines.end(),
+                             [&](const JournalScan::Line& l) { return l.number == target; });
+    scan->lines.erase(line);
+    ++scan->superseded;
+  }
+  (*current)[entry.index] = number;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string JournalLine(const JournalEntry& e) {
@@ -119,6 +140,7 @@ std::string JournalLine(const JournalEntry& e) {
       {"loss_mask_xxh64", e.loss_mask_xxh64},
       {"input_xxh64", e.input_xxh64},
   };
+  if (e.supersedes > 0) line["supersedes"] = e.supersedes;  // only redos carry it
   return line.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
@@ -147,6 +169,10 @@ absl::StatusOr<JournalEntry> ParseJournalLine(absl::string_view text) {
   if (e.tokens < 1 || e.bytes < 1) {
     return absl::InvalidArgumentError("\"tokens\" and \"bytes\" must be positive");
   }
+  if (line.contains("supersedes")) {
+    if (absl::Status s = Get(line, "supersedes", &e.supersedes); !s.ok()) return s;
+    if (e.supersedes < 1) return absl::InvalidArgumentError("\"supersedes\" must be a line number (1 or more)");
+  }
   return e;
 }
 
@@ -154,6 +180,7 @@ absl::StatusOr<JournalScan> ParseJournal(absl::string_view bytes, int64_t first_
                                          const std::string& path) {
   JournalScan scan;
   scan.next_line = first_line;
+  std::map<int64_t, int64_t> current;  // index -> line of its current entry, in this scan
   size_t start = 0;
   while (start < bytes.size()) {
     const size_t end = bytes.find('\n', start);
@@ -168,6 +195,9 @@ absl::StatusOr<JournalScan> ParseJournal(absl::string_view bytes, int64_t first_
       if (!entry.ok()) {
         return absl::DataLossError(absl::StrCat(path, ":", number, ": corrupt journal line (",
                                                 entry.status().message(), ")"));
+      }
+      if (absl::Status s = Supersede(*entry, number, first_line, &current, &scan); !s.ok()) {
+        return absl::DataLossError(absl::StrCat(path, ":", number, ": ", s.message()));
       }
       scan.lines.push_back({number, *std::move(entry)});
     }
@@ -265,7 +295,7 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& dir) {
           it->second, "); hsx-dump never writes that, so the journal was edited or merged by hand: keep the "
           "line whose xxh64 matches the file (hsx-verify tells) and delete the other"));
     }
-    journal->journaled_.insert(line.entry.index);
+    journal->journaled_[line.entry.index] = line.number;
   }
   journal->initial_ = *std::move(scan);
   return journal;
@@ -275,9 +305,12 @@ Journal::~Journal() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-bool Journal::IsJournaled(int64_t index) const {
+bool Journal::IsJournaled(int64_t index) const { return JournaledLine(index) > 0; }
+
+int64_t Journal::JournaledLine(int64_t index) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return journaled_.count(index) > 0;
+  auto it = journaled_.find(index);
+  return it == journaled_.end() ? 0 : it->second;
 }
 
 absl::Status Journal::CatchUp(const CheckEntry& check, uint64_t* repaired) {
@@ -297,7 +330,12 @@ absl::Status Journal::CatchUp(const CheckEntry& check, uint64_t* repaired) {
     if (check) {
       if (absl::Status s = check(line.entry, line.number); !s.ok()) return s;
     }
-    journaled_.insert(line.entry.index);
+    const int64_t target = line.entry.supersedes;
+    if (target > 0 && target < next_line_ && JournaledLineLocked(line.entry.index) != target) {
+      return absl::DataLossError(absl::StrCat(path_, ":", line.number, ": supersedes line ", target,
+                                              ", which is not sample ", line.entry.index, "'s current entry"));
+    }
+    journaled_[line.entry.index] = line.number;
   }
   scanned_ += scan->valid_bytes;
   next_line_ = scan->next_line;
@@ -319,7 +357,8 @@ absl::StatusOr<bool> Journal::Commit(const JournalEntry& entry,
   FileLock lock(fd_);
   uint64_t repaired = 0;
   if (absl::Status s = CatchUp(check, &repaired); !s.ok()) return s;
-  if (journaled_.count(entry.index) > 0) return false;
+  // Someone else journaled the sample (or, for a redo, redid it) meanwhile.
+  if (JournaledLineLocked(entry.index) != entry.supersedes) return false;
   if (absl::Status s = publish(); !s.ok()) return s;
   const std::string line = JournalLine(entry);
   size_t written = 0;
@@ -338,8 +377,7 @@ absl::StatusOr<bool> Journal::Commit(const JournalEntry& entry,
   }
   if (::fdatasync(fd_) != 0) return Errno(path_, "fsync failed");
   scanned_ += line.size();
-  ++next_line_;
-  journaled_.insert(entry.index);
+  journaled_[entry.index] = next_line_++;
   return true;
 }
 

@@ -6,11 +6,16 @@
 //   {"index", "id", "file", "tokens", "bytes", "xxh64" (of the file's bytes),
 //    "capture_ids", "final_norm", "dtype", "model", "model_revision",
 //    "compute_precision", "token_ids_xxh64", "loss_mask_xxh64" ("" = none),
-//    "input_xxh64" (the whole input file, informational)}
+//    "input_xxh64" (the whole input file, informational),
+//    "supersedes" (only on a redo: the line number of the entry it replaces)}
 // Every line carries the run's settings, so each line stands alone.
 //
 // A sample is done if and only if it has a line: resume reads the journal,
-// never a directory listing, and never rewrites a journaled file. A crash in
+// never a directory listing, and never rewrites a journaled file whose size
+// is the journaled one. A journaled file found missing or of another size is
+// redone: the new file is renamed over it and a line with "supersedes": N
+// replaces line N (the sample's current entry). A sample on two lines without
+// that link is corruption. A crash in
 // the middle of an append leaves an unterminated last line (a "torn" line):
 // readers ignore it, and the writer truncates it away (under the lock) before
 // appending. Any other line that does not parse is corruption and an error.
@@ -24,9 +29,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -53,6 +58,7 @@ struct JournalEntry {
   std::string token_ids_xxh64;
   std::string loss_mask_xxh64;  // empty: the sample has no loss mask
   std::string input_xxh64;
+  int64_t supersedes = 0;  // the line this entry replaces (a redo); 0: none
 
   bool operator==(const JournalEntry&) const = default;
 };
@@ -67,7 +73,11 @@ struct JournalScan {
     int64_t number = 0;  // 1-based line in the file
     JournalEntry entry;
   };
+  // The current entries in file order: a line that another supersedes is
+  // left out (a "supersedes" that points before `first_line` is kept for
+  // the caller, who holds the earlier lines, to resolve).
   std::vector<Line> lines;
+  int64_t superseded = 0;    // lines left out because a later one replaced them
   uint64_t valid_bytes = 0;  // end of the last complete line
   uint64_t torn_bytes = 0;   // bytes after it: an unterminated last line (0: none)
   int64_t next_line = 1;     // number the next complete line will have
@@ -106,13 +116,16 @@ class Journal {
   // Bytes of a torn last line that Open removed (0: none).
   uint64_t repaired_torn_bytes() const { return repaired_; }
   bool IsJournaled(int64_t index) const;
+  // The line number of the sample's current entry (0: not journaled).
+  int64_t JournaledLine(int64_t index) const;
 
   // Checks a line appended by another process since Open (same settings?).
   using CheckEntry = std::function<absl::Status(const JournalEntry& entry, int64_t line)>;
 
   // Declares one sample done. Under the lock: reads what other processes
   // appended meanwhile (passing each new line to `check`); if entry.index is
-  // journaled by now, returns false without calling `publish`; otherwise calls
+  // journaled by now (for a redo, entry.supersedes: if its current entry is
+  // not that line any more), returns false without calling `publish`; otherwise calls
   // `publish` (which must make the file durable under its final name) and
   // appends and fsyncs the entry's line, then returns true.
   absl::StatusOr<bool> Commit(const JournalEntry& entry, const std::function<absl::Status()>& publish,
@@ -123,6 +136,10 @@ class Journal {
   // With mutex_ and the flock held: parses bytes appended after scanned_,
   // truncating a torn tail.
   absl::Status CatchUp(const CheckEntry& check, uint64_t* repaired);
+  int64_t JournaledLineLocked(int64_t index) const {
+    auto it = journaled_.find(index);
+    return it == journaled_.end() ? 0 : it->second;
+  }
 
   std::string path_;
   int fd_ = -1;
@@ -131,7 +148,7 @@ class Journal {
   mutable std::mutex mutex_;
   uint64_t scanned_ = 0;  // bytes parsed so far
   int64_t next_line_ = 1;
-  std::set<int64_t> journaled_;
+  std::map<int64_t, int64_t> journaled_;  // index -> line of its current entry
 };
 
 }  // namespace hsx

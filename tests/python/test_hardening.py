@@ -244,26 +244,32 @@ def test_revisions_see_a_truncated_shard_and_the_full_digest_a_flipped_byte(run,
 
 
 @pytest.mark.parametrize("damage", ["deleted", "emptied", "truncated"])
-def test_resume_notices_a_journaled_file_that_is_gone_or_changed_size(run, tiny, tmp_path, damage):
+def test_resume_redoes_a_journaled_file_that_is_gone_or_changed_size(run, tiny, tmp_path, damage):
     inputs = write_jsonl(tmp_path / "in.jsonl", rows(3))
     out = tmp_path / "out"
     run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)
     victim = out / "hs_1.safetensors"
+    good = victim.read_bytes()
     if damage == "deleted":
         victim.unlink()
     else:
-        data = victim.read_bytes()
-        victim.write_bytes(b"" if damage == "emptied" else data[: len(data) // 2])
-    proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, expect_ok=False)
-    journal = (out / "manifest.jsonl").read_text().splitlines()
-    line = 1 + next(n for n, l in enumerate(journal) if json.loads(l)["index"] == 1)  # completion order
-    assert f"manifest.jsonl:{line} records sample 1 as done. To redo it: delete that line" in proc.stderr, proc.stderr
-    # The documented repair works: drop the line and the file, run again.
-    lines = (out / "manifest.jsonl").read_text().splitlines(keepends=True)
-    (out / "manifest.jsonl").write_text("".join(l for l in lines if json.loads(l)["index"] != 1))
-    victim.unlink(missing_ok=True)
-    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)
+        victim.write_bytes(b"" if damage == "emptied" else good[: len(good) // 2])
+    journal = out / "manifest.jsonl"
+    before = journal.read_text().splitlines()
+    line = 1 + next(n for n, l in enumerate(before) if json.loads(l)["index"] == 1)  # completion order
+    proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)
+    assert f"manifest.jsonl:{line} records sample 1 as done: redoing it" in proc.stderr, proc.stderr
+    assert "wrote 1 samples (1 redone: journaled, but the file was damaged), skipped 2 already done" in proc.stdout
+    assert victim.read_bytes() == good  # the same bytes as the first time (deterministic)
+    after = journal.read_text().splitlines()
+    assert after[:3] == before  # appended, never rewritten: other shards may hold the file open
+    redo = json.loads(after[3])
+    assert redo["index"] == 1 and redo["supersedes"] == line
+    assert not [p.name for p in out.iterdir() if ".partial." in p.name or ".tmp." in p.name]
     assert run("hsx-verify", out, "--input", inputs, "--strict").returncode == 0
+    # A third run finds everything in place, the redo included.
+    proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)
+    assert "wrote 0 samples, skipped 3 already done" in proc.stdout, proc.stdout
 
 
 def test_listen_failures_name_their_cause(run, tiny):

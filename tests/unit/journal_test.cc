@@ -1,4 +1,5 @@
-// Tests manifest.jsonl line parsing: numbers must be JSON integers in range.
+// Tests manifest.jsonl line parsing (numbers must be JSON integers in range)
+// and the redo rule (a line with "supersedes" replaces its sample's entry).
 #include "client/dump/journal.h"
 
 #include <string>
@@ -54,6 +55,53 @@ TEST(Journal, NumbersMustBeIntegersInRange) {
     EXPECT_THAT(std::string(parsed.status().message()),
                 ::testing::StartsWith("\"" + field + "\" has the wrong type: "));
   }
+}
+
+JournalEntry EntryFor(int64_t index, int64_t supersedes = 0) {
+  JournalEntry e = Entry();
+  e.index = index;
+  e.file = "hs_" + std::to_string(index) + ".safetensors";
+  e.supersedes = supersedes;
+  return e;
+}
+
+TEST(Journal, SupersedesRoundTripsAndIsWrittenOnlyOnRedos) {
+  EXPECT_EQ(JournalLine(Entry()).find("supersedes"), std::string::npos);
+  std::string line = JournalLine(EntryFor(3, 7));
+  line.pop_back();
+  absl::StatusOr<JournalEntry> parsed = ParseJournalLine(line);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->supersedes, 7);
+  line.replace(line.find("\"supersedes\":7"), 14, "\"supersedes\":0");
+  EXPECT_FALSE(ParseJournalLine(line).ok());
+}
+
+TEST(Journal, ASupersedingLineReplacesTheSamplesEntry) {
+  const std::string text = JournalLine(EntryFor(0)) + JournalLine(EntryFor(1)) + JournalLine(EntryFor(1, 2)) +
+                           JournalLine(EntryFor(2)) + JournalLine(EntryFor(1, 3));
+  absl::StatusOr<JournalScan> scan = ParseJournal(text, 1, "m");
+  ASSERT_TRUE(scan.ok()) << scan.status();
+  std::vector<std::pair<int64_t, int64_t>> lines;  // (line number, index)
+  for (const JournalScan::Line& l : scan->lines) lines.emplace_back(l.number, l.entry.index);
+  EXPECT_EQ(lines, (std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {4, 2}, {5, 1}}));
+  EXPECT_EQ(scan->superseded, 2);
+}
+
+TEST(Journal, ASupersedingLineMustNameTheSamplesCurrentEntry) {
+  for (const std::string& text : {
+           JournalLine(EntryFor(0)) + JournalLine(EntryFor(1, 1)),                             // another sample's
+           JournalLine(EntryFor(1)) + JournalLine(EntryFor(1, 1)) + JournalLine(EntryFor(1, 1)),  // replaced already
+           JournalLine(EntryFor(1)) + JournalLine(EntryFor(1, 2)),                             // itself
+           JournalLine(EntryFor(1, 5)),                                                          // nothing
+       }) {
+    absl::StatusOr<JournalScan> scan = ParseJournal(text, 1, "m");
+    ASSERT_FALSE(scan.ok()) << text;
+    EXPECT_THAT(std::string(scan.status().message()), ::testing::HasSubstr("supersedes line "));
+  }
+  // Parsed from line 10 on (what another process appended): an earlier target is the caller's to check.
+  absl::StatusOr<JournalScan> tail = ParseJournal(JournalLine(EntryFor(1, 4)), 10, "m");
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  EXPECT_EQ(tail->lines.size(), 1u);
 }
 
 }  // namespace
