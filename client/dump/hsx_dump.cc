@@ -35,7 +35,9 @@
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory to run in-process (instead of --server).");
 ABSL_FLAG(std::string, server, "", "hsx-server address(es), comma-separated (host:port, dns:///name:port, "
-          "unix:path); samples go round-robin over them (instead of --model).");
+          "unix:path); samples go round-robin over them (instead of --model). The run starts with the "
+          "addresses that answer; one that does not is logged, asked again with backoff, and used once it "
+          "answers. No answering address after --retries rounds is an error.");
 ABSL_FLAG(std::string, input, "", "JSON Lines input: {\"input_ids\": [...], \"loss_mask\": [...]?, "
           "\"id\": ...?} per line.");
 ABSL_FLAG(std::string, out, "", "Output directory; sample i (0-based line among samples) goes to "

@@ -13,6 +13,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -31,6 +32,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kMaxReceiveMessageBytes = 64 << 20;
 constexpr double kModelInfoDeadlineSeconds = 10.0;
+// A server that did not answer at start is asked again at most this far apart.
+constexpr double kJoinBackoffMaxSeconds = 5.0;
 
 bool Retryable(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
@@ -158,6 +161,12 @@ class RemoteExtractor::Impl {
   std::atomic<int64_t> retries_{0};
 
  private:
+  grpc::Status AskModelInfo(const Server& server, grpc::ClientContext* context, v1::ModelInfo* info) const;
+  // "" when `info` (from server i) serves the model of the run; else why not.
+  std::string Disagreement(size_t i, const v1::ModelInfo& info) const;
+  // Asks the servers in `pending` again, with backoff, until each answers
+  // (then it joins the round-robin) or the run ends. Runs on joiner_.
+  void JoinLater(std::vector<size_t> pending);
   void StartAttempt(std::shared_ptr<SampleCall> call);
   void Complete(const std::shared_ptr<SampleCall>& call, absl::StatusOr<EncodedSample> result);
   size_t PickServer();
@@ -165,6 +174,12 @@ class RemoteExtractor::Impl {
 
   RemoteOptions options_;
   std::vector<Server> servers_;
+  // Whether a server takes samples: all do until FetchModelInfo, which keeps
+  // those that answered; JoinLater adds the others as they come up.
+  std::vector<std::atomic<bool>> joined_;
+  size_t reference_ = 0;  // the first server that answered: the model of the run
+  v1::ModelInfo reference_info_;
+  int64_t max_tokens_ = 0;  // the run's limit (the smallest of those that answered; 0: none)
   std::atomic<uint64_t> next_{0};
   int64_t hidden_ = 0;
   int64_t layers_ = 0;
@@ -177,6 +192,9 @@ class RemoteExtractor::Impl {
   int64_t outstanding_ = 0;  // samples whose `done` has not been called yet
   bool cancelled_ = false;
   std::mt19937_64 rng_;
+  std::condition_variable join_wake_;
+  grpc::ClientContext* probing_ = nullptr;  // JoinLater's call in progress
+  std::thread joiner_;
   Scheduler scheduler_;
 };
 
@@ -293,6 +311,8 @@ absl::Status RemoteExtractor::Impl::Connect() {
     server.stub = v1::HiddenStates::NewStub(server.channel);
     servers_.push_back(std::move(server));
   }
+  joined_ = std::vector<std::atomic<bool>>(servers_.size());
+  for (std::atomic<bool>& joined : joined_) joined = true;
   return absl::OkStatus();
 }
 
@@ -303,50 +323,89 @@ double RemoteExtractor::Impl::Backoff(int attempt) {
   return base * std::uniform_real_distribution<double>(0.5, 1.0)(rng_);
 }
 
+grpc::Status RemoteExtractor::Impl::AskModelInfo(const Server& server, grpc::ClientContext* context,
+                                                 v1::ModelInfo* info) const {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(kModelInfoDeadlineSeconds * 1000)));
+  AddAuth(context);
+  return server.stub->GetModelInfo(context, v1::GetModelInfoRequest(), info);
+}
+
+namespace {
+std::string Describe(const std::string& address, const v1::ModelInfo& m) {
+  return absl::StrCat(address, " serves '", m.model_name(), "' (revision ", m.model_revision(), ", ", m.num_layers(),
+                      " layers, hidden ", m.hidden_size(), ", vocabulary ", m.vocab_size(), ", ",
+                      m.compute_precision(), ")");
+}
+}  // namespace
+
+std::string RemoteExtractor::Impl::Disagreement(size_t i, const v1::ModelInfo& b) const {
+  const v1::ModelInfo& a = reference_info_;
+  if (a.model_name() != b.model_name() || a.model_revision() != b.model_revision() ||
+      a.num_layers() != b.num_layers() || a.hidden_size() != b.hidden_size() || a.vocab_size() != b.vocab_size() ||
+      a.compute_precision() != b.compute_precision()) {
+    return absl::StrCat("the servers run different models: ", Describe(servers_[reference_].address, a), "; ",
+                        Describe(servers_[i].address, b));
+  }
+  return "";
+}
+
+// Every server is asked; the run starts with those that answer. When none
+// does, all are asked again (with backoff, up to `retries` times) before
+// giving up; those still silent once one answered are asked again in the
+// background by JoinLater. A refusal (any status but UNAVAILABLE,
+// DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED) or another model is an error.
 absl::StatusOr<RemoteModelInfo> RemoteExtractor::Impl::FetchModelInfo() {
-  std::vector<v1::ModelInfo> infos;
-  for (const Server& server : servers_) {
-    v1::ModelInfo info;
-    for (int attempt = 1;; ++attempt) {
+  const size_t n = servers_.size();
+  std::vector<std::optional<v1::ModelInfo>> infos(n);
+  std::vector<std::string> failures(n);
+  for (int attempt = 1;; ++attempt) {
+    grpc::StatusCode code = grpc::StatusCode::OK;
+    for (size_t i = 0; i < n; ++i) {
+      if (infos[i]) continue;
       grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() +
-                           std::chrono::milliseconds(static_cast<int64_t>(kModelInfoDeadlineSeconds * 1000)));
-      AddAuth(&context);
-      const grpc::Status status = server.stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
-      if (status.ok()) break;
-      const std::string what = absl::StrCat("server ", server.address, ": GetModelInfo: ",
-                                            StatusCodeName(status.error_code()), ": ", status.error_message());
-      if (!Retryable(status.error_code()) || attempt > options_.retries) {
-        return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                            Retryable(status.error_code())
-                                ? absl::StrCat(what, " (gave up after ", attempt, " attempts)")
-                                : what);
+      v1::ModelInfo info;
+      const grpc::Status status = AskModelInfo(servers_[i], &context, &info);
+      if (status.ok()) {
+        infos[i] = std::move(info);
+        continue;
       }
-      const double delay = Backoff(attempt);
-      options_.log(absl::StrFormat("hsx-dump: %s; retry %d/%d in %.1f s", what, attempt, options_.retries, delay));
-      std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+      code = status.error_code();
+      failures[i] = absl::StrCat("server ", servers_[i].address, ": GetModelInfo: ", StatusCodeName(code), ": ",
+                                 status.error_message());
+      if (!Retryable(code)) return absl::Status(static_cast<absl::StatusCode>(code), failures[i]);
     }
-    infos.push_back(std::move(info));
-  }
-  const auto describe = [&](size_t i) {
-    const v1::ModelInfo& m = infos[i];
-    return absl::StrCat(servers_[i].address, " serves '", m.model_name(), "' (revision ", m.model_revision(), ", ",
-                        m.num_layers(), " layers, hidden ", m.hidden_size(), ", vocabulary ", m.vocab_size(), ", ",
-                        m.compute_precision(), ")");
-  };
-  for (size_t i = 1; i < infos.size(); ++i) {
-    const v1::ModelInfo& a = infos[0];
-    const v1::ModelInfo& b = infos[i];
-    if (a.model_name() != b.model_name() || a.model_revision() != b.model_revision() ||
-        a.num_layers() != b.num_layers() || a.hidden_size() != b.hidden_size() ||
-        a.vocab_size() != b.vocab_size() || a.compute_precision() != b.compute_precision()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the servers run different models: ", describe(0), "; ", describe(i)));
+    if (std::any_of(infos.begin(), infos.end(), [](const auto& info) { return info.has_value(); })) break;
+    if (attempt > options_.retries) {
+      std::string all;
+      for (const std::string& failure : failures) absl::StrAppend(&all, all.empty() ? "" : "; ", failure);
+      return absl::Status(static_cast<absl::StatusCode>(code),
+                          absl::StrCat(all, " (gave up after ", attempt, " attempts: no server is usable)"));
     }
+    const double delay = Backoff(attempt);
+    for (const std::string& failure : failures) {
+      options_.log(absl::StrFormat("hsx-dump: %s; retry %d/%d in %.1f s", failure, attempt, options_.retries, delay));
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(delay));
   }
-  const v1::ModelInfo& m = infos[0];
+  reference_ = static_cast<size_t>(std::find_if(infos.begin(), infos.end(),
+                                                [](const auto& info) { return info.has_value(); }) -
+                                   infos.begin());
+  reference_info_ = *infos[reference_];
+  std::vector<size_t> pending;
+  for (size_t i = 0; i < n; ++i) {
+    if (!infos[i]) {
+      pending.push_back(i);
+      continue;
+    }
+    if (const std::string why = Disagreement(i, *infos[i]); !why.empty()) return absl::FailedPreconditionError(why);
+    const int64_t limit = infos[i]->max_tokens_per_sample();
+    if (limit > 0 && (max_tokens_ == 0 || limit < max_tokens_)) max_tokens_ = limit;
+  }
+  const v1::ModelInfo& m = reference_info_;
   if (m.num_layers() < 1 || m.hidden_size() < 1 || m.vocab_size() < 1) {
-    return absl::FailedPreconditionError(absl::StrCat("implausible model info: ", describe(0)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("implausible model info: ", Describe(servers_[reference_].address, m)));
   }
   RemoteModelInfo info;
   info.model_name = m.model_name();
@@ -358,16 +417,65 @@ absl::StatusOr<RemoteModelInfo> RemoteExtractor::Impl::FetchModelInfo() {
   info.hidden_size = m.hidden_size();
   info.vocab_size = m.vocab_size();
   info.default_capture_ids.assign(m.default_capture_ids().begin(), m.default_capture_ids().end());
-  for (const v1::ModelInfo& each : infos) {
-    if (each.max_tokens_per_sample() > 0 &&
-        (info.max_tokens_per_sample == 0 || each.max_tokens_per_sample() < info.max_tokens_per_sample)) {
-      info.max_tokens_per_sample = each.max_tokens_per_sample();
-    }
-  }
+  info.max_tokens_per_sample = max_tokens_;
   hidden_ = info.hidden_size;
   layers_ = info.num_layers;
   model_ = info.model_name;
+  if (!pending.empty()) {
+    for (size_t i : pending) {
+      joined_[i] = false;
+      options_.log(absl::StrFormat("hsx-dump: %s; starting without it: it is asked again (backoff up to %.0f s) "
+                                   "and joins when it answers", failures[i], kJoinBackoffMaxSeconds));
+    }
+    joiner_ = std::thread([this, pending] { JoinLater(pending); });
+  }
   return info;
+}
+
+void RemoteExtractor::Impl::JoinLater(std::vector<size_t> pending) {
+  std::vector<int> tries(servers_.size(), 0);
+  std::vector<Clock::time_point> next(servers_.size(), Clock::now());
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto backoff = [&](size_t i) {  // with mutex_ held (rng_)
+    const double base =
+        std::min(kJoinBackoffMaxSeconds, options_.backoff_initial_seconds * std::pow(2.0, std::min(tries[i]++, 30)));
+    const double delay = base * std::uniform_real_distribution<double>(0.5, 1.0)(rng_);
+    next[i] = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay));
+  };
+  for (size_t i : pending) backoff(i);
+  while (!pending.empty() && !cancelled_) {
+    const auto due = std::min_element(pending.begin(), pending.end(), [&](size_t a, size_t b) { return next[a] < next[b]; });
+    if (join_wake_.wait_until(lock, next[*due], [&] { return cancelled_; })) break;
+    const size_t i = *due;
+    grpc::ClientContext context;
+    v1::ModelInfo info;
+    probing_ = &context;
+    lock.unlock();
+    const grpc::Status status = AskModelInfo(servers_[i], &context, &info);
+    lock.lock();
+    probing_ = nullptr;
+    if (cancelled_) break;
+    const std::string address = servers_[i].address;
+    if (!status.ok() && Retryable(status.error_code())) {
+      backoff(i);
+      continue;
+    }
+    pending.erase(due);
+    std::string why;
+    if (!status.ok()) {
+      why = absl::StrCat("GetModelInfo: ", StatusCodeName(status.error_code()), ": ", status.error_message());
+    } else if (why = Disagreement(i, info); why.empty() && info.max_tokens_per_sample() > 0 &&
+                                            (max_tokens_ == 0 || info.max_tokens_per_sample() < max_tokens_)) {
+      why = absl::StrCat("it takes at most ", info.max_tokens_per_sample(), " tokens per sample, this run admits ",
+                         max_tokens_ == 0 ? std::string("any number") : absl::StrCat(max_tokens_));
+    }
+    if (why.empty()) {
+      joined_[i] = true;
+      options_.log(absl::StrCat("hsx-dump: server ", address, " answers now: it joins the round-robin"));
+    } else {
+      options_.log(absl::StrCat("hsx-dump: server ", address, ": ", why, "; it is not used"));
+    }
+  }
 }
 
 size_t RemoteExtractor::Impl::PickServer() {
@@ -375,9 +483,12 @@ size_t RemoteExtractor::Impl::PickServer() {
   const size_t first = static_cast<size_t>(next_.fetch_add(1) % n);
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (first + k) % n;
-    if (servers_[i].channel->GetState(false) != GRPC_CHANNEL_TRANSIENT_FAILURE) return i;
+    if (joined_[i] && servers_[i].channel->GetState(false) != GRPC_CHANNEL_TRANSIENT_FAILURE) return i;
   }
-  return first;  // all failing: let the attempt fail and back off
+  for (size_t k = 0; k < n; ++k) {  // all failing: let the attempt fail and back off
+    if (joined_[(first + k) % n]) return (first + k) % n;
+  }
+  return first;
 }
 
 void RemoteExtractor::Impl::Extract(const InputSample& sample, const ExtractSpec& spec, Done done) {
@@ -473,11 +584,13 @@ void RemoteExtractor::Impl::CancelAll() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     cancelled_ = true;
+    if (probing_ != nullptr) probing_->TryCancel();
     for (auto& [attempt, pins] : active_) {
       ++pins;
       pinned.push_back(attempt);
     }
   }
+  join_wake_.notify_all();
   scheduler_.FlushNow();
   // Outside the lock: a cancel may run the attempt's OnDone on this thread.
   for (Attempt* attempt : pinned) attempt->Cancel();
@@ -498,6 +611,7 @@ void RemoteExtractor::Impl::CancelAll() {
 
 RemoteExtractor::Impl::~Impl() {
   CancelAll();
+  if (joiner_.joinable()) joiner_.join();
   std::unique_lock<std::mutex> lock(mutex_);
   idle_.wait(lock, [&] { return outstanding_ == 0; });
 }

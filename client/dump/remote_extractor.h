@@ -2,7 +2,11 @@
 //
 // One channel (one connection) per server address; each attempt of a sample
 // goes to the next server in round-robin order, skipping servers whose
-// channel is failing while another one is not. One Extract RPC per sample
+// channel is failing while another one is not. The run starts with the
+// servers that answer GetModelInfo; one that does not (down, not yet up) is
+// logged and asked again in the background with backoff, and joins the
+// round-robin once it answers with the same model. Only when no server
+// answers (after `retries` rounds) does FetchModelInfo fail. One Extract RPC per sample
 // (gRPC callback API, ClientReadReactor), with a per-attempt deadline. An
 // attempt that ends in UNAVAILABLE, DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED
 // is retried from scratch after an exponential backoff with jitter, at most
@@ -69,8 +73,10 @@ class RemoteExtractor : public Extractor {
   // Cancels what is in flight and waits for every call to end.
   ~RemoteExtractor() override;
 
-  // Asks every server (retrying as for samples) and checks that they serve
-  // the same model; later responses are checked against it.
+  // Asks every server and checks that those that answer serve the same
+  // model (later responses are checked against it); starts without, and
+  // keeps asking, those that do not answer; fails when none does after
+  // `retries` rounds, or at once on a refusal (e.g. UNAUTHENTICATED).
   absl::StatusOr<RemoteModelInfo> FetchModelInfo();
 
   void Extract(const InputSample& sample, const ExtractSpec& spec, Done done) override;

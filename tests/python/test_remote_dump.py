@@ -158,6 +158,39 @@ def test_waits_for_a_server_that_starts_late(run, tools, tiny, tmp_path):
     assert_same_files(tmp_path / "local", out)
 
 
+def test_a_dead_server_is_left_out_at_start_and_joins_when_it_comes_up(run, tools, tiny, tmp_path):
+    """--server good,dead starts with the live address, logs the dead one, keeps asking it, and
+    sends it samples once it answers."""
+    n = 400
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(n, lo=32, hi=96, seed=8))
+    port = free_port()
+    late_address = f"127.0.0.1:{port}"
+    out = tmp_path / "out"
+    with HsxServer(tools, tiny) as good:
+        proc = start_dump(tools, "--server", f"{good.address},{late_address}", "--input", inputs, "--out", out,
+                          "--concurrency", 2)
+        wait_for_lines(out, 20, proc)  # running on the good server alone
+        with HsxServer(tools, tiny, listen=late_address) as late:
+            rc, stdout, stderr = finish(proc)
+            served = metric(good, "hsx_samples_total"), metric(late, "hsx_samples_total")
+    assert rc == 0, stderr
+    assert f"server {late_address}: GetModelInfo: UNAVAILABLE" in stderr and "starting without it" in stderr, stderr
+    assert f"server {late_address} answers now: it joins the round-robin" in stderr, stderr
+    assert f"wrote {n} samples" in stdout, stdout
+    assert sum(served) == n and served[1] > 0, served
+    verify(run, out, inputs, "--strict")
+
+
+def test_no_usable_server_is_an_error_naming_each(run, tmp_path):
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(2))
+    dead = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    proc = run("hsx-dump", "--server", ",".join(dead), "--input", inputs, "--out", tmp_path / "out",
+               "--retries", 1, expect_ok=False)
+    assert "no server is usable" in proc.stderr and all(f"server {d}: GetModelInfo: UNAVAILABLE" in proc.stderr
+                                                        for d in dead), proc.stderr
+    assert manifest(tmp_path / "out") == []
+
+
 def test_server_killed_and_restarted_mid_dump(run, tools, tiny, tmp_path):
     n = 200
     inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(n, lo=32, hi=96, seed=4))
