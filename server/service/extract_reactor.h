@@ -35,7 +35,7 @@
 #include "server/model/forward.h"
 #include "server/model/sample_states.h"
 #include "server/service/metrics.h"
-#include "server/service/response_encoder.h"
+#include "format/response_encoder.h"
 
 namespace hsx {
 

@@ -1,5 +1,5 @@
 // response_encoder.cc: header, lazily encoded chunks, summary and trailer.
-#include "server/service/response_encoder.h"
+#include "format/response_encoder.h"
 
 #include <algorithm>
 #include <cmath>

@@ -14,8 +14,8 @@
 // A sample that fails verification never gets a Trailer: Next() returns an
 // INTERNAL error instead when a tensor holds a non-finite value, a value the
 // output dtype cannot represent (fp16 overflow), or only zeros.
-#ifndef HSX_SERVER_SERVICE_RESPONSE_ENCODER_H_
-#define HSX_SERVER_SERVICE_RESPONSE_ENCODER_H_
+#ifndef HSX_FORMAT_RESPONSE_ENCODER_H_
+#define HSX_FORMAT_RESPONSE_ENCODER_H_
 
 #include <cstdint>
 #include <string>
@@ -25,7 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "hsx/v1/hsx.pb.h"
-#include "server/model/encoding.h"
+#include "format/encoding.h"
 #include "server/model/sample_states.h"
 
 namespace hsx {
@@ -84,4 +84,4 @@ class ResponseEncoder {
 
 }  // namespace hsx
 
-#endif  // HSX_SERVER_SERVICE_RESPONSE_ENCODER_H_
+#endif  // HSX_FORMAT_RESPONSE_ENCODER_H_
