@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""Writes malformed_streams.json: the shared table of Extract response streams,
+well-formed and malformed, with the verdict every client must reach.
+
+Both stream decoders run it: the C++ assembler (format/stream_assembler.h, plus
+hsx-dump's VerifySample) in tests/unit/stream_table_test.cc, and the Python
+client's (hsx.client.StreamDecoder, through hsx.Client's error handling) in
+tests/python/test_stream_table.py. A case is a request (what the client asked
+and what it knows of the model), the messages the server sent (protobuf JSON,
+as json_format / JsonStringToMessage read them), the status the stream ended
+with, and the verdict: "ok", "data_loss" (the client rejects the stream) or a
+status code name (the server's status reaches the caller), plus a fragment the
+error message must contain (the same text in both languages).
+
+The table is data: edit this script and rerun it (test_stream_table.py checks
+that the file is what the script writes).
+
+    python tests/streams/make_malformed_streams.py   # rewrites malformed_streams.json
+"""
+
+import copy
+import json
+import random
+import struct
+import sys
+from pathlib import Path
+
+import xxhash
+
+OUT = Path(__file__).resolve().parent / "malformed_streams.json"
+
+TOKENS = [11, 7, 1999, 0, 42]  # T = 5
+CAPTURE = [2, 4, 5, 8]
+HIDDEN = 4
+LAYERS = 8
+MODEL = "fake"
+ROWS_PER_CHUNK = 2
+SIZES = {"bf16": 2, "fp16": 2, "fp32": 4}
+PROTO_DTYPE = {"bf16": "DTYPE_BF16", "fp16": "DTYPE_FP16", "fp32": "DTYPE_FP32"}
+FINAL = -1
+
+
+def token_hash(ids):
+    return xxhash.xxh64(b"".join(struct.pack("<q", i) for i in ids)).intdigest()
+
+
+def values(rng, count, dtype):
+    """`count` finite, non-zero values of `dtype`, little-endian."""
+    if dtype == "fp32":
+        return b"".join(struct.pack("<f", rng.choice((-1, 1)) * rng.uniform(0.5, 3.0)) for _ in range(count))
+    lo, hi = (0x3C00, 0x4100) if dtype == "bf16" else (0x3800, 0x4200)  # about 0.5 .. 8 either way
+    return b"".join((rng.randrange(lo, hi) | rng.choice((0, 0x8000))).to_bytes(2, "little") for _ in range(count))
+
+
+class Stream:
+    """A well-formed stream for the base request, as tensors and messages that cases edit."""
+
+    def __init__(self, final_norm=False, dtype="bf16", seed=0):
+        rng = random.Random(seed)
+        self.dtype = dtype
+        self.order = CAPTURE + ([FINAL] if final_norm else [])
+        self.data = {c: bytearray(values(rng, len(TOKENS) * HIDDEN, dtype)) for c in self.order}
+        self.header = {"sample_id": "s", "num_tokens": len(TOKENS), "token_ids_xxh64": token_hash(TOKENS),
+                       "capture_ids": list(CAPTURE), "final_norm": final_norm, "hidden_size": HIDDEN,
+                       "dtype": PROTO_DTYPE[dtype], "model_name": MODEL, "num_layers": LAYERS}
+        self.request = {"sample_id": "s", "token_ids": TOKENS, "capture_ids": CAPTURE, "final_norm": final_norm,
+                        "dtype": dtype, "hidden_size": HIDDEN, "num_layers": LAYERS, "model_name": MODEL}
+
+    def row_bytes(self):
+        return HIDDEN * SIZES[self.dtype]
+
+    def set_value(self, capture, row, column, raw):
+        at = (row * HIDDEN + column) * SIZES[self.dtype]
+        self.data[capture][at:at + len(raw)] = raw
+
+    def chunks(self, capture):
+        rb = self.row_bytes()
+        return [{"capture_id": capture, "first_row": r, "num_rows": min(ROWS_PER_CHUNK, len(TOKENS) - r),
+                 "data": bytes(self.data[capture][r * rb:(r + min(ROWS_PER_CHUNK, len(TOKENS) - r)) * rb])}
+                for r in range(0, len(TOKENS), ROWS_PER_CHUNK)]
+
+    def trailer(self):
+        return {"checksums": [{"capture_id": c, "xxh64": xxhash.xxh64(bytes(self.data[c])).intdigest()}
+                              for c in self.order],
+                "token_ids_xxh64": token_hash(TOKENS)}
+
+    def messages(self):
+        out = [{"header": dict(self.header)}]
+        for c in self.order:
+            out += [{"chunk": chunk} for chunk in self.chunks(c)]
+        out.append({"trailer": self.trailer()})
+        return out
+
+
+def chunk_at(messages, capture, first_row):
+    return next(i for i, m in enumerate(messages)
+                if "chunk" in m and m["chunk"]["capture_id"] == capture and m["chunk"]["first_row"] == first_row)
+
+
+def case(name, what, verdict, message, stream=None, edit=None, end=None, request=None):
+    stream = stream or Stream()
+    messages = stream.messages()
+    if edit:
+        messages = edit(messages) or messages
+    entry = {"name": name, "what": what, "request": dict(stream.request, **(request or {})),
+             "messages": [encode(m) for m in messages], "verdict": verdict, "message": message}
+    if end:
+        entry["end"] = end
+    return entry
+
+
+def encode(message):
+    """protobuf JSON: fixed64 as decimal strings, bytes as base64, field names as in the proto."""
+    import base64
+
+    def fix(value, key=None):
+        if isinstance(value, dict):
+            return {k: fix(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        if isinstance(value, (bytes, bytearray)):
+            return base64.b64encode(bytes(value)).decode()
+        if key in ("token_ids_xxh64", "xxh64"):
+            return str(value)
+        return value
+
+    return fix(copy.deepcopy(message))
+
+
+def set_header(**fields):
+    return lambda m: m[0]["header"].update(fields)
+
+
+def cases():
+    out = []
+    add = out.append
+    # --- Controls: accepted by both.
+    add(case("ok", "a well-formed stream", "ok", ""))
+    add(case("ok_final_norm", "with the final-norm state", "ok", "", stream=Stream(final_norm=True, seed=1)))
+    add(case("ok_fp32", "fp32 requested and sent", "ok", "", stream=Stream(dtype="fp32", seed=2)))
+    add(case("ok_model_unknown", "the client does not know the model (hidden size, layers, name 0/empty)", "ok",
+             "", request={"hidden_size": 0, "num_layers": 0, "model_name": ""}))
+
+    # --- The 14 faults of tests/python/test_remote_dump.py (FAULTS), as messages.
+    add(case("sample_id", "the header echoes another sample id", "data_loss",
+             "the header is for sample_id 'someone-else', requested 's'", edit=set_header(sample_id="someone-else")))
+    add(case("token_hash", "the header's token hash is not the request's", "data_loss",
+             "the header's token-id hash", edit=set_header(token_ids_xxh64=token_hash(TOKENS) ^ 1)))
+    add(case("capture_ids", "the header has other capture ids", "data_loss",
+             "the header has capture ids [3,4,5,8], requested [2,4,5,8]", edit=set_header(capture_ids=[3, 4, 5, 8])))
+    add(case("hidden", "the header's hidden size is not the model's", "data_loss",
+             f"the header has hidden size {2 * HIDDEN}, the model {HIDDEN}", edit=set_header(hidden_size=2 * HIDDEN)))
+
+    def gap(m):
+        del m[chunk_at(m, 2, 2)]
+    add(case("gap", "rows [2, 4) of the first tensor are missing", "data_loss",
+             "chunk rows [4, 5) of capture id 2: expected first row 2 (a gap)", edit=gap))
+
+    def overlap(m):
+        s = Stream()
+        rb = s.row_bytes()
+        m.insert(chunk_at(m, 2, 2), {"chunk": {"capture_id": 2, "first_row": 1, "num_rows": 2,
+                                               "data": bytes(s.data[2][rb:3 * rb])}})
+    add(case("overlap", "a chunk repeats row 1", "data_loss",
+             "chunk rows [1, 3) of capture id 2: expected first row 2 (an overlap)", edit=overlap))
+
+    def partial(m):
+        m[1]["chunk"]["data"] = m[1]["chunk"]["data"][:-1]
+    add(case("partial", "the first chunk lacks its last byte", "data_loss",
+             f"holds {2 * HIDDEN * 2 - 1} bytes, expected {2 * HIDDEN * 2} (whole rows", edit=partial))
+
+    def order(m):
+        first = [x for x in m if "chunk" in x and x["chunk"]["capture_id"] == 2]
+        second = [x for x in m if "chunk" in x and x["chunk"]["capture_id"] == 4]
+        rest = [x for x in m[1:] if x not in first and x not in second]
+        m[1:] = second + first + rest
+    add(case("order", "the second tensor comes first", "data_loss",
+             "a chunk of capture id 4 while capture id 2 has 0 of 5 rows (expected layer after layer", edit=order))
+
+    def checksum(m):
+        m[-1]["trailer"]["checksums"][3]["xxh64"] ^= 1 << 40
+    add(case("checksum", "the trailer's checksum of capture id 8 does not match its bytes", "data_loss",
+             "capture id 8: the received bytes hash to", edit=checksum))
+
+    def trailer_token_hash(m):
+        m[-1]["trailer"]["token_ids_xxh64"] ^= 1
+    add(case("trailer_token_hash", "the trailer's token hash is not the request's", "data_loss",
+             "the trailer's token-id hash", edit=trailer_token_hash))
+    add(case("no_trailer", "the stream ends (OK) after every chunk, without a trailer", "data_loss",
+             "the stream ended without a trailer (4 of 4 tensors complete)", edit=lambda m: m[:-1]))
+    nan = Stream()
+    nan.set_value(4, 1, 1, (0x7FC0).to_bytes(2, "little"))
+    add(case("nan", "a NaN in capture id 4 (checksums match)", "data_loss",
+             "non-finite value (nan) in capture id 4 row 1 column 1", stream=nan))
+    zero = Stream()
+    zero.data[5] = bytearray(len(zero.data[5]))
+    add(case("zero", "capture id 5 is all zeros (checksums match)", "data_loss", "capture id 5 is all zeros",
+             stream=zero))
+    add(case("invalid", "the server ends the stream with INVALID_ARGUMENT after the first tensor",
+             "INVALID_ARGUMENT", "fake invalid", edit=lambda m: m[:1 + 3],
+             end={"code": "INVALID_ARGUMENT", "message": "fake invalid"}))
+
+    # --- Where the Python decoder drifted from C++ (issue 14).
+    add(case("dtype", "the header's dtype is not the requested one", "data_loss",
+             "the header has dtype DTYPE_FP16, requested DTYPE_BF16", edit=set_header(dtype="DTYPE_FP16")))
+    add(case("duplicate_trailer", "a second trailer after the first", "data_loss", "a message after the trailer",
+             edit=lambda m: m + [copy.deepcopy(m[-1])]))
+    add(case("second_header", "a second header before the chunks", "data_loss", "a second header",
+             edit=lambda m: m[:1] + [copy.deepcopy(m[0])] + m[1:]))
+    add(case("header_after_trailer", "a header after the trailer", "data_loss", "a message after the trailer",
+             edit=lambda m: m + [copy.deepcopy(m[0])]))
+    add(case("chunk_after_trailer", "a chunk after the trailer", "data_loss", "a message after the trailer",
+             edit=lambda m: m + [copy.deepcopy(m[1])]))
+    add(case("chunk_before_header", "the stream starts with a chunk", "data_loss", "a chunk before the header",
+             edit=lambda m: m[1:]))
+    add(case("trailer_before_header", "the stream is only a trailer", "data_loss", "a trailer before the header",
+             edit=lambda m: m[-1:]))
+    add(case("empty_message", "a message with no part set", "data_loss", "an empty response message",
+             edit=lambda m: m[:2] + [{}] + m[2:]))
+    add(case("summary", "a summary, which was not requested", "data_loss", "a summary, which was not requested",
+             edit=lambda m: m[:1] + [{"summary": {"tensors": [{"capture_id": 2, "mean": 1.0}]}}] + m[1:]))
+    add(case("num_tokens", "the header counts another number of tokens", "data_loss",
+             f"the header has {len(TOKENS) + 1} tokens, the request {len(TOKENS)}",
+             edit=set_header(num_tokens=len(TOKENS) + 1)))
+    add(case("final_norm_flipped", "the header has the final norm, which was not requested", "data_loss",
+             "the header has final_norm true, requested the opposite", edit=set_header(final_norm=True)))
+    add(case("num_layers", "the header's layer count is not the model's", "data_loss",
+             f"the header has {LAYERS + 1} layers, the model {LAYERS}", edit=set_header(num_layers=LAYERS + 1)))
+    add(case("model_name", "the header names another model", "data_loss",
+             f"the header is from model 'other', expected '{MODEL}'", edit=set_header(model_name="other")))
+    add(case("hidden_zero", "the header's hidden size is 0 (model unknown)", "data_loss",
+             "the header has hidden size 0", edit=set_header(hidden_size=0),
+             request={"hidden_size": 0, "num_layers": 0, "model_name": ""}))
+
+    def extra_checksum(m):
+        m[-1]["trailer"]["checksums"].append({"capture_id": 3, "xxh64": 1})
+    add(case("extra_checksum", "the trailer has a checksum for a tensor that was not sent", "data_loss",
+             "the trailer has a checksum for capture id 3, which was not sent", edit=extra_checksum))
+
+    def two_checksums(m):
+        m[-1]["trailer"]["checksums"].append(dict(m[-1]["trailer"]["checksums"][0]))
+    add(case("two_checksums", "the trailer has two checksums for capture id 2", "data_loss",
+             "the trailer has two checksums for capture id 2", edit=two_checksums))
+
+    def missing_checksum(m):
+        del m[-1]["trailer"]["checksums"][2]
+    add(case("missing_checksum", "the trailer lacks capture id 5's checksum", "data_loss",
+             "the trailer has no checksum for capture id 5", edit=missing_checksum))
+    add(case("early_trailer", "the trailer comes before the last chunk", "data_loss",
+             "the trailer came while capture id 8 had 4 of 5 rows", edit=lambda m: m[:-2] + m[-1:]))
+    add(case("ended_midway", "the stream ends (OK) in the middle of capture id 4", "data_loss",
+             "the stream ended without a trailer (1 of 4 tensors complete)", edit=lambda m: m[:1 + 3 + 2]))
+
+    def chunk_after_all(m):
+        m.insert(len(m) - 1, copy.deepcopy(m[-2]))
+    add(case("chunk_after_all", "a chunk after every tensor was complete", "data_loss",
+             "a chunk of capture id 8 after every tensor was complete", edit=chunk_after_all))
+
+    def rows_beyond(m):
+        s = Stream()
+        c = m[chunk_at(m, 2, 4)]["chunk"]
+        c["num_rows"] = 3
+        c["data"] = bytes(s.data[2][4 * s.row_bytes():]) * 3
+    add(case("rows_beyond", "the last chunk of capture id 2 claims rows [4, 7) of 5", "data_loss",
+             "chunk rows [4, 7) of capture id 2 are outside [0, 5)", edit=rows_beyond))
+
+    def zero_rows(m):
+        m.insert(2, {"chunk": {"capture_id": 2, "first_row": 2, "num_rows": 0}})
+    add(case("zero_rows", "a chunk of no rows", "data_loss", "chunk rows [2, 2) of capture id 2 are outside [0, 5)",
+             edit=zero_rows))
+
+    def final_first(m):
+        fin = [x for x in m if "chunk" in x and x["chunk"]["capture_id"] == FINAL]
+        m[1:] = fin + [x for x in m[1:] if x not in fin]
+    add(case("final_norm_first", "the final-norm state before the captured layers", "data_loss",
+             "a chunk of the final-norm state while capture id 2 has 0 of 5 rows",
+             stream=Stream(final_norm=True, seed=1), edit=final_first))
+    fz = Stream(final_norm=True, seed=3)
+    fz.data[FINAL] = bytearray(len(fz.data[FINAL]))
+    add(case("final_norm_zero", "the final-norm state is all zeros (checksums match)", "data_loss",
+             "the final-norm state is all zeros", stream=fz))
+    finf = Stream(final_norm=True, seed=4)
+    finf.set_value(FINAL, 3, 2, (0xFF80).to_bytes(2, "little"))
+    add(case("final_norm_inf", "-inf in the final-norm state", "data_loss",
+             "non-finite value (-inf) in the final-norm state row 3 column 2", stream=finf))
+    nz = Stream(seed=5)
+    nz.data[5] = bytearray(b"\x00\x80" * (len(TOKENS) * HIDDEN))
+    add(case("negative_zero", "capture id 5 is all -0.0", "data_loss", "capture id 5 is all zeros", stream=nz))
+    f32 = Stream(dtype="fp32", seed=6)
+    f32.set_value(8, 4, 3, struct.pack("<f", float("inf")))
+    add(case("fp32_inf", "+inf in fp32", "data_loss", "non-finite value (inf) in capture id 8 row 4 column 3",
+             stream=f32))
+    add(case("fp32_served_bf16_requested", "fp32 rows where bf16 was requested (the header says fp32)",
+             "data_loss", "the header has dtype DTYPE_FP32, requested DTYPE_BF16", stream=Stream(dtype="fp32"),
+             request={"dtype": "bf16"}))
+    add(case("unavailable_midway", "the server ends the stream with UNAVAILABLE (retryable)", "UNAVAILABLE",
+             "fake unavailable", edit=lambda m: m[:4], end={"code": "UNAVAILABLE", "message": "fake unavailable"}))
+    add(case("bad_stream_beats_status", "a malformed message, then the stream ends with UNAVAILABLE: the "
+             "client reports (and does not retry) the malformed stream", "data_loss", "a second header",
+             edit=lambda m: m[:2] + [copy.deepcopy(m[0])], end={"code": "UNAVAILABLE", "message": "fake"}))
+    return out
+
+
+def table():
+    return {"about": "Shared malformed-stream table (issue 14). Written by make_malformed_streams.py; read by "
+                     "tests/unit/stream_table_test.cc and tests/python/test_stream_table.py.",
+            "cases": cases()}
+
+
+def text():
+    """One line per message, so that a diff shows which message a case changed."""
+    t = table()
+    lines = ["{", f' "about": {json.dumps(t["about"])},', ' "cases": [']
+    for k, c in enumerate(t["cases"]):
+        head = {key: value for key, value in c.items() if key != "messages"}
+        lines.append("  " + json.dumps(head)[:-1] + ', "messages": [')
+        lines += ["   " + json.dumps(m) + ("," if i + 1 < len(c["messages"]) else "") for i, m in enumerate(c["messages"])]
+        lines.append("  ]}" + ("," if k + 1 < len(t["cases"]) else ""))
+    lines += [" ]", "}"]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    OUT.write_text(text())
+    print(f"wrote {len(table()['cases'])} cases to {OUT}", file=sys.stderr)
