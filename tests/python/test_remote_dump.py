@@ -327,6 +327,8 @@ def fake_server(hsx_pb):
                 header.capture_ids[0] += 1
             elif mode == "hidden":
                 header.hidden_size = FAKE_HIDDEN * 2
+            elif mode == "dtype":
+                header.dtype = pb.DTYPE_FP16
             yield pb.ExtractResponse(header=header)
             row = 2 * FAKE_HIDDEN  # bf16
 
@@ -388,6 +390,7 @@ FAULTS = [
     ("nan", "non-finite value (nan) in capture id 4 row 1 column 1"),
     ("zero", "capture id 5 is all zeros"),
     ("invalid", "INVALID_ARGUMENT: fake invalid"),
+    ("dtype", "the header has dtype DTYPE_FP16, requested DTYPE_BF16"),
 ]
 
 
@@ -408,6 +411,30 @@ def test_a_bad_stream_is_never_written(run, fake_server, tmp_path, mode, message
     assert fake_server.calls == 1, "retried a non-retryable failure"
     assert "failed 1" in proc.stdout
     assert not (out / "hs_0.safetensors").exists() and manifest(out) == []
+
+
+@pytest.mark.parametrize("mode,message", FAULTS, ids=[f[0] for f in FAULTS])
+def test_the_python_client_refuses_what_hsx_dump_refuses(fake_server, mode, message):
+    """hsx.Client against the same server: the model it announced (hidden size) is checked too."""
+    import hsx
+
+    fake_server.mode, fake_server.calls = mode, 0
+    with hsx.Client(fake_server.address, retries=0) as client:
+        with pytest.raises((hsx.IntegrityError, hsx.ServerError)) as error:
+            client.extract(list(range(7)), capture=[2, 4, 5, 8], dtype="bf16", sample_id="0")
+    assert message in str(error.value)
+    assert isinstance(error.value, hsx.ServerError) == (mode == "invalid")
+    assert fake_server.calls == 1
+
+
+def test_the_python_client_accepts_the_fake_servers_control(fake_server):
+    import hsx
+
+    fake_server.mode = "ok"
+    with hsx.Client(fake_server.address, retries=0) as client:
+        sample = client.extract(list(range(7)), capture=[2, 4, 5, 8], dtype="bf16", loss_mask=[1] * 7)
+    assert sample.capture_ids == [2, 4, 5, 8] and sample["hidden_states"].shape == (7, 4, FAKE_HIDDEN)
+    assert sample["loss_mask"].tolist() == [1] * 7
 
 
 @pytest.mark.parametrize("mode,code", [("unavailable_once", "UNAVAILABLE"), ("exhausted_once", "RESOURCE_EXHAUSTED")])

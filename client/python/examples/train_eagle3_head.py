@@ -63,14 +63,14 @@ def main():
     losses = []
     step = 0
     while step < args.steps:
-        for item in dataset:
-            ids = item["input_ids"]
+        for item in dataset:  # an hsx.Sample: the keys and shapes of an hsx-dump file
+            ids = item["token_ids"]
             if ids.numel() < 2:
                 continue
             hs = item["hidden_states"].float()                     # [T, L, H]
             aux = hs[:-1, : len(aux_ids)].reshape(ids.numel() - 1, -1)  # positions 0..T-2
             target = item["final_norm_hidden_states"].float()[1:]  # the next position's lm_head input
-            mask = item["loss_mask"][1:].float().unsqueeze(-1)
+            mask = item.get("loss_mask", torch.ones_like(ids))[1:].float().unsqueeze(-1)
             prediction = head(aux.unsqueeze(0), ids[1:].unsqueeze(0))[0]
             loss = (nn.functional.smooth_l1_loss(prediction, target, reduction="none") * mask).sum() / (
                 mask.sum() * hidden).clamp_min(1.0)

@@ -8,19 +8,26 @@
     dataset = hsx.OnlineDataset(samples, ["host-a:50051", "host-b:50051"])   # torch IterableDataset
     sample = hsx.read_sample("out/hs_0.safetensors")                         # hsx-dump files
 
+All three give the same hsx.Sample: a dict of the file's tensor names
+(hidden_states [T, L, H], token_ids [T], loss_mask [T] when known,
+final_norm_hidden_states [T, H] when extracted) with .capture_ids, .sample_id,
+.index and .metadata (see hsx.sample).
+
 Every sample is checked before it is returned (token-id hash, shapes, per-tensor
 XXH64 checksums, finite values, no all-zero layer); a failed check raises
 IntegrityError, never returns data.
 """
 
-from .client import Client, IntegrityError, Sample, ServerError
+from .client import Client, IntegrityError, ServerError, StreamDecoder, StreamExpectation
 from .files import read_sample
+from .sample import Sample
 
-__all__ = ["Client", "IntegrityError", "Sample", "ServerError", "read_sample", "OnlineDataset"]
+__all__ = ["Client", "IntegrityError", "Sample", "ServerError", "StreamDecoder", "StreamExpectation", "read_sample",
+           "OnlineDataset"]
 __version__ = "0.1.0"
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     if name == "OnlineDataset":  # needs torch; imported on first use
         from .dataset import OnlineDataset
         return OnlineDataset

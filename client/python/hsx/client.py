@@ -1,20 +1,29 @@
 """hsx.Client: extract verified hidden states from an hsx-server."""
 
+from __future__ import annotations
+
 import concurrent.futures
+import itertools
+import math
 import random
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 import xxhash
 
 from .arrays import NUMPY_DTYPES, to_torch
+from .sample import Sample
 from .v1 import hsx_pb2, hsx_pb2_grpc
 
 DTYPES = {"bf16": hsx_pb2.DTYPE_BF16, "fp16": hsx_pb2.DTYPE_FP16, "fp32": hsx_pb2.DTYPE_FP32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 FINAL_NORM = -1
+T = TypeVar("T")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
              grpc.StatusCode.RESOURCE_EXHAUSTED)
 
@@ -26,133 +35,274 @@ class IntegrityError(Exception):
 class ServerError(Exception):
     """The server refused or failed the request (not retried, or out of retries)."""
 
-    def __init__(self, code, message):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
 
 
-class Sample(Mapping):
-    """One verified sample: the keys, shapes and dtypes of an hsx-dump file.
-
-    hidden_states [T, L, H] (layers in ascending capture id), token_ids [T] int64,
-    final_norm_hidden_states [T, H] when asked for; plus .capture_ids and .sample_id.
-    """
-
-    def __init__(self, tensors, capture_ids, sample_id):
-        self._tensors = tensors
-        self.capture_ids = list(capture_ids)
-        self.sample_id = sample_id
-
-    def __getitem__(self, key):
-        return self._tensors[key]
-
-    def __iter__(self):
-        return iter(self._tensors)
-
-    def __len__(self):
-        return len(self._tensors)
-
-    def __repr__(self):
-        shapes = {k: tuple(v.shape) for k, v in self._tensors.items()}
-        return f"Sample(id={self.sample_id!r}, capture_ids={self.capture_ids}, {shapes})"
-
-
-def token_hash(token_ids):
+def token_hash(token_ids: Sequence[int]) -> int:
+    """XXH64 (seed 0) of the token ids as little-endian int64: the Header's and Trailer's token_ids_xxh64."""
     return xxhash.xxh64(np.asarray(token_ids, dtype="<i8").tobytes()).intdigest()
 
 
-def assemble(responses, token_ids, sample_id, capture_ids, final_norm, use_torch=False):
-    """Reads one Extract stream and returns a verified Sample (or raises IntegrityError)."""
-    it = iter(responses)
-    first = next(it, None)
-    if first is None or first.WhichOneof("part") != "header":
-        raise IntegrityError(f"sample {sample_id!r}: stream does not start with a header")
-    header = first.header
-    n, hidden = len(token_ids), header.hidden_size
-    if header.sample_id != sample_id or header.num_tokens != n:
-        raise IntegrityError(f"sample {sample_id!r}: header is for {header.sample_id!r} with "
-                             f"{header.num_tokens} tokens, sent {n}")
-    if header.token_ids_xxh64 != token_hash(token_ids):
-        raise IntegrityError(f"sample {sample_id!r}: token-id hash differs from the request's")
-    if capture_ids is not None and list(header.capture_ids) != sorted(set(capture_ids)):
-        raise IntegrityError(f"sample {sample_id!r}: capture ids {list(header.capture_ids)} "
-                             f"are not the requested {sorted(set(capture_ids))}")
-    if header.final_norm != bool(final_norm) and (capture_ids is not None or final_norm):
-        raise IntegrityError(f"sample {sample_id!r}: final-norm state not as requested")
-    dtype_name = DTYPE_NAMES.get(header.dtype)
-    if dtype_name is None:
-        raise IntegrityError(f"sample {sample_id!r}: unknown dtype {header.dtype}")
-    dtype = NUMPY_DTYPES[dtype_name]
-    order = list(header.capture_ids) + ([FINAL_NORM] if header.final_norm else [])
-    row_bytes = hidden * dtype.itemsize
-    # Chunks go straight into their final places: captured layers into the
-    # [T, L, H] array, the final norm into its own; each tensor's checksum is
-    # computed as its rows stream in (they must arrive in order anyway).
-    layers = len(header.capture_ids)
-    hidden_states = np.empty((n, layers, hidden), dtype=dtype)
-    final = np.empty((n, hidden), dtype=dtype) if header.final_norm else None
-    targets = [hidden_states[:, l, :] for l in range(layers)] + ([final] if header.final_norm else [])
-    hashers = [xxhash.xxh64() for _ in order]
-    position = 0  # index into `order` of the tensor being received
-    next_row = 0
-    trailer = None
-    for message in it:
-        part = message.WhichOneof("part")
-        if part == "chunk":
-            chunk = message.chunk
-            if position < len(order) and chunk.capture_id != order[position] and next_row == n:
-                position, next_row = position + 1, 0
-            if position >= len(order) or chunk.capture_id != order[position] or chunk.first_row != next_row:
-                raise IntegrityError(f"sample {sample_id!r}: chunk for capture {chunk.capture_id} "
-                                     f"row {chunk.first_row} out of order")
-            if chunk.num_rows <= 0 or next_row + chunk.num_rows > n or len(chunk.data) != chunk.num_rows * row_bytes:
-                raise IntegrityError(f"sample {sample_id!r}: malformed chunk for capture {chunk.capture_id}")
-            hashers[position].update(chunk.data)
-            rows = np.frombuffer(chunk.data, dtype=dtype).reshape(chunk.num_rows, hidden)
-            targets[position][next_row:next_row + chunk.num_rows] = rows
-            next_row += chunk.num_rows
+@dataclass(frozen=True)
+class StreamExpectation:
+    """What one Extract stream must match: the request and, where known (> 0 /
+    non-empty), the model. The fields of C++'s StreamExpectation
+    (format/stream_assembler.h); final_norm may be None (either is accepted) for
+    a request that leaves the capture set to the server, which then adds the
+    final norm if it runs with --final-norm."""
+
+    sample_id: str
+    token_ids: tuple[int, ...]
+    capture_ids: tuple[int, ...]
+    final_norm: bool | None = False
+    dtype: str = "bf16"
+    hidden_size: int = 0
+    num_layers: int = 0
+    model_name: str = ""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def token_ids_xxh64(self) -> int:
+        return token_hash(self.token_ids)
+
+
+def _tensor_name(capture_id: int) -> str:
+    return "the final-norm state" if capture_id < 0 else f"capture id {capture_id}"
+
+
+def _ids_text(ids: Sequence[int]) -> str:
+    return "[" + ",".join(str(i) for i in ids) + "]"
+
+
+def _dtype_name(value: int) -> str:
+    try:
+        return hsx_pb2.DType.Name(value)
+    except ValueError:  # as C++'s DType_Name: no name for an unknown value
+        return ""
+
+
+class StreamDecoder:
+    """The checks and reassembly of one Extract response stream, message by
+    message: a port of the C++ StreamAssembler (format/stream_assembler.cc) with
+    the same checks in the same order and the same messages, followed by the
+    value checks hsx-dump applies before writing (finite values, no all-zero
+    tensor). tests/streams/malformed_streams.json holds the cases both run.
+
+    For a stream it accepts: the header echoes the request (sample id, token
+    count, token-id hash, capture ids, dtype, final norm) and the model (hidden
+    size, layers, name, where known); chunks hold whole rows, tensor after tensor
+    in the header's order, rows in order without gaps or overlaps; every
+    tensor's XXH64 equals the trailer's; the trailer's token hash is the
+    request's; nothing follows the trailer. Any violation raises IntegrityError
+    naming it, and the decoder accepts nothing more after one.
+    """
+
+    def __init__(self, expect: StreamExpectation) -> None:
+        self._expect = expect
+        self._token_hash = expect.token_ids_xxh64
+        self._error: str | None = None
+        self._header: hsx_pb2.Header | None = None
+        self._trailer = False
+        self._tensors: list[int] = []  # capture ids in order, then FINAL_NORM
+        self._targets: list[np.ndarray] = []
+        self._current = 0  # the tensor being received
+        self._rows = 0  # rows of it received
+        self._hasher = xxhash.xxh64()
+        self._digests: list[int] = []
+        self._hidden_states: np.ndarray | None = None
+        self._final: np.ndarray | None = None
+
+    @property
+    def complete(self) -> bool:
+        """True once a valid trailer arrived."""
+        return self._trailer
+
+    def consume(self, response: hsx_pb2.ExtractResponse) -> None:
+        """Takes the next message; raises IntegrityError if the stream is wrong."""
+        if self._error is None:
+            try:
+                self._dispatch(response)
+                return
+            except _Reject as reject:
+                self._error = str(reject)
+        raise IntegrityError(f"sample {self._expect.sample_id!r}: {self._error}")
+
+    def finish(self, token_ids: Sequence[int], loss_mask: Sequence[int] | None = None,
+               use_torch: bool = False, index: int | None = None) -> Sample:
+        """After the stream ended (status OK): the verified Sample."""
+        where = f"sample {self._expect.sample_id!r}"
+        if self._error is not None:
+            raise IntegrityError(f"{where}: {self._error}")
+        if not self._trailer:
+            raise IntegrityError(f"{where}: the stream ended without a trailer ({self._current} of "
+                                 f"{len(self._tensors)} tensors complete)")
+        names = [_tensor_name(c) for c in self._header.capture_ids]
+        try:
+            _check_values(self._hidden_states, names)
+            if self._final is not None:
+                _check_values(self._final[:, None, :], ["the final-norm state"])
+        except _Reject as reject:
+            raise IntegrityError(f"{where}: {reject}") from None
+        tensors = {"hidden_states": self._hidden_states, "token_ids": np.asarray(token_ids, dtype=np.int64)}
+        if loss_mask is not None:
+            tensors["loss_mask"] = np.asarray(loss_mask, dtype=np.int64)
+        if self._final is not None:
+            tensors["final_norm_hidden_states"] = self._final
+        if use_torch:
+            tensors = {k: to_torch(v) for k, v in tensors.items()}
+        return Sample(tensors, capture_ids=list(self._header.capture_ids), sample_id=self._expect.sample_id,
+                      index=index)
+
+    def _dispatch(self, response: hsx_pb2.ExtractResponse) -> None:
+        if self._trailer:
+            raise _Reject("a message after the trailer")
+        part = response.WhichOneof("part")
+        if part == "header":
+            self._on_header(response.header)
+        elif part == "chunk":
+            self._on_chunk(response.chunk)
         elif part == "trailer":
-            trailer = message.trailer
+            self._on_trailer(response.trailer)
         elif part == "summary":
-            raise IntegrityError("summary responses carry no tensors; use the raw stub for them")
-    if trailer is None:
-        raise IntegrityError(f"sample {sample_id!r}: stream ended without a trailer")
-    if not (position == len(order) - 1 and next_row == n) and order:
-        raise IntegrityError(f"sample {sample_id!r}: stream ended before all rows arrived")
-    if trailer.token_ids_xxh64 != header.token_ids_xxh64:
-        raise IntegrityError(f"sample {sample_id!r}: trailer token hash differs from the header's")
-    sums = {c.capture_id: c.xxh64 for c in trailer.checksums}
-    for k, t in enumerate(order):
-        if sums.get(t) != hashers[k].intdigest():
-            raise IntegrityError(f"sample {sample_id!r}: checksum mismatch for capture {t}")
-    if not _all_finite(hidden_states) or (final is not None and not _all_finite(final)):
-        raise IntegrityError(f"sample {sample_id!r}: non-finite values in the states")
-    for l, t in enumerate(header.capture_ids):
-        if not _any_nonzero(targets[l]):
-            raise IntegrityError(f"sample {sample_id!r}: capture {t} is all zeros")
-    tensors = {"hidden_states": hidden_states, "token_ids": np.asarray(token_ids, dtype=np.int64)}
-    if header.final_norm:
-        tensors["final_norm_hidden_states"] = final
-    if use_torch:
-        tensors = {k: to_torch(v) for k, v in tensors.items()}
-    return Sample(tensors, header.capture_ids, sample_id)
+            raise _Reject("a summary, which was not requested")
+        else:
+            raise _Reject("an empty response message")
+
+    def _on_header(self, h: hsx_pb2.Header) -> None:
+        e = self._expect
+        if self._header is not None:
+            raise _Reject("a second header")
+        ids = list(h.capture_ids)
+        if h.sample_id != e.sample_id:
+            raise _Reject(f"the header is for sample_id '{h.sample_id}', requested '{e.sample_id}'")
+        if h.num_tokens != e.num_tokens:
+            raise _Reject(f"the header has {h.num_tokens} tokens, the request {e.num_tokens}")
+        if h.token_ids_xxh64 != self._token_hash:
+            raise _Reject(f"the header's token-id hash {h.token_ids_xxh64:016x} differs from the request's "
+                          f"{self._token_hash:016x} (states of other tokens)")
+        if ids != list(e.capture_ids):
+            raise _Reject(f"the header has capture ids {_ids_text(ids)}, requested {_ids_text(e.capture_ids)}")
+        if e.final_norm is not None and h.final_norm != e.final_norm:
+            raise _Reject(f"the header has final_norm {'true' if h.final_norm else 'false'}, "
+                          "requested the opposite")
+        if h.dtype != DTYPES[e.dtype]:
+            raise _Reject(f"the header has dtype {_dtype_name(h.dtype)}, requested {_dtype_name(DTYPES[e.dtype])}")
+        if h.hidden_size < 1 or h.hidden_size > (1 << 20) or (e.hidden_size > 0 and h.hidden_size != e.hidden_size):
+            model = f", the model {e.hidden_size}" if e.hidden_size > 0 else ""
+            raise _Reject(f"the header has hidden size {h.hidden_size}{model}")
+        if e.num_layers > 0 and h.num_layers != 0 and h.num_layers != e.num_layers:
+            raise _Reject(f"the header has {h.num_layers} layers, the model {e.num_layers}")
+        if e.model_name and h.model_name and h.model_name != e.model_name:
+            raise _Reject(f"the header is from model '{h.model_name}', expected '{e.model_name}'")
+        self._header = h
+        dtype = NUMPY_DTYPES[e.dtype]
+        tokens, hidden = e.num_tokens, h.hidden_size
+        self._row_bytes = hidden * dtype.itemsize
+        self._dtype = dtype
+        # Chunks go straight into their final places: captured layers into the
+        # [T, L, H] array, the final norm into its own.
+        self._hidden_states = np.empty((tokens, len(ids), hidden), dtype=dtype)
+        self._targets = [self._hidden_states[:, l, :] for l in range(len(ids))]
+        self._tensors = ids
+        if h.final_norm:
+            self._final = np.empty((tokens, hidden), dtype=dtype)
+            self._targets.append(self._final)
+            self._tensors = ids + [FINAL_NORM]
+        self._hasher.reset()
+
+    def _on_chunk(self, c: hsx_pb2.Chunk) -> None:
+        if self._header is None:
+            raise _Reject("a chunk before the header")
+        if self._current >= len(self._tensors):
+            raise _Reject(f"a chunk of {_tensor_name(c.capture_id)} after every tensor was complete")
+        want, tokens, rows = self._tensors[self._current], self._expect.num_tokens, self._rows
+        span = f"chunk rows [{c.first_row}, {c.first_row + c.num_rows}) of {_tensor_name(want)}"
+        if c.capture_id != want:
+            raise _Reject(f"a chunk of {_tensor_name(c.capture_id)} while {_tensor_name(want)} has {rows} of "
+                          f"{tokens} rows (expected layer after layer: capture ids ascending, then the final norm)")
+        if c.first_row != rows:
+            raise _Reject(f"{span}: expected first row {rows}" + (" (a gap)" if c.first_row > rows else " (an overlap)"))
+        if c.num_rows < 1 or c.num_rows > tokens - rows:
+            raise _Reject(f"{span} are outside [0, {tokens})")
+        if len(c.data) != c.num_rows * self._row_bytes:
+            raise _Reject(f"a chunk of {c.num_rows} rows of {_tensor_name(want)} holds {len(c.data)} bytes, expected "
+                          f"{c.num_rows * self._row_bytes} (whole rows of {self._header.hidden_size} values)")
+        block = np.frombuffer(c.data, dtype=self._dtype).reshape(c.num_rows, self._header.hidden_size)
+        self._targets[self._current][rows:rows + c.num_rows] = block
+        self._hasher.update(c.data)
+        self._rows += c.num_rows
+        if self._rows == tokens:
+            self._digests.append(self._hasher.intdigest())
+            self._hasher.reset()
+            self._current += 1
+            self._rows = 0
+
+    def _on_trailer(self, t: hsx_pb2.Trailer) -> None:
+        if self._header is None:
+            raise _Reject("a trailer before the header")
+        if self._current < len(self._tensors):
+            raise _Reject(f"the trailer came while {_tensor_name(self._tensors[self._current])} had {self._rows} of "
+                          f"{self._expect.num_tokens} rows")
+        if t.token_ids_xxh64 != self._token_hash:
+            raise _Reject(f"the trailer's token-id hash {t.token_ids_xxh64:016x} differs from the request's "
+                          f"{self._token_hash:016x}")
+        seen = [False] * len(self._tensors)
+        for checksum in t.checksums:
+            if checksum.capture_id not in self._tensors:
+                raise _Reject(f"the trailer has a checksum for {_tensor_name(checksum.capture_id)}, which was not sent")
+            i = self._tensors.index(checksum.capture_id)
+            if seen[i]:
+                raise _Reject(f"the trailer has two checksums for {_tensor_name(self._tensors[i])}")
+            seen[i] = True
+            if checksum.xxh64 != self._digests[i]:
+                raise _Reject(f"{_tensor_name(self._tensors[i])}: the received bytes hash to {self._digests[i]:016x}, "
+                              f"the trailer says {checksum.xxh64:016x} (corrupted in transit or assembled wrongly)")
+        for i, ok in enumerate(seen):
+            if not ok:
+                raise _Reject(f"the trailer has no checksum for {_tensor_name(self._tensors[i])}")
+        self._trailer = True
 
 
-def _bits(array):
-    """The raw bits of a float array, as unsigned integers of the same width."""
-    return array.view(np.uint32 if array.dtype.itemsize == 4 else np.uint16)
+class _Reject(Exception):
+    """A check failed (StreamDecoder turns it into IntegrityError)."""
 
 
-def _all_finite(array):
-    # Exponent all ones means inf or NaN, whatever the format.
-    exponent = {4: 0x7F800000, 2: 0x7F80 if array.dtype == NUMPY_DTYPES["bf16"] else 0x7C00}[array.dtype.itemsize]
-    return not np.any((_bits(array) & exponent) == exponent)
+_EXPONENT = {"bf16": 0x7F80, "fp16": 0x7C00, "fp32": 0x7F800000}
 
 
-def _any_nonzero(array):
-    sign = 0x80000000 if array.dtype.itemsize == 4 else 0x8000
-    return bool(np.any(_bits(array) & ~np.array(sign, dtype=_bits(array).dtype)))
+def _check_values(array: np.ndarray, names: list[str]) -> None:
+    """[T, L, H]: every value finite (the first bad one named, scanning in row
+    order as hsx-dump does), then no layer all zeros (-0.0 counts as zero)."""
+    name = next(k for k, v in NUMPY_DTYPES.items() if v == array.dtype)
+    bits = array.view(np.uint32 if array.dtype.itemsize == 4 else np.uint16)
+    exponent = _EXPONENT[name]
+    bad = (bits & exponent) == exponent
+    if bad.any():
+        t, l, i = np.unravel_index(int(np.argmax(bad)), bad.shape)
+        value = float(array[t, l, i])
+        text = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        raise _Reject(f"non-finite value ({text}) in {names[l]} row {t} column {i}")
+    magnitude = (1 << (8 * array.dtype.itemsize - 1)) - 1  # every bit but the sign
+    nonzero = (bits & np.array(magnitude, dtype=bits.dtype)).any(axis=(0, 2))
+    for l, ok in enumerate(nonzero):
+        if not ok:
+            raise _Reject(f"{names[l]} is all zeros")
+
+
+def assemble(responses: Iterable[hsx_pb2.ExtractResponse], expect: StreamExpectation,
+             loss_mask: Sequence[int] | None = None, use_torch: bool = False, index: int | None = None) -> Sample:
+    """Reads one Extract stream and returns a verified Sample (or raises IntegrityError;
+    a gRPC error of the stream propagates as grpc.RpcError)."""
+    decoder = StreamDecoder(expect)
+    for message in responses:
+        decoder.consume(message)
+    return decoder.finish(expect.token_ids, loss_mask, use_torch, index)
 
 
 class Client:
@@ -164,10 +314,14 @@ class Client:
          ca / cert / key (PEM bytes or file paths; cert+key for mTLS).
     retries, backoff: UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED are
          retried with exponential backoff and jitter; a retry restarts the sample.
+
+    Every stream is checked by StreamDecoder against the request and the model
+    the server announced (GetModelInfo, asked once before the first sample).
     """
 
-    def __init__(self, target, token=None, tls=None, timeout=600.0, retries=8, backoff=0.2,
-                 options=None):
+    def __init__(self, target: str, token: str | None = None, tls: bool | dict[str, Any] | None = None,
+                 timeout: float = 600.0, retries: int = 8, backoff: float = 0.2,
+                 options: Sequence[tuple[str, Any]] | None = None) -> None:
         channel_options = [("grpc.max_receive_message_length", 64 << 20)] + list(options or [])
         if tls:
             credentials = grpc.ssl_channel_credentials(**_tls_args(tls))
@@ -180,47 +334,69 @@ class Client:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
-        self._counter = 0
+        self._counter = itertools.count(1)
+        self._info: hsx_pb2.ModelInfo | None = None
+        self._info_lock = threading.Lock()
 
-    def close(self):
+    def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def model_info(self):
+    def model_info(self) -> dict[str, Any]:
         """The server's ModelInfo as a dict (field names as in the proto)."""
         from google.protobuf.json_format import MessageToDict
 
-        info = self._call(lambda: self._stub.GetModelInfo(
-            hsx_pb2.GetModelInfoRequest(), timeout=30, metadata=self._metadata))
-        return MessageToDict(info, preserving_proto_field_name=True,
+        return MessageToDict(self._model_info(), preserving_proto_field_name=True,
                              always_print_fields_with_no_presence=True)
 
-    def extract(self, token_ids, capture=None, dtype=None, final_norm=False, torch=False,
-                sample_id=None):
-        """One sample's verified states (see Sample). capture: list of ids or None
-        for the server's default; dtype: "bf16" | "fp16" | "fp32" | None."""
+    def _model_info(self) -> hsx_pb2.ModelInfo:
+        with self._info_lock:
+            if self._info is None:
+                self._info = self._call(lambda: self._stub.GetModelInfo(
+                    hsx_pb2.GetModelInfoRequest(), timeout=30, metadata=self._metadata))
+            return self._info
+
+    def extract(self, token_ids: Sequence[int], capture: Sequence[int] | None = None, dtype: str | None = None,
+                final_norm: bool = False, torch: bool = False, sample_id: str | None = None,
+                loss_mask: Sequence[int] | None = None, index: int | None = None) -> Sample:
+        """One sample's verified states (see hsx.Sample). capture: capture ids, or None
+        for the server's default set; dtype: "bf16" | "fp16" | "fp32" | None (the
+        server's default); loss_mask: copied into the Sample (it never leaves the client)."""
         token_ids = [int(t) for t in token_ids]
+        if dtype is not None and dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+        if loss_mask is not None and len(loss_mask) != len(token_ids):
+            raise ValueError(f"loss_mask has {len(loss_mask)} values for {len(token_ids)} tokens")
         if sample_id is None:
-            self._counter += 1
-            sample_id = f"py-{self._counter}"
+            sample_id = f"py-{next(self._counter)}"
+        info = self._model_info()
+        expect = StreamExpectation(
+            sample_id=str(sample_id), token_ids=tuple(token_ids),
+            capture_ids=tuple(sorted(set(int(c) for c in capture)) if capture else tuple(info.default_capture_ids)),
+            # A request without capture ids gets the final norm too if the server runs with --final-norm.
+            final_norm=True if final_norm else (False if capture else None),
+            dtype=dtype or DTYPE_NAMES.get(info.default_dtype, "bf16"),
+            hidden_size=info.hidden_size, num_layers=info.num_layers, model_name=info.model_name)
         request = hsx_pb2.ExtractRequest(
-            sample_id=str(sample_id), token_ids=token_ids, capture_ids=list(capture or []),
+            sample_id=expect.sample_id, token_ids=token_ids, capture_ids=list(capture or []),
             dtype=DTYPES[dtype] if dtype else hsx_pb2.DTYPE_UNSPECIFIED, final_norm=final_norm)
         return self._call(lambda: assemble(
             self._stub.Extract(request, timeout=self.timeout, metadata=self._metadata),
-            token_ids, str(sample_id), capture, final_norm, use_torch=torch))
+            expect, loss_mask=loss_mask, use_torch=torch, index=index))
 
-    def extract_many(self, samples, concurrency=8, **kwargs):
+    def extract_many(self, samples: Iterable[Sequence[int] | Mapping[str, Any]], concurrency: int = 8,
+                     **kwargs: Any) -> Iterator[tuple[int, Sample]]:
         """Yields (index, Sample) in completion order, with at most `concurrency`
         samples in flight or waiting to be consumed. samples: token-id lists or
-        dicts with "input_ids" (and optionally "id")."""
+        dicts with "input_ids" (and optionally "id" and "loss_mask"). The Sample's
+        .index is its position in `samples`."""
         with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-            pending = {}
+            pending: dict[concurrent.futures.Future, int] = {}
             source = enumerate(samples)
             exhausted = False
             while True:
@@ -230,8 +406,9 @@ class Client:
                     except StopIteration:
                         exhausted = True
                         break
-                    ids, sid = _ids_and_id(item, index)
-                    pending[pool.submit(self.extract, ids, sample_id=sid, **kwargs)] = index
+                    ids, sid, mask = _fields(item, index)
+                    pending[pool.submit(self.extract, ids, sample_id=sid, loss_mask=mask, index=index,
+                                        **kwargs)] = index
                 if not pending:
                     return
                 done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -239,7 +416,8 @@ class Client:
                     index = pending.pop(future)
                     yield index, future.result()
 
-    def _call(self, fn):
+    def _call(self, fn: Callable[[], T]) -> T:
+        """fn(), retrying the retryable statuses; any other status raises ServerError."""
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
@@ -253,16 +431,18 @@ class Client:
         raise AssertionError("unreachable")
 
 
-def _ids_and_id(item, index):
+def _fields(item: Sequence[int] | Mapping[str, Any], index: int) -> tuple[Sequence[int], str, Sequence[int] | None]:
+    """(token ids, sample id, loss mask or None) of one input of extract_many."""
     if isinstance(item, Mapping):
-        return item["input_ids"], str(item.get("id", index))
-    return item, str(index)
+        return item["input_ids"], str(item.get("id", index)), item.get("loss_mask")
+    return item, str(index), None
 
 
-def _tls_args(tls):
+def _tls_args(tls: bool | dict[str, Any]) -> dict[str, bytes | None]:
     if tls is True:
         return {}
-    def read(value):
+
+    def read(value: str | bytes | None) -> bytes | None:
         if value is None or isinstance(value, bytes):
             return value
         with open(value, "rb") as f:

@@ -1,19 +1,24 @@
 """hsx.OnlineDataset: a torch IterableDataset that streams training-ready samples
 straight from hsx-server(s), for online training of draft models."""
 
-import itertools
+from __future__ import annotations
 
-import torch
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .client import Client
+from .sample import Sample
 
 
 class OnlineDataset(IterableDataset):
-    """Yields dicts with input_ids [T] int64, loss_mask [T] int64, hidden_states
-    [T, L, H] and, with final_norm=True, final_norm_hidden_states [T, H].
+    """Yields hsx.Sample objects (torch tensors), the shape Client and read_sample
+    give: hidden_states [T, L, H], token_ids [T] int64, loss_mask [T] int64 when the
+    sample has one, final_norm_hidden_states [T, H] with final_norm=True; .index is
+    the sample's position in `samples`, .sample_id its "id" (or the index).
 
-    samples: a sequence of dicts with "input_ids" and optionally "loss_mask".
+    samples: a sequence of dicts with "input_ids" and optionally "loss_mask", "id".
     servers: addresses; each worker spreads its samples over all of them.
     With DataLoader workers, worker w of n takes samples w, w + n, w + 2n, ...,
     so every sample is yielded exactly once per epoch. At most `concurrency`
@@ -26,8 +31,10 @@ class OnlineDataset(IterableDataset):
     process has used gRPC already: gRPC does not survive fork() by default.
     """
 
-    def __init__(self, samples, servers, concurrency=8, capture=None, dtype=None, final_norm=False,
-                 token=None, tls=None, retries=30, ordered=False):
+    def __init__(self, samples: Sequence[Mapping[str, Any]], servers: str | Sequence[str], concurrency: int = 8,
+                 capture: Sequence[int] | None = None, dtype: str | None = None, final_norm: bool = False,
+                 token: str | None = None, tls: bool | dict[str, Any] | None = None, retries: int = 30,
+                 ordered: bool = False) -> None:
         super().__init__()
         self.samples = samples
         self.servers = [servers] if isinstance(servers, str) else list(servers)
@@ -36,18 +43,18 @@ class OnlineDataset(IterableDataset):
         self.client_options = dict(token=token, tls=tls, retries=retries)
         self.ordered = ordered
 
-    def _my_indices(self):
+    def _my_indices(self) -> range:
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info else (1, 0)
         return range(worker, len(self.samples), workers)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Sample]:
         indices = list(self._my_indices())
         clients = [Client(s, **self.client_options) for s in self.servers]
         try:
             # Round-robin over servers: one extract_many per server, interleaved.
             streams = [clients[k].extract_many(
-                (self.samples[i] for i in indices[k::len(clients)]),
+                ({**self.samples[i], "id": self.samples[i].get("id", i)} for i in indices[k::len(clients)]),
                 concurrency=max(1, self.concurrency // len(clients)), torch=True, **self.options)
                 for k in range(len(clients))]
             maps = [indices[k::len(clients)] for k in range(len(clients))]
@@ -58,24 +65,11 @@ class OnlineDataset(IterableDataset):
             if self.ordered:
                 produced = _in_order(produced, indices)
             for index, sample in produced:
-                yield self._training_dict(index, sample)
+                sample.index = index  # extract_many numbered the samples of one server's share
+                yield sample
         finally:
             for client in clients:
                 client.close()
-
-    def _training_dict(self, index, sample):
-        row = self.samples[index]
-        ids = sample["token_ids"]
-        mask = row.get("loss_mask")
-        out = {
-            "index": index,
-            "input_ids": ids,
-            "loss_mask": torch.as_tensor(mask, dtype=torch.int64) if mask is not None else torch.ones_like(ids),
-            "hidden_states": sample["hidden_states"],
-        }
-        if "final_norm_hidden_states" in sample:
-            out["final_norm_hidden_states"] = sample["final_norm_hidden_states"]
-        return out
 
 
 def _interleave(streams, maps):
@@ -95,7 +89,7 @@ def _in_order(produced, indices):
     waiting = {}
     expected = iter(indices)
     want = next(expected, None)
-    for index, sample in itertools.chain(produced):
+    for index, sample in produced:
         waiting[index] = sample
         while want in waiting:
             yield want, waiting.pop(want)

@@ -1,25 +1,23 @@
 """hsx.read_sample: an hsx-dump file (hs_{i}.safetensors), memory-mapped."""
 
+from __future__ import annotations
+
 import json
+import os
 import struct
 
 import numpy as np
 
 from .arrays import SAFETENSORS_DTYPES, to_torch
+from .sample import Sample
 
 
-class FileSample(dict):
-    """Tensors of one file by name, plus .metadata (the file's string metadata)
-    and .capture_ids."""
-
-    metadata: dict
-    capture_ids: list
-
-
-def read_sample(path, torch=False):
-    """Reads hidden_states [T, L, H], token_ids [T], and loss_mask /
-    final_norm_hidden_states when present, without copying (numpy memmap views;
-    torch=True gives tensors). Raises ValueError on a malformed file."""
+def read_sample(path: str | os.PathLike, torch: bool = False) -> Sample:
+    """Reads one file as an hsx.Sample: hidden_states [T, L, H], token_ids [T], and
+    loss_mask / final_norm_hidden_states when present, without copying (numpy
+    memmap views; torch=True gives tensors), with .capture_ids, .sample_id,
+    .index (the file's sample index) and .metadata. Raises ValueError on a
+    malformed file."""
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) != 8:
@@ -30,7 +28,7 @@ def read_sample(path, torch=False):
         header = json.loads(f.read(length))
     data = np.memmap(path, dtype=np.uint8, mode="c", offset=8 + length)  # copy-on-write: writable views, file untouched
     metadata = header.pop("__metadata__", {})
-    sample = FileSample()
+    sample = Sample()
     for name, entry in header.items():
         dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
         if dtype is None:
@@ -43,4 +41,7 @@ def read_sample(path, torch=False):
         sample[name] = to_torch(array) if torch else array
     sample.metadata = metadata
     sample.capture_ids = json.loads(metadata.get("capture_ids", "[]"))
+    sample.sample_id = metadata.get("sample_id")
+    index = metadata.get("sample_index", "")
+    sample.index = int(index) if index.isdigit() else None
     return sample
