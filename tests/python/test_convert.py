@@ -131,3 +131,88 @@ def test_failure_midway_leaves_nothing(run, tiny, tmp_path):
     with pytest.raises(ConvertError, match="--final-norm"):
         convert(tmp_path / "dump", "specforge", tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dump", "in.jsonl"]
+
+
+# --- The journal's rules (docs/formats.md), as hsx-dump and hsx-verify apply them.
+
+def _dump_with_journal(hostile_dump, tmp_path, text):
+    base, _ = hostile_dump
+    dst = tmp_path / "dump"
+    _copy_dump(base / "dump", dst, [])
+    (dst / "manifest.jsonl").write_text(text)
+    return dst
+
+
+def _journal_lines(hostile_dump):
+    base, _ = hostile_dump
+    return (base / "dump" / "manifest.jsonl").read_text().splitlines(keepends=True)
+
+
+def test_only_a_torn_last_line_is_skipped(hostile_dump, tmp_path):
+    lines = _journal_lines(hostile_dump)
+    torn = "".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2]  # an append cut short: no newline
+    dump = _dump_with_journal(hostile_dump, tmp_path, torn)
+    assert convert(dump, "modelopt", tmp_path / "out") == len(lines) - 1
+    skipped = json.loads(lines[-1])["index"]
+    assert not (tmp_path / "out" / f"data_{skipped}.pt").exists()
+
+
+@pytest.mark.parametrize("where", ["middle", "last"])
+def test_a_corrupt_complete_line_is_an_error(hostile_dump, tmp_path, where):
+    lines = _journal_lines(hostile_dump)
+    at = 2 if where == "middle" else len(lines) - 1
+    lines[at] = lines[at][: len(lines[at]) // 2] + "\n"  # cut, but terminated: not a torn append
+    dump = _dump_with_journal(hostile_dump, tmp_path, "".join(lines))
+    with pytest.raises(ConvertError, match=f"manifest.jsonl:{at + 1}: corrupt journal line"):
+        convert(dump, "modelopt", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_line_missing_a_field_is_an_error(hostile_dump, tmp_path):
+    lines = [json.loads(line) for line in _journal_lines(hostile_dump)]
+    del lines[3]["xxh64"]
+    dump = _dump_with_journal(hostile_dump, tmp_path, "".join(json.dumps(e) + "\n" for e in lines))
+    with pytest.raises(ConvertError, match="manifest.jsonl:4: corrupt journal line \\('xxh64' missing"):
+        convert(dump, "modelopt", tmp_path / "out")
+
+
+def test_no_journal_means_nothing_is_complete(hostile_dump, tmp_path):
+    dump = _dump_with_journal(hostile_dump, tmp_path, "")
+    (dump / "manifest.jsonl").unlink()  # the hs_*.safetensors files are all there
+    with pytest.raises(ConvertError, match="manifest.jsonl: missing, so nothing in .* is complete"):
+        convert(dump, "modelopt", tmp_path / "out")
+    proc = subprocess.run([sys.executable, "-m", "hsx.convert", str(dump), "--to", "modelopt", str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "hsx.convert: error: " in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "o").exists()
+
+
+def test_an_identical_second_line_is_journaled_twice(hostile_dump, tmp_path):
+    lines = _journal_lines(hostile_dump)
+    dump = _dump_with_journal(hostile_dump, tmp_path, "".join(lines) + lines[0])
+    with pytest.raises(ConvertError, match=f"manifest.jsonl:{len(lines) + 1}: index .* is journaled twice"):
+        convert(dump, "modelopt", tmp_path / "out")
+
+
+def test_a_redo_supersedes_its_line(hostile_dump, tmp_path):
+    lines = _journal_lines(hostile_dump)
+    redo = dict(json.loads(lines[4]), supersedes=5)
+    dump = _dump_with_journal(hostile_dump, tmp_path, "".join(lines) + json.dumps(redo) + "\n")
+    assert convert(dump, "modelopt", tmp_path / "out") == len(lines)
+    wrong = dict(redo, supersedes=4)  # line 4 is another sample's
+    dump2 = tmp_path / "again"
+    dump.rename(dump2)
+    (dump2 / "manifest.jsonl").write_text("".join(lines) + json.dumps(wrong) + "\n")
+    with pytest.raises(ConvertError, match=f"supersedes line 4, which is not sample {redo['index']}'s current entry"):
+        convert(dump2, "modelopt", tmp_path / "out2")
+
+
+def test_a_damaged_file_is_an_error(hostile_dump, tmp_path):
+    lines = _journal_lines(hostile_dump)
+    dump = _dump_with_journal(hostile_dump, tmp_path, "".join(lines))
+    victim = dump / json.loads(lines[1])["file"]
+    data = victim.read_bytes()
+    victim.unlink()  # a hard link: replace it, do not write through it
+    victim.write_bytes(data[:100])
+    with pytest.raises(ConvertError, match="100 bytes, .*manifest.jsonl:2 says"):
+        convert(dump, "modelopt", tmp_path / "out")

@@ -18,12 +18,17 @@ and id: {"index": i, "id": ID or null, "file": "data_{i}.pt"}.
 
 OUT must not exist or be empty. Everything is written to a temporary directory
 beside OUT and renamed to OUT at the end, so OUT holds either the whole
-conversion or nothing. A journal entry whose file name is not a plain name in
-DIR, or two entries with the same index, is an error (nothing is written).
+conversion or nothing. The journal (manifest.jsonl) says what is complete, by
+hsx-dump's rules: without it nothing is; only a torn (unterminated) last line is
+skipped; a journal entry that does not parse, whose file name is not a plain name
+in DIR, or a second entry for one index (other than a redo's "supersedes"), is an
+error, and so is a journaled file of another size. Nothing is written then.
 
 The auxiliary layers are the captured ids below N (three for EAGLE-3); the
 target is the post-final-norm state when present (required by SpecForge).
 """
+
+from __future__ import annotations
 
 import argparse
 import json
@@ -31,7 +36,9 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,38 +52,91 @@ class ConvertError(ValueError):
     """A dump that cannot be converted, or an unusable OUT; the message names the file."""
 
 
-def _plain_name(name):
+def _plain_name(name: object) -> bool:
     """True when `name` is one path component naming a file inside a directory."""
     return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
             and "\0" not in name)
 
 
-def _samples(directory):
-    """(index, path) of every journaled sample, in index order; the journal's
-    entries are checked (plain file names in DIR, one file per index)."""
+# Every journal line's fields and their JSON types (client/dump/journal.h);
+# "supersedes" is optional.
+_FIELDS = {"index": int, "id": str, "file": str, "tokens": int, "bytes": int, "xxh64": str, "capture_ids": list,
+           "final_norm": bool, "dtype": str, "model": str, "model_revision": str, "compute_precision": str,
+           "token_ids_xxh64": str, "loss_mask_xxh64": str, "input_xxh64": str}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _entry(text: str, where: str, directory: Path) -> dict[str, Any]:
+    """One complete journal line, checked as hsx-dump reads it."""
+    try:
+        entry = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConvertError(f"{where}: corrupt journal line (not valid JSON: {error.msg})") from None
+    if not isinstance(entry, dict):
+        raise ConvertError(f"{where}: corrupt journal line (not a JSON object)")
+    index, name = entry.get("index"), entry.get("file")
+    if not _is_int(index) or index < 0:
+        raise ConvertError(f"{where}: 'index' must be a non-negative integer, not {index!r}")
+    if not _plain_name(name):
+        raise ConvertError(f"{where}: 'file' must be a plain file name in {directory}, not {name!r}")
+    for key, kind in _FIELDS.items():
+        value = entry.get(key)
+        if key not in entry or not (_is_int(value) if kind is int else isinstance(value, kind)):
+            raise ConvertError(f"{where}: corrupt journal line ({key!r} missing or not {kind.__name__})")
+    if entry["tokens"] < 1 or entry["bytes"] < 1:
+        raise ConvertError(f"{where}: corrupt journal line ('tokens' and 'bytes' must be positive)")
+    supersedes = entry.get("supersedes")
+    if "supersedes" in entry and (not _is_int(supersedes) or supersedes < 1):
+        raise ConvertError(f"{where}: corrupt journal line ('supersedes' must be a line number)")
+    return entry
+
+
+def _samples(directory: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(index, path) of every complete sample, in index order, by the journal's
+    rules (docs/formats.md): no manifest.jsonl means nothing is complete; only an
+    unterminated last line (a torn append) is skipped, any other bad line is an
+    error; a line with "supersedes": N replaces line N, its sample's current
+    entry; a sample on two lines otherwise is an error; a journaled file must
+    have the journaled size."""
     directory = Path(directory)
     manifest = directory / "manifest.jsonl"
-    by_index = {}
-    if manifest.exists():
-        for number, line in enumerate(manifest.read_text().splitlines(), start=1):
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line: not complete
-            where = f"{manifest}:{number}"
-            index, name = entry.get("index"), entry.get("file")
-            if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-                raise ConvertError(f"{where}: 'index' must be a non-negative integer, not {index!r}")
-            if not _plain_name(name):
-                raise ConvertError(f"{where}: 'file' must be a plain file name in {directory}, not {name!r}")
-            if by_index.get(index, name) != name:
-                raise ConvertError(f"{where}: index {index} is journaled twice, as {by_index[index]!r} and {name!r}")
-            by_index[index] = name
-    else:
-        for p in directory.glob("hs_*.safetensors"):
-            if p.stem[3:].isdigit():
-                by_index[int(p.stem[3:])] = p.name
-    return [(index, directory / by_index[index]) for index in sorted(by_index)]
+    if not manifest.is_file():
+        raise ConvertError(f"{manifest}: missing, so nothing in {directory} is complete "
+                           "(not an hsx-dump output directory?)")
+    text = manifest.read_bytes().decode("utf-8", errors="replace")
+    complete = text[: text.rfind("\n") + 1]  # what follows the last newline is a torn append
+    current: dict[int, tuple[int, dict[str, Any]]] = {}  # index -> (line number, entry)
+    for number, line in enumerate(complete.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{manifest}:{number}"
+        entry = _entry(line, where, directory)
+        index, target = entry["index"], entry.get("supersedes")
+        if target is not None:
+            if target >= number or current.get(index, (None,))[0] != target:
+                raise ConvertError(f"{where}: supersedes line {target}, which is not sample {index}'s current entry")
+        elif index in current:
+            first, earlier = current[index]
+            raise ConvertError(f"{where}: index {index} is journaled twice (also on line {first}, as "
+                               f"{earlier['file']!r}; this line has {entry['file']!r})")
+        current[index] = (number, entry)
+    samples = []
+    for index in sorted(current):
+        number, entry = current[index]
+        path = directory / entry["file"]
+        try:
+            size = path.stat().st_size
+        except OSError as error:
+            raise ConvertError(f"{path}: {error.strerror}, but {manifest}:{number} records sample {index} as done "
+                               "(rerun hsx-dump: it redoes the sample)") from None
+        if size != entry["bytes"]:
+            raise ConvertError(f"{path}: {size} bytes, {manifest}:{number} says {entry['bytes']} "
+                               "(damaged; rerun hsx-dump: it redoes the sample)")
+        samples.append((index, path))
+    return samples
 
 
 def _split(sample, num_layers):
@@ -96,7 +156,10 @@ def _mask(sample):
 
 def _record(target, index, path, sample):
     """(relative file name, record) of one sample in `target`'s format."""
-    num_layers = int(sample.metadata["num_layers"])
+    try:
+        num_layers = int(sample.metadata["num_layers"])
+    except (KeyError, ValueError):
+        raise ConvertError(f"{path}: metadata 'num_layers' is missing or not an integer") from None
     input_ids = sample["token_ids"].clone()
     if target == "specforge":
         aux, _, final = _split(sample, num_layers)
@@ -134,9 +197,10 @@ def _empty_out(out):
         raise ConvertError(f"{out}: not empty; convert into a new directory")
 
 
-def convert(directory, target, out):
+def convert(directory: str | os.PathLike, target: str, out: str | os.PathLike) -> int:
     """Converts every journaled sample of `directory` into `out`; returns the count.
-    Raises ConvertError (nothing written) on a bad journal, OUT or sample."""
+    Raises ConvertError (nothing written) on a bad or missing journal, a damaged
+    or unreadable sample file, or an unusable OUT; never exits the process."""
     if target not in ("specforge", "modelopt", "speculators-legacy"):
         raise ConvertError(f"unknown format {target!r}")
     out = Path(out)
@@ -147,7 +211,10 @@ def convert(directory, target, out):
     try:
         lengths, ids, written, layer_ids = {}, [], set(), None
         for index, path in samples:
-            sample = read_sample(path, torch=True)
+            try:
+                sample = read_sample(path, torch=True)
+            except (OSError, ValueError, KeyError) as error:
+                raise ConvertError(f"{path}: cannot read: {error}") from None
             layer_ids = sample.capture_ids
             name, record = _record(target, index, path, sample)
             if name in written:  # cannot happen with index names; the guarantee is checked, not assumed
@@ -176,7 +243,8 @@ def convert(directory, target, out):
     return len(ids)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: prints the count, or "hsx.convert: error: ..." and returns 1."""
     parser = argparse.ArgumentParser(prog="python -m hsx.convert", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", help="an hsx-dump output directory")
@@ -185,7 +253,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         count = convert(args.directory, args.to, args.out)
-    except (ConvertError, ValueError, OSError) as error:
+    except (ConvertError, OSError) as error:
         print(f"hsx.convert: error: {error}", file=sys.stderr)
         return 1
     print(f"hsx.convert: wrote {count} samples in {args.to} format to {args.out}")
