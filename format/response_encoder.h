@@ -24,9 +24,9 @@
 #include <xxhash.h>
 
 #include "absl/status/statusor.h"
-#include "hsx/v1/hsx.pb.h"
 #include "format/encoding.h"
-#include "server/model/sample_states.h"
+#include "format/sample_states.h"
+#include "hsx/v1/hsx.pb.h"
 
 namespace hsx {
 

@@ -85,18 +85,6 @@ std::string DamagedFile(const std::string& dir, const JournalScan::Line& line) {
 
 }  // namespace
 
-absl::StatusOr<ShardSpec> ParseShard(const std::string& text) {
-  std::vector<std::string> parts = absl::StrSplit(text, '/');
-  ShardSpec shard;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &shard.index) ||
-      !absl::SimpleAtoi(parts[1], &shard.count) || shard.count < 1 || shard.index < 0 ||
-      shard.index >= shard.count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' is not I/N with 0 <= I < N (e.g. 0/4: samples 0, 4, 8, ...)"));
-  }
-  return shard;
-}
-
 absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
                           const EncodedSample& sample) {
   const std::string where = Where(input);

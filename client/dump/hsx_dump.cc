@@ -31,7 +31,7 @@
 #include "server/model/checkpoint.h"
 #include "server/model/config.h"
 #include "server/model/forward.h"
-#include "server/tools/cli.h"
+#include "base/cli.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory to run in-process (instead of --server).");
 ABSL_FLAG(std::string, server, "", "hsx-server address(es), comma-separated (host:port, dns:///name:port, "

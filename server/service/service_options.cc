@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
-#include "server/tools/cli.h"
+#include "base/cli.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + safetensors). Required.");
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
