@@ -348,15 +348,17 @@ class Client:
         self.close()
 
     def model_info(self) -> dict[str, Any]:
-        """The server's ModelInfo as a dict (field names as in the proto)."""
+        """The server's ModelInfo as a dict (field names as in the proto), asked now;
+        later samples are checked against it."""
         from google.protobuf.json_format import MessageToDict
 
-        return MessageToDict(self._model_info(), preserving_proto_field_name=True,
+        return MessageToDict(self._model_info(refresh=True), preserving_proto_field_name=True,
                              always_print_fields_with_no_presence=True)
 
-    def _model_info(self) -> hsx_pb2.ModelInfo:
+    def _model_info(self, refresh: bool = False) -> hsx_pb2.ModelInfo:
+        """ModelInfo, asked once (or again with refresh)."""
         with self._info_lock:
-            if self._info is None:
+            if self._info is None or refresh:
                 self._info = self._call(lambda: self._stub.GetModelInfo(
                     hsx_pb2.GetModelInfoRequest(), timeout=30, metadata=self._metadata))
             return self._info
