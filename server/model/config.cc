@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/file_util.h"
 
 namespace hsx {
 namespace {
@@ -314,11 +315,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
 }
 
 absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return ParseModelConfig(buffer.str(), path);
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return text.status();
+  return ParseModelConfig(*text, path);
 }
 
 json ModelConfigToJson(const ModelConfig& c) {
