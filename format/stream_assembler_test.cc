@@ -54,7 +54,6 @@ std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm) {
   EncoderOptions o;
   o.sample_id = "s-1";
   o.dtype = dtype;
-  o.proto_dtype = OutputDTypeToProto(dtype);
   o.max_chunk_bytes = 2 * kHidden * OutputDTypeSize(dtype);
   o.token_ids_hash = TokenIdsHash(kTokenIds);
   o.model_name = "tiny";

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/file_util.h"
+#include "format/capture_spec.h"
 
 namespace hsx {
 namespace {
@@ -222,14 +223,7 @@ absl::Status CheckFamily(const json& root, const ModelConfig& c, const std::stri
 }  // namespace
 
 std::vector<int> ModelConfig::Eagle3CaptureIds() const {
-  const int n = static_cast<int>(num_hidden_layers);
-  std::vector<int> ids;
-  for (int id : {2, n / 2, n - 3, n}) {
-    if (id >= 0 && id <= n) ids.push_back(id);
-  }
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  return ids;
+  return CaptureSpec::Eagle3(static_cast<int>(num_hidden_layers)).ids;
 }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std::string& file) {
