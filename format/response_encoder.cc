@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "format/proto_dtype.h"
 
 namespace hsx {
 namespace {
@@ -121,7 +122,7 @@ absl::StatusOr<bool> ResponseEncoder::Next(v1::ExtractResponse* out) {
       for (int id : states_.capture_ids) header->add_capture_ids(id);
       header->set_final_norm(!states_.final_norm.empty());
       header->set_hidden_size(static_cast<int32_t>(states_.hidden));
-      header->set_dtype(options_.proto_dtype);
+      header->set_dtype(OutputDTypeToProto(options_.dtype));
       header->set_layer_convention(options_.layer_convention);
       header->set_model_name(options_.model_name);
       header->set_num_layers(static_cast<int32_t>(options_.num_layers));

@@ -36,7 +36,6 @@ inline constexpr int kSummaryFirstValues = 8;
 struct EncoderOptions {
   std::string sample_id;
   OutputDType dtype = OutputDType::kBf16;
-  v1::DType proto_dtype = v1::DTYPE_BF16;
   bool summary = false;
   int64_t max_chunk_bytes = 1 << 20;
   uint64_t token_ids_hash = 0;

@@ -31,11 +31,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "hsx/v1/hsx.pb.h"
-#include "server/model/forward.h"
-#include "server/model/sample_states.h"
-#include "server/service/metrics.h"
+#include "format/capture_spec.h"
 #include "format/response_encoder.h"
+#include "format/sample_states.h"
+#include "hsx/v1/hsx.pb.h"
+#include "server/service/metrics.h"
 
 namespace hsx {
 
