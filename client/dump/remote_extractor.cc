@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_names.h"
 #include "format/stream_assembler.h"
 #include "hsx/v1/hsx.grpc.pb.h"
 
@@ -109,16 +110,6 @@ struct SampleCall {
 };
 
 }  // namespace
-
-std::string StatusCodeName(int code) {
-  static const char* const kNames[] = {
-      "OK",        "CANCELLED",         "UNKNOWN",          "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-      "NOT_FOUND", "ALREADY_EXISTS",    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",     "UNIMPLEMENTED",    "INTERNAL",
-      "UNAVAILABLE", "DATA_LOSS",       "UNAUTHENTICATED"};
-  if (code >= 0 && code < static_cast<int>(std::size(kNames))) return kNames[code];
-  return absl::StrCat("code ", code);
-}
 
 class Attempt;
 

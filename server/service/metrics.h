@@ -33,6 +33,7 @@
 #include <prometheus/registry.h>
 
 #include "absl/status/statusor.h"
+#include "base/status_names.h"
 
 namespace hsx {
 
@@ -83,9 +84,6 @@ class Metrics {
   prometheus::Gauge* held_states_;
   prometheus::Histogram* latency_;
 };
-
-// The canonical name of a status code, e.g. "INVALID_ARGUMENT".
-const char* StatusCodeName(grpc::StatusCode code);
 
 }  // namespace hsx
 
