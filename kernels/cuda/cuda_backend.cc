@@ -996,6 +996,17 @@ absl::StatusOr<std::string> DescribeCudaDevice(int device) {
                          driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
 }
 
+absl::StatusOr<CudaMemory> CudaMemoryInfo(int device) {
+  size_t free = 0, total = 0;
+  cudaError_t status = cudaSetDevice(device);
+  if (status == cudaSuccess) status = cudaMemGetInfo(&free, &total);
+  if (status != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device, ": cudaMemGetInfo: ", cudaGetErrorString(status)));
+  }
+  return CudaMemory{static_cast<int64_t>(free), static_cast<int64_t>(total)};
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision precision) {
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) return count.status();

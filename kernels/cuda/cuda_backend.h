@@ -56,6 +56,14 @@ absl::StatusOr<int> CudaDeviceCount();
 // of total), driver and runtime versions.
 absl::StatusOr<std::string> DescribeCudaDevice(int device);
 
+// Free and total bytes of device `device` (cudaMemGetInfo), or
+// FailedPrecondition naming the device and CUDA's error.
+struct CudaMemory {
+  int64_t free = 0;
+  int64_t total = 0;
+};
+absl::StatusOr<CudaMemory> CudaMemoryInfo(int device);
+
 // Memory every weight placement leaves free for activations and scratch.
 inline constexpr int64_t kCudaReservedBytes = int64_t{1} << 30;
 

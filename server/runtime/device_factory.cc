@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/in_process_communicator.h"
+#include "server/runtime/memory_plan.h"
 #if HSX_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -36,14 +38,14 @@ class CpuFactory : public DeviceFactory {
 };
 
 #if HSX_HAVE_CUDA
-// Rank r runs on CUDA device r. One rank only for now: several ranks need a
-// device communicator (the tensor-parallelism issue).
+// Rank r runs on CUDA device layout.device_of(r). One rank only for now:
+// several ranks need a device communicator (the tensor-parallelism issue).
 class CudaFactory : public DeviceFactory {
  public:
-  explicit CudaFactory(Precision precision) : precision_(precision) {}
+  CudaFactory(Precision precision, RankLayout layout) : precision_(precision), layout_(layout) {}
 
   absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(int rank) override {
-    return MakeCudaBackend(rank, precision_);
+    return MakeCudaBackend(layout_.device_of(rank), precision_);
   }
 
   absl::StatusOr<std::unique_ptr<CommunicatorGroup>> MakeGroup(std::span<Backend* const> backends) override {
@@ -53,23 +55,49 @@ class CudaFactory : public DeviceFactory {
     return std::make_unique<InProcessGroup>(1);  // never called into with one rank
   }
 
+  // The up-front plan: each GPU's free memory against its ranks' weights,
+  // scratch and batch budget; one log line per GPU.
+  absl::Status PlanMemory(const ModelConfig& config, int64_t max_batch_tokens) override {
+    std::vector<int64_t> free;
+    for (int d = 0; d < layout_.devices(); ++d) {
+      absl::StatusOr<CudaMemory> memory = CudaMemoryInfo(d);
+      if (!memory.ok()) return absl::Status(memory.status().code(), absl::StrCat("--device cuda: ", memory.status().message()));
+      free.push_back(memory->free);
+    }
+    std::vector<DevicePlan> plans;
+    const absl::Status fits = CheckMemoryPlan(config, layout_, max_batch_tokens, precision_, free, &plans);
+    for (const DevicePlan& plan : plans) {
+      std::fprintf(stderr, "hsx: memory plan: %s%s\n", DescribeDevicePlan(plan, max_batch_tokens).c_str(),
+                   plan.fits() ? "" : " (does not fit)");
+    }
+    if (!fits.ok()) return absl::Status(fits.code(), absl::StrCat("--device cuda: ", fits.message()));
+    return absl::OkStatus();
+  }
+
  private:
   Precision precision_;
+  RankLayout layout_;
 };
 
-// Checks for a device and logs the start-up line (GPU, memory, driver and
-// runtime versions). The weights are checked against free memory as they are
-// placed (CudaBackend keeps kCudaReservedBytes free for activations).
-absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeCudaFactory(Precision precision, int tp) {
+// Checks for the devices the layout needs and logs the start-up line of each
+// (GPU, memory, driver and runtime versions). The memory plan comes next
+// (PlanMemory), before any weight is loaded.
+absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeCudaFactory(Precision precision, int tp, int ranks_per_device) {
   if (tp != 1) {
     return absl::UnimplementedError(
         absl::StrCat("--tp ", tp, " with --device cuda: tensor parallelism on CUDA arrives with the TP issue; use --tp 1"));
   }
-  absl::StatusOr<std::string> device = DescribeCudaDevice(0);
-  if (!device.ok()) return absl::Status(device.status().code(), absl::StrCat("--device cuda: ", device.status().message()));
-  std::fprintf(stderr, "hsx: --device cuda: %s; %s activations\n", device->c_str(),
-               precision == Precision::kBf16 ? "bf16" : "fp32");
-  return std::make_unique<CudaFactory>(precision);
+  absl::StatusOr<int> count = CudaDeviceCount();
+  if (!count.ok()) return absl::Status(count.status().code(), absl::StrCat("--device cuda: ", count.status().message()));
+  absl::StatusOr<RankLayout> layout = MakeRankLayout(tp, ranks_per_device, *count);
+  if (!layout.ok()) return absl::Status(layout.status().code(), absl::StrCat("--device cuda: ", layout.status().message()));
+  for (int d = 0; d < layout->devices(); ++d) {
+    absl::StatusOr<std::string> device = DescribeCudaDevice(d);
+    if (!device.ok()) return absl::Status(device.status().code(), absl::StrCat("--device cuda: ", device.status().message()));
+    std::fprintf(stderr, "hsx: --device cuda: %s; %s activations\n", device->c_str(),
+                 precision == Precision::kBf16 ? "bf16" : "fp32");
+  }
+  return std::make_unique<CudaFactory>(precision, *layout);
 }
 #endif
 
@@ -84,15 +112,19 @@ absl::StatusOr<Device> ParseDevice(absl::string_view name) {
 const char* DeviceName(Device device) { return device == Device::kCpu ? "cpu" : "cuda"; }
 
 absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeDeviceFactory(Device device, Precision precision, int tp,
-                                                                 int threads) {
+                                                                 int threads, int ranks_per_device) {
   if (device == Device::kCuda) {
 #if HSX_HAVE_CUDA
-    return MakeCudaFactory(precision, tp);
+    return MakeCudaFactory(precision, tp, ranks_per_device);
 #else
     return absl::UnimplementedError(
         "--device cuda: not available in this build (built without CUDA: nvcc was not found or HSX_ENABLE_CUDA=OFF); "
         "use --device cpu");
 #endif
+  }
+  if (ranks_per_device != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--ranks-per-device ", ranks_per_device,
+                                                   ": applies to --device cuda only (CPU ranks are threads)"));
   }
   const int cores = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::make_unique<CpuFactory>(precision, tp, std::max(1, cores / tp));

@@ -37,6 +37,7 @@ struct ServiceOptions {
   std::string listen = "0.0.0.0:50051";
   std::string device = "cpu";
   int tp = 1;
+  int ranks_per_device = 1;  // --device cuda: 1 or tp
   Precision precision = Precision::kBf16;
   int threads = 0;
   std::string capture_text = "eagle3";
