@@ -143,6 +143,8 @@ class CudaBackend : public Backend {
 
   Precision precision() const override { return precision_; }
   std::string name() const override { return absl::StrCat("cuda:", device_); }
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t rows, int64_t cols, ElementType type) override;
   absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateHost(size_t bytes) override;
@@ -994,6 +996,14 @@ absl::StatusOr<std::string> DescribeCudaDevice(int device) {
                          device, prop.name, prop.major, prop.minor, prop.multiProcessorCount,
                          static_cast<double>(free) / (1 << 30), static_cast<double>(total) / (1 << 30),
                          driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+}
+
+absl::StatusOr<CudaRank> CudaRankOf(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("backend ", backend.name(), " is not a CUDA backend"));
+  }
+  return CudaRank{cuda->device(), cuda->stream()};
 }
 
 absl::StatusOr<CudaMemory> CudaMemoryInfo(int device) {

@@ -42,6 +42,8 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
 namespace hsx {
 
 // A CUDA backend on device `device`. FailedPrecondition "no CUDA device: ..."
@@ -63,6 +65,16 @@ struct CudaMemory {
   int64_t total = 0;
 };
 absl::StatusOr<CudaMemory> CudaMemoryInfo(int device);
+
+// The device and stream of a CUDA backend, for a communicator that enqueues
+// its copies and kernels on the rank's own stream (so they are ordered with
+// the rank's ops, as kernels/communicator.h requires). InvalidArgument for a
+// backend that is not one of MakeCudaBackend's.
+struct CudaRank {
+  int device = 0;
+  CUstream_st* stream = nullptr;
+};
+absl::StatusOr<CudaRank> CudaRankOf(Backend& backend);
 
 // Memory every weight placement leaves free for activations and scratch.
 inline constexpr int64_t kCudaReservedBytes = int64_t{1} << 30;

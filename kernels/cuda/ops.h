@@ -124,6 +124,18 @@ int LaunchGatherRows(DeviceMatrix x, const int32_t* rows, DeviceMatrix out, CUst
 int LaunchCombine(DeviceMatrix y, const int32_t* slot_row, const float* weights, int64_t top_k, bool round,
                   DeviceMatrix out, CUstream_st* stream);
 
+// ---- collective.cu --------------------------------------------------------------
+
+// The most ranks a collective kernel sums (its pointers travel by value).
+constexpr int kMaxCollectiveRanks = 16;
+
+// out[i] = ((sources[0][i] + sources[1][i]) + sources[2][i]) + ... for i <
+// count: the contract's rank-order sum (kernels/communicator.h), one thread
+// per element, the same arithmetic whatever count or the launch geometry.
+// `out` may be one of the sources (each element is read before it is
+// written, by the same thread). 1 <= n <= kMaxCollectiveRanks.
+int LaunchSumInRankOrder(const float* const* sources, int n, float* out, int64_t count, CUstream_st* stream);
+
 }  // namespace hsx::cuda
 
 #endif  // HSX_KERNELS_CUDA_OPS_H_

@@ -13,6 +13,7 @@
 #include "server/runtime/memory_plan.h"
 #if HSX_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_communicator.h"
 #endif
 
 namespace hsx {
@@ -38,8 +39,9 @@ class CpuFactory : public DeviceFactory {
 };
 
 #if HSX_HAVE_CUDA
-// Rank r runs on CUDA device layout.device_of(r). One rank only for now:
-// several ranks need a device communicator (the tensor-parallelism issue).
+// Rank r runs on CUDA device layout.device_of(r). Ranks meet through the
+// same-device transport when they share GPU 0, else through NCCL
+// (kernels/cuda/cuda_communicator.h).
 class CudaFactory : public DeviceFactory {
  public:
   CudaFactory(Precision precision, RankLayout layout) : precision_(precision), layout_(layout) {}
@@ -49,10 +51,16 @@ class CudaFactory : public DeviceFactory {
   }
 
   absl::StatusOr<std::unique_ptr<CommunicatorGroup>> MakeGroup(std::span<Backend* const> backends) override {
-    if (backends.size() != 1) {
-      return absl::UnimplementedError("tensor parallelism on CUDA arrives with the TP issue; use --tp 1");
+    if (backends.size() == 1) return std::make_unique<InProcessGroup>(1);  // never called into with one rank
+    absl::StatusOr<std::unique_ptr<CommunicatorGroup>> group =
+        layout_.same_device() ? MakeSameDeviceGroup(backends) : MakeNcclGroup(backends);
+    if (!group.ok()) {
+      return absl::Status(group.status().code(),
+                          absl::StrCat("--device cuda --tp ", layout_.tp, ": ", group.status().message()));
     }
-    return std::make_unique<InProcessGroup>(1);  // never called into with one rank
+    std::fprintf(stderr, "hsx: --device cuda: %d ranks, %s transport\n", layout_.tp,
+                 layout_.same_device() ? "same-device" : "NCCL");
+    return group;
   }
 
   // The up-front plan: each GPU's free memory against its ranks' weights,
@@ -83,10 +91,6 @@ class CudaFactory : public DeviceFactory {
 // (GPU, memory, driver and runtime versions). The memory plan comes next
 // (PlanMemory), before any weight is loaded.
 absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeCudaFactory(Precision precision, int tp, int ranks_per_device) {
-  if (tp != 1) {
-    return absl::UnimplementedError(
-        absl::StrCat("--tp ", tp, " with --device cuda: tensor parallelism on CUDA arrives with the TP issue; use --tp 1"));
-  }
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) return absl::Status(count.status().code(), absl::StrCat("--device cuda: ", count.status().message()));
   absl::StatusOr<RankLayout> layout = MakeRankLayout(tp, ranks_per_device, *count);
