@@ -7,7 +7,8 @@
 // same backend and its pinned algorithm) measured in the same run,
 // interleaved with the forwards: median and range over --repeats.
 //
-// What it leaves out: the all-reduces (one rank, no communicator), the
+// What it leaves out: the all-reduces (one rank, no communicator: their
+// per-layer volume is printed), the
 // embedding and the captures. Dense weights are generated on the device; the
 // routed experts are generated once on the host (one expert's INT4 data) and
 // placed 48 times per layer through PlaceExperts, the loader's path.
@@ -593,7 +594,16 @@ int Main() {
                 "the dequant) %.1f TFLOP/s\n",
                 static_cast<long long>(pairs[tokens] / layers),
                 gemm_s > 0 ? flops.routed / gemm_s / 1e12 : 0.0);
-    absl::StrAppendFormat(&json, "}, \"routed_gemm_tflops\": %.1f}", gemm_s > 0 ? flops.routed / gemm_s / 1e12 : 0.0);
+    // What the left-out all-reduces would move at TP 8 (forward.cc): per
+    // layer the attention output [T, hidden] and the MoE's routed | shared
+    // halves [T, 2 hidden], f32 partials; each rank sends and receives 7/8
+    // of each matrix twice (reduce-scatter, all-gather).
+    const double reduce_bytes = 3.0 * static_cast<double>(tokens) * config.hidden_size * 4;
+    std::printf("  all-reduce per layer at TP %d (not run here): %.0f MB of f32 partials, %.0f MB sent and as much "
+                "received per rank\n",
+                kTp, reduce_bytes / 1e6, reduce_bytes * 2 * (kTp - 1) / kTp / 1e6);
+    absl::StrAppendFormat(&json, "}, \"routed_gemm_tflops\": %.1f, \"allreduce_mb_per_layer\": %.0f}",
+                          gemm_s > 0 ? flops.routed / gemm_s / 1e12 : 0.0, reduce_bytes / 1e6);
   }
   absl::StrAppend(&json, "]}");
   std::printf("\nRESULT %s\n", json.c_str());
