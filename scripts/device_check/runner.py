@@ -49,8 +49,8 @@ GLIBC_FAMILY = re.compile(
 DRIVER = re.compile(r"^lib(cuda|nvidia-[\w.-]+)\.so")
 # CUDA libraries the GPU machine has (toolkit, Python nvidia-* packages); hundreds of MB each.
 GPU_MACHINE_CUDA = re.compile(r"^lib(cublas|cublasLt|cudnn[\w]*|nccl)\.so")
-# What is looked for on the GPU machine and reported, needed by a binary or not (the CUDA
-# backend will link these), so the first run there already says where they are.
+# What is looked for on the GPU machine, reported, and put on the binaries' library path: the
+# CUDA backend loads cuBLASLt and NCCL with dlopen (so ldd does not list them).
 CUDA_LIBRARIES_TO_FIND = ["libcublasLt.so.13", "libcublas.so.13", "libcudnn.so.9", "libnccl.so.2"]
 
 
@@ -485,7 +485,10 @@ def probe_gpu(ctx):
     found = {}
     for soname in ["libcuda.so.1"] + CUDA_LIBRARIES_TO_FIND + sorted(needed):
         found[soname] = find_library(soname, roots)
-    ctx.add_library_dirs([found[s] for s in ["libcuda.so.1"] + sorted(needed) if found[s]])
+    # The CUDA libraries the binaries dlopen (cuBLASLt, NCCL: not in ldd's list) are looked up on
+    # the loader's path first, so their folders go there too.
+    wanted = ["libcuda.so.1"] + sorted(needed) + CUDA_LIBRARIES_TO_FIND
+    ctx.add_library_dirs([found[s] for s in wanted if found[s]])
     gpu = {"nvidia_smi": nvidia_smi(ctx), "libraries": {s: (os.path.join(d, s) if d else None)
                                                          for s, d in found.items()}}
     missing = sorted(s for s in needed if not found[s])

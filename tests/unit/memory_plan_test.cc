@@ -4,6 +4,7 @@
 // refused or accepted against given free memory.
 #include "server/runtime/memory_plan.h"
 
+#include <cstdio>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -110,6 +111,10 @@ TEST(MemoryPlanTest, NamesTheLargestBatchThatFits) {
   const int64_t fitting = LargestFittingBatch(c, layout, 1 << 20, Precision::kBf16, h200);
   ASSERT_GT(fitting, 0);
   ASSERT_LT(fitting, 1 << 20);
+  std::vector<DevicePlan> plans;
+  (void)CheckMemoryPlan(c, layout, 8192, Precision::kBf16, h200, &plans);
+  std::printf("Kimi-K2, TP 8, 139 GiB free per GPU: the largest batch that fits is %lld tokens; at 8192: %s\n",
+              static_cast<long long>(fitting), DescribeDevicePlan(plans[0], 8192).c_str());
   EXPECT_TRUE(CheckMemoryPlan(c, layout, fitting, Precision::kBf16, h200).ok());
   const absl::Status over = CheckMemoryPlan(c, layout, fitting + 1, Precision::kBf16, h200);
   EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
