@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -247,28 +248,12 @@ class NcclGroup : public CudaGroup {
       block = staging->matrix().ld;
     }
     float* stage = staging ? static_cast<float*>(staging->matrix().data) : nullptr;
-    // Reduce-scatter.
-    if (absl::Status s = Nccl(api_->ncclGroupStart(), rank, data, "ncclGroupStart"); !s.ok()) return s;
-    for (const PeerExchange& e : ReduceScatterExchanges(elements, n, rank)) {
-      if (e.send.size() > 0) {
-        if (absl::Status s = Nccl(api_->ncclSend(base + e.send.begin, e.send.size(), ncclFloat32, e.peer, comm, stream),
-                                  rank, data, "ncclSend");
-            !s.ok()) {
-          api_->ncclGroupEnd();
-          return s;
-        }
-      }
-      if (e.receive.size() > 0) {
-        if (absl::Status s = Nccl(api_->ncclRecv(stage + e.staging * block, e.receive.size(), ncclFloat32, e.peer,
-                                                 comm, stream),
-                                  rank, data, "ncclRecv");
-            !s.ok()) {
-          api_->ncclGroupEnd();
-          return s;
-        }
-      }
+    // Reduce-scatter: the peers' partials of the own slice into staging.
+    if (absl::Status st = Exchange(rank, data, comm, ReduceScatterExchanges(elements, n, rank),
+                                   [&](const PeerExchange& e) { return stage + e.staging * block; });
+        !st.ok()) {
+      return st;
     }
-    if (absl::Status s = Nccl(api_->ncclGroupEnd(), rank, data, "ncclGroupEnd"); !s.ok()) return s;
     // The rank-order sum of the own slice, in place.
     if (own.size() > 0) {
       std::vector<const float*> sources;
@@ -279,28 +264,9 @@ class NcclGroup : public CudaGroup {
                        cuda::LaunchSumInRankOrder(sources.data(), n, base + own.begin, own.size(), stream)),
                    "LaunchSumInRankOrder");
     }
-    // All-gather.
-    if (absl::Status s = Nccl(api_->ncclGroupStart(), rank, data, "ncclGroupStart"); !s.ok()) return s;
-    for (const PeerExchange& e : AllGatherExchanges(elements, n, rank)) {
-      if (e.send.size() > 0) {
-        if (absl::Status s = Nccl(api_->ncclSend(base + e.send.begin, e.send.size(), ncclFloat32, e.peer, comm, stream),
-                                  rank, data, "ncclSend");
-            !s.ok()) {
-          api_->ncclGroupEnd();
-          return s;
-        }
-      }
-      if (e.receive.size() > 0) {
-        if (absl::Status s = Nccl(api_->ncclRecv(base + e.receive.begin, e.receive.size(), ncclFloat32, e.peer, comm,
-                                                 stream),
-                                  rank, data, "ncclRecv");
-            !s.ok()) {
-          api_->ncclGroupEnd();
-          return s;
-        }
-      }
-    }
-    return Nccl(api_->ncclGroupEnd(), rank, data, "ncclGroupEnd");
+    // All-gather: the peers' sums into place.
+    return Exchange(rank, data, comm, AllGatherExchanges(elements, n, rank),
+                    [&](const PeerExchange& e) { return base + e.receive.begin; });
   }
 
  private:
@@ -308,6 +274,28 @@ class NcclGroup : public CudaGroup {
     if (result == ncclSuccess) return absl::OkStatus();
     return absl::InternalError(absl::StrCat(What(rank, data), " on cuda:", ranks_[rank].device, ": ", call, ": ",
                                             api_->ncclGetErrorString(result)));
+  }
+
+  // One grouped round: for each exchange, e.send of this rank's matrix to the
+  // peer and e.receive.size() elements from it into receive_to(e).
+  absl::Status Exchange(int rank, const Matrix& data, ncclComm_t comm, const std::vector<PeerExchange>& exchanges,
+                        const std::function<float*(const PeerExchange&)>& receive_to) {
+    const cudaStream_t stream = ranks_[rank].stream;
+    const float* base = posted_[rank].data;
+    if (absl::Status s = Nccl(api_->ncclGroupStart(), rank, data, "ncclGroupStart"); !s.ok()) return s;
+    absl::Status status;
+    for (const PeerExchange& e : exchanges) {
+      if (status.ok() && e.send.size() > 0) {
+        status = Nccl(api_->ncclSend(base + e.send.begin, e.send.size(), ncclFloat32, e.peer, comm, stream), rank,
+                      data, "ncclSend");
+      }
+      if (status.ok() && e.receive.size() > 0) {
+        status = Nccl(api_->ncclRecv(receive_to(e), e.receive.size(), ncclFloat32, e.peer, comm, stream), rank, data,
+                      "ncclRecv");
+      }
+    }
+    const absl::Status ended = Nccl(api_->ncclGroupEnd(), rank, data, "ncclGroupEnd");  // always closes the group
+    return status.ok() ? ended : status;
   }
 
   void Release() {

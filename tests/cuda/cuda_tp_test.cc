@@ -65,13 +65,7 @@ class TensorParallelTest : public ::testing::TestWithParam<Device> {
   }
 
   static std::vector<SampleStates> Run(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
-    Batch batch;
-    for (const auto& s : samples) batch.AddSample(s);
-    const CaptureSpec capture = *ParseCaptureSpec("all", checkpoint_->config(), true);
-    absl::StatusOr<Captures> captures = engine.Run(batch, capture);
-    EXPECT_TRUE(captures.ok()) << captures.status();
-    if (!captures.ok()) return {};
-    return SplitBySample(*captures, batch.cu_seqlens);
+    return ::hsx::testing::RunBatch(engine, samples);
   }
 
   static std::vector<std::vector<int32_t>> Samples(uint32_t seed, int count, int64_t longest) {
@@ -91,21 +85,7 @@ class TensorParallelTest : public ::testing::TestWithParam<Device> {
     EXPECT_EQ(got.size(), want.size());
     double worst = 0;
     for (size_t s = 0; s < std::min(got.size(), want.size()); ++s) {
-      const size_t layers = want[s].capture_ids.size();
-      const size_t per_layer = static_cast<size_t>(want[s].hidden);
-      for (size_t l = 0; l <= layers; ++l) {
-        double diff = 0, norm = 0;
-        for (int64_t t = 0; t < want[s].tokens; ++t) {
-          for (size_t c = 0; c < per_layer; ++c) {
-            const size_t i = l < layers ? (t * layers + l) * per_layer + c : t * per_layer + c;
-            const double g = l < layers ? got[s].hidden_states[i] : got[s].final_norm[i];
-            const double w = l < layers ? want[s].hidden_states[i] : want[s].final_norm[i];
-            diff += (g - w) * (g - w);
-            norm += w * w;
-          }
-        }
-        worst = std::max(worst, std::sqrt(diff / std::max(norm, 1e-30)));
-      }
+      for (double e : ::hsx::testing::LayerErrors(got[s], want[s])) worst = std::max(worst, e);
     }
     return worst;
   }
