@@ -82,6 +82,9 @@ class Weights {
     if (!buffer.ok()) return buffer.status();
     const Matrix m = (*buffer)->matrix();
     if (m.ld != in) return absl::InternalError(absl::StrCat("weight [", out, ", ", in, "] has ld ", m.ld));
+    // The pool allocates in the backend's stream order: wait for it before
+    // the default stream writes the memory.
+    if (absl::Status s = backend_.Synchronize(); !s.ok()) return s;
     if (int s = cuda::LaunchFillPattern(m.data, out * in, true, seed, nullptr); s != 0) {
       return absl::InternalError(absl::StrCat("LaunchFillPattern [", out, ", ", in, "]: ",
                                               cudaGetErrorString(static_cast<cudaError_t>(s))));
@@ -242,6 +245,7 @@ class Bench {
     BENCH_RETURN_IF_ERROR(alloc(2 * h, ElementType::kF32, &partial));  // routed | shared
     BENCH_RETURN_IF_ERROR(alloc(layers_[0].shared_gate.out, act, &gate));
     BENCH_RETURN_IF_ERROR(alloc(layers_[0].shared_gate.out, act, &up));
+    BENCH_RETURN_IF_ERROR(backend_.Synchronize());  // the allocations, before the default stream writes
     if (int s = cuda::LaunchFillPattern(hm.data, tokens * h, true, 99, nullptr); s != 0) {
       return absl::InternalError("LaunchFillPattern (hidden states)");
     }
@@ -322,6 +326,7 @@ class Bench {
       if (!y.ok()) return y.status();
       peak_x_ = *std::move(x);
       peak_y_ = *std::move(y);
+      BENCH_RETURN_IF_ERROR(backend_.Synchronize());
       absl::StatusOr<LinearWeight> w = weights_.Linear(n, n, 4242);
       if (!w.ok()) return w.status();
       peak_w_ = *w;
@@ -372,6 +377,7 @@ class Bench {
           backend_.Allocate(1, static_cast<int64_t>(pointers.size()) * 4, ElementType::kBf16);
       if (!table.ok()) return table.status();
       dequant_pointers_ = *std::move(table);
+      BENCH_RETURN_IF_ERROR(backend_.Synchronize());  // the allocations, before the default stream uses them
       if (cudaMemcpy(dequant_pointers_->matrix().data, pointers.data(), pointers.size() * sizeof(void*),
                      cudaMemcpyHostToDevice) != cudaSuccess) {
         return absl::InternalError("copying the dequant pointers");
