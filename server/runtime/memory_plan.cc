@@ -79,9 +79,11 @@ int64_t ForwardBytesPerRank(const ModelConfig& c, int tp, int64_t tokens, Precis
   const int64_t dense_mlp = 2 * (c.intermediate_size / tp) * a + h * partial;
   const int64_t shared_inter = c.moe_intermediate_size * c.n_shared_experts / tp;
   const int64_t moe_mlp = c.n_shared_experts > 0 ? 2 * h * a + 2 * h * partial + 2 * shared_inter * a : h * partial;
+  // Model::Run releases a layer's scratch once the layer is enqueued: the
+  // largest layer's counts (the embedding's f32 partial is smaller).
   int64_t per_token = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    per_token += layer_common + (c.IsMoeLayer(l) ? moe_mlp : dense_mlp);
+    per_token = std::max(per_token, layer_common + (c.IsMoeLayer(l) ? moe_mlp : dense_mlp));
   }
   per_token += 2 * h * a;  // the residual stream and the final norm
   per_token += 16;         // the staged batch: token id, position, a share of cu_seqlens and tiles

@@ -46,12 +46,11 @@ struct RankLayout {
 absl::StatusOr<RankLayout> MakeRankLayout(int tp, int ranks_per_device, int device_count);
 
 // Device bytes of activations and per-batch buffers one rank keeps while the
-// forward pass runs a batch of `tokens` tokens through every layer: per layer
-// the scratch of forward.cc's RunLayer (x, update, the attention's q, latent,
+// forward pass runs a batch of `tokens` tokens: the scratch of the largest
+// layer of forward.cc's RunLayer (x, update, the attention's q, latent,
 // compressed kv, kv, output and f32 partial; the MLP's or MoE's gate, up and
-// partials), all held until the batch ends (Model::Run frees its scratch only
-// when the next batch starts), plus the residual stream, the final norm and
-// the staged batch.
+// partials; Model::Run releases each layer's scratch after the layer), plus
+// the residual stream, the final norm and the staged batch.
 int64_t ForwardBytesPerRank(const ModelConfig& config, int tp, int64_t tokens, Precision precision);
 
 // Device bytes one rank's backend takes besides weights and the forward's

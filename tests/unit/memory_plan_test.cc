@@ -68,6 +68,10 @@ TEST(ForwardBytesTest, CountsTheForwardsBuffersByHand) {
   // TP 2: half the heads and the intermediate, plus two f32 partials of [8].
   // Attention per token: 4 + 4 + 6 + 4 + 4 + 2 = 24.
   EXPECT_EQ(ForwardBytesPerRank(c, 2, 1, Precision::kBf16), (16 + 24 + 6 + 16) * 2 + 2 * 8 * 4 + 16);
+  // The largest layer counts, not the sum: Model::Run frees each layer's scratch.
+  ModelConfig deep = c;
+  deep.num_hidden_layers = 5;
+  EXPECT_EQ(ForwardBytesPerRank(deep, 1, 1, Precision::kBf16), ForwardBytesPerRank(c, 1, 1, Precision::kBf16));
   // Linear in tokens.
   EXPECT_EQ(ForwardBytesPerRank(c, 2, 1000, Precision::kBf16), 1000 * ForwardBytesPerRank(c, 2, 1, Precision::kBf16));
 }
