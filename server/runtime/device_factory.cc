@@ -63,11 +63,17 @@ class CudaFactory : public DeviceFactory {
     return group;
   }
 
-  // The up-front plan: each GPU's free memory against its ranks' weights,
-  // scratch and batch budget; one log line per GPU.
+  // The start-up line of each GPU, then the up-front plan: each GPU's free
+  // memory against its ranks' weights, scratch and batch budget.
   absl::Status PlanMemory(const ModelConfig& config, int64_t max_batch_tokens) override {
     std::vector<int64_t> free;
     for (int d = 0; d < layout_.devices(); ++d) {
+      absl::StatusOr<std::string> device = DescribeCudaDevice(d);
+      if (!device.ok()) {
+        return absl::Status(device.status().code(), absl::StrCat("--device cuda: ", device.status().message()));
+      }
+      std::fprintf(stderr, "hsx: --device cuda: %s; %s activations\n", device->c_str(),
+                   precision_ == Precision::kBf16 ? "bf16" : "fp32");
       absl::StatusOr<CudaMemory> memory = CudaMemoryInfo(d);
       if (!memory.ok()) return absl::Status(memory.status().code(), absl::StrCat("--device cuda: ", memory.status().message()));
       free.push_back(memory->free);
@@ -87,20 +93,14 @@ class CudaFactory : public DeviceFactory {
   RankLayout layout_;
 };
 
-// Checks for the devices the layout needs and logs the start-up line of each
-// (GPU, memory, driver and runtime versions). The memory plan comes next
-// (PlanMemory), before any weight is loaded.
+// Checks for the devices the layout needs. The engine then calls PlanMemory,
+// which logs the start-up line of each GPU (name, memory, driver and runtime
+// versions) and the plan, before any weight is loaded.
 absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeCudaFactory(Precision precision, int tp, int ranks_per_device) {
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) return absl::Status(count.status().code(), absl::StrCat("--device cuda: ", count.status().message()));
   absl::StatusOr<RankLayout> layout = MakeRankLayout(tp, ranks_per_device, *count);
   if (!layout.ok()) return absl::Status(layout.status().code(), absl::StrCat("--device cuda: ", layout.status().message()));
-  for (int d = 0; d < layout->devices(); ++d) {
-    absl::StatusOr<std::string> device = DescribeCudaDevice(d);
-    if (!device.ok()) return absl::Status(device.status().code(), absl::StrCat("--device cuda: ", device.status().message()));
-    std::fprintf(stderr, "hsx: --device cuda: %s; %s activations\n", device->c_str(),
-                 precision == Precision::kBf16 ? "bf16" : "fp32");
-  }
   return std::make_unique<CudaFactory>(precision, *layout);
 }
 #endif

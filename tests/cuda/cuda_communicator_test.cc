@@ -75,6 +75,7 @@ TEST_P(CudaCommunicatorTest, SumsExactlyAsThePlanOnTheHost) {
       const int64_t cols = rows == 1 ? 5 : 7168 / 16 + 3;  // not a multiple of the granule
       SCOPED_TRACE(::testing::Message() << ranks << " ranks, " << rows << " x " << cols);
       MakeGroup(ranks);
+      ASSERT_FALSE(HasFatalFailure());
       std::mt19937 random(static_cast<uint32_t>(ranks * 100 + rows));
       std::normal_distribution<float> normal(0.0f, 1.0f);
       std::vector<std::vector<float>> host(ranks, std::vector<float>(static_cast<size_t>(rows * cols)));
@@ -108,6 +109,7 @@ TEST_P(CudaCommunicatorTest, SumsExactlyAsThePlanOnTheHost) {
 
 TEST_P(CudaCommunicatorTest, BadInputIsNamedOnEveryRank) {
   MakeGroup(2);
+  ASSERT_FALSE(HasFatalFailure());
   std::vector<std::unique_ptr<Buffer>> buffers;
   std::vector<Matrix> bf16, sizes;
   for (int r = 0; r < 2; ++r) {
@@ -128,6 +130,7 @@ TEST_P(CudaCommunicatorTest, BadInputIsNamedOnEveryRank) {
 
 TEST_P(CudaCommunicatorTest, AbortWakesARankWaitingForAnother) {
   MakeGroup(2);
+  ASSERT_FALSE(HasFatalFailure());
   std::unique_ptr<Buffer> buffer = *backends_[0]->Allocate(2, 64, ElementType::kF32);
   absl::Status waited;
   std::thread rank0([&] { waited = group_->rank(0)->AllReduceSum(buffer->matrix()); });
