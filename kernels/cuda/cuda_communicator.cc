@@ -49,7 +49,8 @@ class CudaGroup : public CommunicatorGroup {
 
   // "AllReduceSum (rank 2 of 4, 1024 x 7168 f32)": the op and sizes errors name.
   std::string What(int rank, const Matrix& data) const {
-    return absl::StrCat("AllReduceSum (rank ", rank, " of ", size(), ", ", data.rows, " x ", data.cols, " f32)");
+    return absl::StrCat("AllReduceSum (rank ", rank, " of ", size(), ", ", data.rows, " x ", data.cols, " ",
+                        ElementTypeName(data.type), ")");
   }
 
   absl::Status CudaCall(cudaError_t status, int rank, const Matrix& data, const char* call) const {
