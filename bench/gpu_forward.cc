@@ -47,6 +47,8 @@ ABSL_FLAG(int, layers, 2, "MoE decoder layers per forward.");
 ABSL_FLAG(int, repeats, 3, "Timed repeats of each measurement (after one warm-up).");
 ABSL_FLAG(double, max_seconds, 150, "Stop starting new repeats after this many seconds (results so far are kept).");
 ABSL_FLAG(int, device, 0, "CUDA device.");
+ABSL_FLAG(std::string, attention, "reference",
+          "Attention kernel: reference (the tiled kernel) or cudnn (cuDNN's SDPA; not yet validated on a GPU).");
 
 namespace hsx {
 namespace {
@@ -473,6 +475,11 @@ int Main() {
     std::fprintf(stderr, "gpu_forward: --tokens, --layers, --repeats and --sample-length must be positive\n");
     return 2;
   }
+  const std::string attention = absl::GetFlag(FLAGS_attention);
+  if (attention != "reference" && attention != "cudnn") {
+    std::fprintf(stderr, "gpu_forward: --attention '%s': expected reference or cudnn\n", attention.c_str());
+    return 2;
+  }
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) {
     std::printf("gpu_forward: no GPU: %s\n", std::string(count.status().message()).c_str());
@@ -486,7 +493,9 @@ int Main() {
   }
   std::printf("gpu_forward: %s\n", described->c_str());
   const ModelConfig config = *PresetConfig("kimi-k2");
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(device, Precision::kBf16);
+  std::printf("gpu_forward: %s attention\n", attention.c_str());
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(
+      device, Precision::kBf16, attention == "cudnn" ? CudaAttention::kCudnn : CudaAttention::kReference);
   if (!backend.ok()) {
     std::fprintf(stderr, "gpu_forward: %s\n", std::string(backend.status().message()).c_str());
     return 1;

@@ -46,10 +46,26 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*
 
 namespace hsx {
 
+// Which kernel runs Attention: the tiled reference kernel (attention.cu; the
+// CPU reference's arithmetic, batch invariant by construction) or cuDNN's SDPA
+// (cudnn_attention.h; bf16 only, not yet validated on a GPU).
+enum class CudaAttention { kReference, kCudnn };
+
 // A CUDA backend on device `device`. FailedPrecondition "no CUDA device: ..."
 // (with the CUDA error string) where the machine has none or fewer than
-// device + 1.
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision precision);
+// device + 1. With CudaAttention::kCudnn, FailedPrecondition with the reason
+// where cuDNN cannot serve (not built in, library missing, fp32 activations):
+// an explicit request is never silently replaced by the reference kernel.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision precision,
+                                                         CudaAttention attention = CudaAttention::kReference);
+
+// Start-up check of --attention=cudnn on device `device`: builds the SDPA
+// graph for one sample of `longest` tokens with the model's heads per rank and
+// head dims. Returns a line naming the cuDNN version, or the reason it cannot
+// serve (FailedPrecondition: not loadable; Unimplemented: no engine supports
+// the shape).
+absl::StatusOr<std::string> ProbeCudnnAttention(int device, Precision precision, int64_t heads, int64_t qk_dim,
+                                                int64_t v_dim, int64_t longest);
 
 // The number of CUDA devices, or FailedPrecondition "no CUDA device: <why>".
 absl::StatusOr<int> CudaDeviceCount();

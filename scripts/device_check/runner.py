@@ -50,8 +50,10 @@ DRIVER = re.compile(r"^lib(cuda|nvidia-[\w.-]+)\.so")
 # CUDA libraries the GPU machine has (toolkit, Python nvidia-* packages); hundreds of MB each.
 GPU_MACHINE_CUDA = re.compile(r"^lib(cublas|cublasLt|cudnn[\w]*|nccl)\.so")
 # What is looked for on the GPU machine, reported, and put on the binaries' library path: the
-# CUDA backend loads cuBLASLt and NCCL with dlopen (so ldd does not list them).
-CUDA_LIBRARIES_TO_FIND = ["libcublasLt.so.13", "libcublas.so.13", "libcudnn.so.9", "libnccl.so.2"]
+# CUDA backend loads cuBLASLt, NCCL and cuDNN with dlopen (so ldd does not list them), and the cuDNN
+# frontend (--attention=cudnn) loads the shared CUDA runtime for its own calls.
+CUDA_LIBRARIES_TO_FIND = ["libcublasLt.so.13", "libcublas.so.13", "libcudnn.so.9", "libnccl.so.2",
+                          "libcudart.so.13"]
 
 
 def carried(soname):
@@ -249,12 +251,15 @@ STEPS = [
     BundleCheck(),
     GTestSuite("cuda_kernels", "hsx_cuda_tests", "CUDA kernels and the backend's per-op conformance against"
                " the CPU reference (tests/cuda)", timeout_s=150,
-               gtest_filter="-CudaModelTest.*:*RowsDoNotDependOn*:*TensorParallel*:*CudaCommunicator*"),
+               gtest_filter="-CudaModelTest.*:*RowsDoNotDependOn*:*TensorParallel*:*CudaCommunicator*:Cudnn*"),
     GTestSuite("oracle", "hsx_cuda_tests", "--device cuda against the CPU backend, whole model"
                " (fp32 1e-5, bf16 2e-2)", timeout_s=120, gtest_filter="CudaModelTest.MatchesTheCpuBackend*"),
     GTestSuite("batch_invariance", "hsx_cuda_tests", "a sample's states bitwise the same solo and in any"
                " batch (20 seeds, up to 2048 tokens), rows independent of M", timeout_s=180,
                gtest_filter="CudaModelTest.BatchedEqualsSoloBitForBit*:*RowsDoNotDependOn*"),
+    GTestSuite("cudnn_attention", "hsx_cuda_tests", "--attention=cudnn (cuDNN SDPA) against the reference"
+               " kernel at Kimi head dims 192/128 and on the whole tiny model (bf16 2e-2), and bitwise batch"
+               " invariance, op and model", timeout_s=90, gtest_filter="Cudnn*"),
     GTestSuite("tensor_parallel", "hsx_cuda_tests", "TP 2/4/8 with every rank on one GPU (same-device"
                " transport) against TP 1 (fp32 1e-5), TP 8 batch invariance bitwise, the transports against the"
                " host plan bitwise, abort; NCCL where >= 2 GPUs", timeout_s=120,

@@ -44,10 +44,12 @@ class CpuFactory : public DeviceFactory {
 // (kernels/cuda/cuda_communicator.h).
 class CudaFactory : public DeviceFactory {
  public:
-  CudaFactory(Precision precision, RankLayout layout) : precision_(precision), layout_(layout) {}
+  CudaFactory(Precision precision, RankLayout layout, AttentionKernel attention)
+      : precision_(precision), layout_(layout), attention_(attention) {}
 
   absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(int rank) override {
-    return MakeCudaBackend(layout_.device_of(rank), precision_);
+    return MakeCudaBackend(layout_.device_of(rank), precision_,
+                           attention_ == AttentionKernel::kCudnn ? CudaAttention::kCudnn : CudaAttention::kReference);
   }
 
   absl::StatusOr<std::unique_ptr<CommunicatorGroup>> MakeGroup(std::span<Backend* const> backends) override {
@@ -72,8 +74,9 @@ class CudaFactory : public DeviceFactory {
       if (!device.ok()) {
         return absl::Status(device.status().code(), absl::StrCat("--device cuda: ", device.status().message()));
       }
-      std::fprintf(stderr, "hsx: --device cuda: %s; %s activations\n", device->c_str(),
-                   precision_ == Precision::kBf16 ? "bf16" : "fp32");
+      std::fprintf(stderr, "hsx: --device cuda: %s; %s activations; %s attention\n", device->c_str(),
+                   precision_ == Precision::kBf16 ? "bf16" : "fp32", AttentionKernelName(attention_));
+      if (absl::Status s = ProbeAttention(config, d, max_batch_tokens); !s.ok()) return s;
       absl::StatusOr<CudaMemory> memory = CudaMemoryInfo(d);
       if (!memory.ok()) return absl::Status(memory.status().code(), absl::StrCat("--device cuda: ", memory.status().message()));
       free.push_back(memory->free);
@@ -89,19 +92,36 @@ class CudaFactory : public DeviceFactory {
   }
 
  private:
+  // --attention=cudnn: the SDPA graph for this model's heads per rank and head
+  // dims must build on device d, or start-up stops with cuDNN's reason.
+  absl::Status ProbeAttention(const ModelConfig& config, int d, int64_t max_batch_tokens) {
+    if (attention_ != AttentionKernel::kCudnn) return absl::OkStatus();
+    absl::StatusOr<std::string> cudnn =
+        ProbeCudnnAttention(d, precision_, config.num_attention_heads / layout_.tp, config.qk_head_dim(),
+                            config.v_head_dim, max_batch_tokens);
+    if (!cudnn.ok()) {
+      return absl::Status(cudnn.status().code(), absl::StrCat("--attention=cudnn: ", cudnn.status().message(),
+                                                              " (--attention=reference runs the reference kernel)"));
+    }
+    std::fprintf(stderr, "hsx: --attention=cudnn: %s on GPU %d\n", cudnn->c_str(), d);
+    return absl::OkStatus();
+  }
+
   Precision precision_;
   RankLayout layout_;
+  AttentionKernel attention_;
 };
 
 // Checks for the devices the layout needs. The engine then calls PlanMemory,
 // which logs the start-up line of each GPU (name, memory, driver and runtime
 // versions) and the plan, before any weight is loaded.
-absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeCudaFactory(Precision precision, int tp, int ranks_per_device) {
+absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeCudaFactory(Precision precision, int tp, int ranks_per_device,
+                                                               AttentionKernel attention) {
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) return absl::Status(count.status().code(), absl::StrCat("--device cuda: ", count.status().message()));
   absl::StatusOr<RankLayout> layout = MakeRankLayout(tp, ranks_per_device, *count);
   if (!layout.ok()) return absl::Status(layout.status().code(), absl::StrCat("--device cuda: ", layout.status().message()));
-  return std::make_unique<CudaFactory>(precision, *layout);
+  return std::make_unique<CudaFactory>(precision, *layout, attention);
 }
 #endif
 
@@ -115,16 +135,30 @@ absl::StatusOr<Device> ParseDevice(absl::string_view name) {
 
 const char* DeviceName(Device device) { return device == Device::kCpu ? "cpu" : "cuda"; }
 
+absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name) {
+  if (name == "reference") return AttentionKernel::kReference;
+  if (name == "cudnn") return AttentionKernel::kCudnn;
+  return absl::InvalidArgumentError(absl::StrCat("--attention '", name, "': expected reference or cudnn"));
+}
+
+const char* AttentionKernelName(AttentionKernel kernel) {
+  return kernel == AttentionKernel::kReference ? "reference" : "cudnn";
+}
+
 absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeDeviceFactory(Device device, Precision precision, int tp,
-                                                                 int threads, int ranks_per_device) {
+                                                                 int threads, int ranks_per_device,
+                                                                 AttentionKernel attention) {
   if (device == Device::kCuda) {
 #if HSX_HAVE_CUDA
-    return MakeCudaFactory(precision, tp, ranks_per_device);
+    return MakeCudaFactory(precision, tp, ranks_per_device, attention);
 #else
     return absl::UnimplementedError(
         "--device cuda: not available in this build (built without CUDA: nvcc was not found or HSX_ENABLE_CUDA=OFF); "
         "use --device cpu");
 #endif
+  }
+  if (attention != AttentionKernel::kReference) {
+    return absl::InvalidArgumentError("--attention=cudnn: applies to --device cuda only");
   }
   if (ranks_per_device != 1) {
     return absl::InvalidArgumentError(absl::StrCat("--ranks-per-device ", ranks_per_device,

@@ -121,7 +121,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Checkpoint& checkpo
   } else {
     HSX_ASSIGN_OR_RETURN(engine->owned_factory_,
                          MakeDeviceFactory(options.device, options.precision, options.tp, options.threads,
-                                           options.ranks_per_device));
+                                           options.ranks_per_device, options.attention));
     engine->factory_ = engine->owned_factory_.get();
   }
   // Before anything is loaded: refuse what will not fit (memory_plan.h).

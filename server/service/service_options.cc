@@ -25,6 +25,11 @@ ABSL_FLAG(int, tp, 1, "Tensor-parallel ranks (threads on the CPU backend; with -
 ABSL_FLAG(int, ranks_per_device, 1,
           "--device cuda: ranks per GPU, 1 (rank r on GPU r) or the --tp value (every rank on GPU 0: "
           "tensor parallelism tested on one GPU).");
+ABSL_FLAG(std::string, attention, "reference",
+          "--device cuda: the attention kernel, reference (default: the tiled kernel with the CPU "
+          "reference's arithmetic, bitwise batch invariant) or cudnn (cuDNN's SDPA, bf16 only; faster, but not "
+          "yet validated on a GPU, hence not the default). With cudnn, start-up fails with cuDNN's reason where "
+          "it cannot serve the model (no silent fallback).");
 ABSL_FLAG(std::string, precision, "bf16",
           "Arithmetic: bf16 (rounds where the HF BF16 reference rounds) or fp32.");
 ABSL_FLAG(int, threads, 0, "CPU threads in all (0: every core), shared among the ranks.");
@@ -136,7 +141,11 @@ absl::StatusOr<ServiceOptions> OptionsFromFlags() {
   if (o.tp < 1) return absl::InvalidArgumentError("--tp must be at least 1");
   // Refuse a device this build cannot drive before anything listens.
   o.ranks_per_device = absl::GetFlag(FLAGS_ranks_per_device);
-  if (absl::Status s = MakeDeviceFactory(*device, Precision::kBf16, o.tp, 1, o.ranks_per_device).status(); !s.ok()) {
+  absl::StatusOr<AttentionKernel> attention = ParseAttentionKernel(absl::GetFlag(FLAGS_attention));
+  if (!attention.ok()) return attention.status();
+  o.attention = *attention;
+  if (absl::Status s = MakeDeviceFactory(*device, Precision::kBf16, o.tp, 1, o.ranks_per_device, o.attention).status();
+      !s.ok()) {
     return s;
   }
   const std::string precision = absl::GetFlag(FLAGS_precision);

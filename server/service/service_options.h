@@ -19,6 +19,7 @@
 #include "kernels/backend.h"
 #include "server/model/config.h"
 #include "server/model/forward.h"
+#include "server/runtime/device_factory.h"
 
 namespace hsx {
 
@@ -38,6 +39,7 @@ struct ServiceOptions {
   std::string device = "cpu";
   int tp = 1;
   int ranks_per_device = 1;  // --device cuda: 1 or tp
+  AttentionKernel attention = AttentionKernel::kReference;  // --attention
   Precision precision = Precision::kBf16;
   int threads = 0;
   std::string capture_text = "eagle3";
