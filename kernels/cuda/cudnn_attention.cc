@@ -195,12 +195,16 @@ void PointFrontendAtCudart() {
 std::string CudnnAttentionMissing() { return ""; }
 
 absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(CUstream_st* stream) {
-  if (fe::cudnn_dlhandle == nullptr) {
+  // Loaded once per process (thread-safe static: TP ranks create their
+  // backends on their own threads); the handle stays open.
+  static const absl::Status* const loaded = [] {
     absl::StatusOr<void*> library = OpenCudaLibrary(absl::StrCat("libcudnn.so.", CUDNN_MAJOR), "cuDNN");
-    if (!library.ok()) return library.status();
+    if (!library.ok()) return new absl::Status(library.status());
     fe::cudnn_dlhandle = *library;
     PointFrontendAtCudart();
-  }
+    return new absl::Status();
+  }();
+  if (!loaded->ok()) return *loaded;
   try {
     const int64_t version = static_cast<int64_t>(fe::detail::get_backend_version());
     if (version / 10000 != CUDNN_MAJOR) {
