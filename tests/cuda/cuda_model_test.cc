@@ -27,13 +27,8 @@ class CudaModelTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    ModelConfig config = *PresetConfig("tiny");
-    config.num_hidden_layers = 4;
-    config.vocab_size = 512;
-    GeneratorOptions options;
-    options.seed = 17;
-    ASSERT_TRUE(WriteRandomCheckpoint(config, (*dir_) / "m", options).ok());
-    checkpoint_ = Checkpoint::Open((*dir_) / "m")->release();
+    checkpoint_ = ::hsx::testing::WriteTestCheckpoint(::hsx::testing::TinyTestConfig(), (*dir_) / "m", 17);
+    ASSERT_NE(checkpoint_, nullptr);
   }
   static void TearDownTestSuite() {
     delete checkpoint_;

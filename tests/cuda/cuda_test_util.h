@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "server/model/random_model.h"
 #include "server/model/sample_states.h"
 #include "server/runtime/engine.h"
 
@@ -19,6 +20,30 @@ namespace hsx::testing {
 inline std::string NoCudaDeviceReason() {
   absl::StatusOr<int> count = CudaDeviceCount();
   return count.ok() ? std::string() : std::string(count.status().message());
+}
+
+// The whole-model tests' model: the tiny preset with 4 layers and a vocabulary
+// of 512, `heads` attention heads.
+inline ModelConfig TinyTestConfig(int64_t heads = 4) {
+  ModelConfig config = *PresetConfig("tiny");
+  config.num_hidden_layers = 4;
+  config.vocab_size = 512;
+  config.num_attention_heads = heads;
+  config.num_key_value_heads = heads;
+  return config;
+}
+
+// Writes a random checkpoint of `config` (generator seed `seed`) to `dir` and
+// opens it; null, with a test failure, on error.
+inline Checkpoint* WriteTestCheckpoint(const ModelConfig& config, const std::string& dir, uint64_t seed) {
+  GeneratorOptions options;
+  options.seed = seed;
+  const absl::Status written = WriteRandomCheckpoint(config, dir, options);
+  EXPECT_TRUE(written.ok()) << written;
+  if (!written.ok()) return nullptr;
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
+  EXPECT_TRUE(checkpoint.ok()) << checkpoint.status();
+  return checkpoint.ok() ? checkpoint->release() : nullptr;
 }
 
 // Runs `samples` as one batch on `engine`, capturing every layer and the final

@@ -32,15 +32,9 @@ class TensorParallelTest : public ::testing::TestWithParam<Device> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    ModelConfig config = *PresetConfig("tiny");
-    config.num_hidden_layers = 4;
-    config.vocab_size = 512;
-    config.num_attention_heads = 8;  // split 8 ways
-    config.num_key_value_heads = 8;
-    GeneratorOptions options;
-    options.seed = 23;
-    ASSERT_TRUE(WriteRandomCheckpoint(config, (*dir_) / "m", options).ok());
-    checkpoint_ = Checkpoint::Open((*dir_) / "m")->release();
+    // 8 heads: split 8 ways.
+    checkpoint_ = ::hsx::testing::WriteTestCheckpoint(::hsx::testing::TinyTestConfig(8), (*dir_) / "m", 23);
+    ASSERT_NE(checkpoint_, nullptr);
   }
   static void TearDownTestSuite() {
     delete checkpoint_;

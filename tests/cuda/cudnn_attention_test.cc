@@ -136,13 +136,8 @@ class CudnnModelTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new ::hsx::testing::TempDir();
-    ModelConfig config = *PresetConfig("tiny");
-    config.num_hidden_layers = 4;
-    config.vocab_size = 512;
-    GeneratorOptions options;
-    options.seed = 23;
-    ASSERT_TRUE(WriteRandomCheckpoint(config, (*dir_) / "m", options).ok());
-    checkpoint_ = Checkpoint::Open((*dir_) / "m")->release();
+    checkpoint_ = ::hsx::testing::WriteTestCheckpoint(::hsx::testing::TinyTestConfig(), (*dir_) / "m", 23);
+    ASSERT_NE(checkpoint_, nullptr);
   }
   static void TearDownTestSuite() {
     delete checkpoint_;
