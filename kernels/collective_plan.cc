@@ -19,6 +19,42 @@ std::vector<int> SummationOrder(int ranks) {
   return order;
 }
 
+namespace {
+
+// Staging block of `peer`'s partial at `owner`: the peers in rank order, the
+// owner skipped.
+int StagingBlock(int owner, int peer) { return peer < owner ? peer : peer - 1; }
+
+}  // namespace
+
+std::vector<Summand> ReduceSources(int ranks, int owner, bool received) {
+  std::vector<Summand> sources;
+  for (int r : SummationOrder(ranks)) {
+    sources.push_back({r, received && r != owner ? StagingBlock(owner, r) : -1});
+  }
+  return sources;
+}
+
+std::vector<PeerExchange> ReduceScatterExchanges(int64_t elements, int ranks, int rank, int64_t granule) {
+  std::vector<PeerExchange> exchanges;
+  const SliceRange own = ReduceSlice(elements, ranks, rank, granule);
+  for (int peer = 0; peer < ranks; ++peer) {
+    if (peer == rank) continue;
+    exchanges.push_back({peer, ReduceSlice(elements, ranks, peer, granule), own, StagingBlock(rank, peer)});
+  }
+  return exchanges;
+}
+
+std::vector<PeerExchange> AllGatherExchanges(int64_t elements, int ranks, int rank, int64_t granule) {
+  std::vector<PeerExchange> exchanges;
+  const SliceRange own = ReduceSlice(elements, ranks, rank, granule);
+  for (int peer = 0; peer < ranks; ++peer) {
+    if (peer == rank) continue;
+    exchanges.push_back({peer, own, ReduceSlice(elements, ranks, peer, granule), -1});
+  }
+  return exchanges;
+}
+
 void AllReduceByPlan(std::span<float* const> partials, int64_t elements, int64_t granule) {
   const int ranks = static_cast<int>(partials.size());
   if (ranks <= 1) return;

@@ -40,6 +40,34 @@ SliceRange ReduceSlice(int64_t elements, int ranks, int rank, int64_t granule = 
 // ranks - 1, whoever the owner is (its own partial at its own place).
 std::vector<int> SummationOrder(int ranks);
 
+// Where the owner of a slice reads each summand from, in summation order:
+// rank `rank`'s partial, either straight from that rank's matrix (staging < 0:
+// the owner's own partial, and every partial on the same-device transport,
+// where ranks read each other's memory) or, for a transport that receives
+// partials (NCCL), from block `staging` of the owner's staging buffer, which
+// holds ranks - 1 blocks of the owner's slice size.
+struct Summand {
+  int rank = 0;
+  int staging = -1;
+};
+std::vector<Summand> ReduceSources(int ranks, int owner, bool received);
+
+// One rank's exchange with one peer in a send/receive transport (NCCL). In
+// the reduce-scatter it sends the peer its partial of the peer's slice and
+// receives the peer's partial of its own slice into staging block
+// `staging` (offset staging * own slice size); in the all-gather it sends its
+// reduced slice and receives the peer's reduced slice in place.
+struct PeerExchange {
+  int peer = 0;
+  SliceRange send;     // elements of this rank's matrix sent
+  SliceRange receive;  // reduce-scatter: a count only (into staging); all-gather: where in the matrix
+  int staging = -1;    // reduce-scatter only
+};
+std::vector<PeerExchange> ReduceScatterExchanges(int64_t elements, int ranks, int rank,
+                                                 int64_t granule = kCollectiveGranule);
+std::vector<PeerExchange> AllGatherExchanges(int64_t elements, int ranks, int rank,
+                                             int64_t granule = kCollectiveGranule);
+
 // The whole plan run on host memory: every rank's partials[r] (all the same
 // size) replaced by the sum, slice by slice, exactly as a transport would do
 // it. Used by the in-process communicator, and by tests as the model of the

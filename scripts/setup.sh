@@ -57,6 +57,16 @@ if ((with_python)); then
     "$venv/bin/pip" install -q -r "$requirements"
     cp "$requirements" "$stamp"
   fi
+  # The cuDNN frontend's C++ headers (cudnn_frontend.h, header-only) for the CUDA
+  # backend's --attention=cudnn; CMake finds them in this venv at configure time,
+  # so this comes before the configure below. --no-deps: only the headers are
+  # used (the package's Python side pulls in large CUTLASS wheels).
+  cudnn_frontend=nvidia-cudnn-frontend==1.32.0
+  if ! "$venv/bin/pip" show -q nvidia-cudnn-frontend 2>/dev/null ||
+     [[ $("$venv/bin/pip" show nvidia-cudnn-frontend | sed -n 's/^Version: //p') != "${cudnn_frontend#*==}" ]]; then
+    echo "setup: installing the cuDNN frontend headers ($cudnn_frontend)"
+    "$venv/bin/pip" install -q --no-deps "$cudnn_frontend"
+  fi
   # The Python package itself (client/python), rebuilt each time: its stubs come from proto/.
   "$venv/bin/pip" install -q ./client/python
 fi

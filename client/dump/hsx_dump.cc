@@ -62,6 +62,13 @@ ABSL_FLAG(std::string, device, "cpu", "--model: cpu or cuda, the backend every t
 ABSL_FLAG(int, threads, 0, "CPU threads in all (0: all cores), shared among the ranks (--model).");
 ABSL_FLAG(int, tp, 1, "Tensor-parallel ranks (--model: threads here, each holding a slice of the "
           "weights).");
+ABSL_FLAG(int, ranks_per_device, 1, "--model --device cuda: ranks per GPU, 1 (rank r on GPU r) or the --tp "
+          "value (every rank on GPU 0: tensor parallelism tested on one GPU).");
+ABSL_FLAG(std::string, attention, "reference",
+          "--model --device cuda: the attention kernel, reference (default: the tiled kernel with the CPU "
+          "reference's arithmetic, bitwise batch invariant) or cudnn (cuDNN's SDPA, bf16 only; faster, but not "
+          "yet validated on a GPU, hence not the default). With cudnn, start-up fails with cuDNN's reason where "
+          "it cannot serve the model (no silent fallback).");
 ABSL_FLAG(int, concurrency, 64, "Samples in flight at once.");
 ABSL_FLAG(std::string, max_in_flight_bytes, "4GiB", "Bytes of hidden states in flight at once (received "
           "or being written; e.g. 500MB, 8GiB); fewer samples are started when they are long.");
@@ -151,6 +158,11 @@ absl::StatusOr<Transport> MakeInProcess(const std::string& model_dir, hsx::Preci
   absl::StatusOr<hsx::Device> device = hsx::ParseDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return device.status();
   engine_options.device = *device;
+  engine_options.ranks_per_device = absl::GetFlag(FLAGS_ranks_per_device);
+  absl::StatusOr<hsx::AttentionKernel> attention = hsx::ParseAttentionKernel(absl::GetFlag(FLAGS_attention));
+  if (!attention.ok()) return attention.status();
+  engine_options.attention = *attention;
+  engine_options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   absl::StatusOr<std::unique_ptr<hsx::Engine>> engine = hsx::Engine::Create(*t.checkpoint, engine_options);
   if (!engine.ok()) return engine.status();
   t.engine = *std::move(engine);
@@ -161,7 +173,7 @@ absl::StatusOr<Transport> MakeInProcess(const std::string& model_dir, hsx::Preci
 }
 
 absl::StatusOr<Transport> MakeRemote(const std::string& servers, const std::string& precision_name) {
-  for (absl::string_view flag : {"max_batch_tokens", "threads", "tp", "device"}) {
+  for (absl::string_view flag : {"max_batch_tokens", "threads", "tp", "device", "ranks_per_device", "attention"}) {
     if (Specified(flag)) return absl::InvalidArgumentError(absl::StrCat("--", flag, " applies to --model only"));
   }
   hsx::RemoteOptions options;

@@ -8,38 +8,17 @@
 
 namespace hsx {
 
-InProcessGroup::InProcessGroup(int size) : size_(size), posted_(size) {
+InProcessGroup::InProcessGroup(int size) : size_(size), barrier_(size), posted_(size) {
   for (int r = 0; r < size; ++r) ranks_.push_back(std::make_unique<InProcessCommunicator>(this, r));
 }
 
 InProcessGroup::~InProcessGroup() = default;
 
-void InProcessGroup::Abort(const absl::Status& why) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (aborted_.ok()) aborted_ = why.ok() ? absl::AbortedError("collective aborted") : why;
-  changed_.notify_all();
-}
+void InProcessGroup::Abort(const absl::Status& why) { barrier_.Abort(why); }
 
 absl::Status InProcessGroup::Reset() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  aborted_ = absl::OkStatus();
-  arrived_ = 0;
-  ++generation_;
+  barrier_.Reset();
   return absl::OkStatus();
-}
-
-absl::Status InProcessGroup::ArriveAndWait() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!aborted_.ok()) return aborted_;
-  const int64_t generation = generation_;
-  if (++arrived_ == size_) {
-    arrived_ = 0;
-    ++generation_;
-    changed_.notify_all();
-    return absl::OkStatus();
-  }
-  changed_.wait(lock, [&] { return generation_ != generation || !aborted_.ok(); });
-  return generation_ != generation ? absl::OkStatus() : aborted_;
 }
 
 absl::Status InProcessCommunicator::AllReduceSum(const Matrix& data) {

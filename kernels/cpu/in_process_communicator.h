@@ -13,13 +13,12 @@
 #ifndef HSX_KERNELS_CPU_IN_PROCESS_COMMUNICATOR_H_
 #define HSX_KERNELS_CPU_IN_PROCESS_COMMUNICATOR_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "kernels/communicator.h"
+#include "kernels/rank_barrier.h"
 
 namespace hsx {
 
@@ -36,14 +35,10 @@ class InProcessGroup : public CommunicatorGroup {
  private:
   friend class InProcessCommunicator;
   // Waits until all ranks have arrived (or the group is aborted).
-  absl::Status ArriveAndWait();
+  absl::Status ArriveAndWait() { return barrier_.ArriveAndWait(); }
 
   const int size_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  int arrived_ = 0;
-  int64_t generation_ = 0;
-  absl::Status aborted_;
+  RankBarrier barrier_;
   std::vector<Matrix> posted_;  // each rank's matrix during an all-reduce
   std::vector<float> result_;
   std::vector<std::unique_ptr<Communicator>> ranks_;

@@ -167,6 +167,50 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One thread per element of the three packed operands (grid-stride); raw
+// bf16 bits are copied, so the packing is exact.
+__global__ void PackSdpaKernel(DeviceMatrix q, DeviceMatrix kv, DeviceMatrix k_rope, Dims dims, int64_t tokens,
+                               uint16_t* q_out, uint16_t* k_out, uint16_t* v_out) {
+  const int64_t qk_row = static_cast<int64_t>(dims.heads) * dims.qk;
+  const int64_t v_row = static_cast<int64_t>(dims.heads) * dims.v;
+  const int64_t per_token = 2 * qk_row + v_row;
+  const auto* qs = static_cast<const uint16_t*>(q.data);
+  const auto* kvs = static_cast<const uint16_t*>(kv.data);
+  const auto* ropes = static_cast<const uint16_t*>(k_rope.data);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < tokens * per_token;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / per_token;
+    int64_t c = i % per_token;
+    if (c < qk_row) {
+      q_out[t * qk_row + c] = qs[t * q.ld + c];
+    } else if ((c -= qk_row) < qk_row) {
+      const int64_t h = c / dims.qk, d = c % dims.qk;
+      k_out[t * qk_row + c] = d < dims.nope ? kvs[t * kv.ld + h * dims.kv_head + d] : ropes[t * k_rope.ld + d - dims.nope];
+    } else {
+      c -= qk_row;
+      const int64_t h = c / dims.v, d = c % dims.v;
+      v_out[t * v_row + c] = kvs[t * kv.ld + h * dims.kv_head + dims.nope + d];
+    }
+  }
+}
+
+__global__ void SdpaOffsetsKernel(const int64_t* cu_seqlens, int64_t samples, int64_t slots, int64_t qk_row,
+                                  int64_t v_row, int32_t* offsets_qk, int32_t* offsets_v, int32_t* lengths) {
+  for (int64_t s = threadIdx.x; s <= slots; s += blockDim.x) {
+    const int64_t begin = cu_seqlens[s < samples ? s : samples];
+    offsets_qk[s] = static_cast<int32_t>(begin * qk_row);
+    offsets_v[s] = static_cast<int32_t>(begin * v_row);
+    if (s < slots) lengths[s] = s < samples ? static_cast<int32_t>(cu_seqlens[s + 1] - begin) : 0;
+  }
+}
+
+__global__ void UnpackRowsKernel(const uint16_t* packed, DeviceMatrix out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < out.rows * out.cols;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    Store(out, i / out.cols, i % out.cols, Bf16ToFloat(packed[i]));
+  }
+}
+
 }  // namespace
 
 int LaunchAttention(DeviceMatrix q, DeviceMatrix kv, DeviceMatrix k_rope, int64_t heads, int64_t nope_dim,
@@ -187,6 +231,30 @@ int LaunchAttention(DeviceMatrix q, DeviceMatrix kv, DeviceMatrix k_rope, int64_
                   static_cast<int>(v_dim), static_cast<int>(nope_dim + rope_dim), static_cast<int>(nope_dim + v_dim)};
   const dim3 grid(static_cast<unsigned int>(num_tiles), static_cast<unsigned int>(heads));
   AttentionKernel<<<grid, kThreads, bytes, stream>>>(q, kv, k_rope, dims, cu_seqlens, tiles, scale, round, out);
+  return cudaGetLastError();
+}
+
+int LaunchPackSdpa(DeviceMatrix q, DeviceMatrix kv, DeviceMatrix k_rope, int64_t heads, int64_t nope_dim,
+                   int64_t rope_dim, int64_t v_dim, const int64_t* cu_seqlens, int64_t samples, int64_t slots,
+                   uint16_t* q_out, uint16_t* k_out, uint16_t* v_out, int32_t* offsets_qk, int32_t* offsets_v,
+                   int32_t* lengths, CUstream_st* stream) {
+  if (!q.bf16 || !kv.bf16 || !k_rope.bf16) return cudaErrorInvalidValue;  // the cuDNN path is bf16 only
+  const Dims dims{static_cast<int>(heads), static_cast<int>(nope_dim), static_cast<int>(rope_dim),
+                  static_cast<int>(v_dim), static_cast<int>(nope_dim + rope_dim), static_cast<int>(nope_dim + v_dim)};
+  const int64_t tokens = q.rows;
+  const int64_t per_token = heads * (2 * (nope_dim + rope_dim) + v_dim);
+  if (tokens > 0) {
+    PackSdpaKernel<<<GridFor(tokens * per_token, kThreads), kThreads, 0, stream>>>(q, kv, k_rope, dims, tokens, q_out,
+                                                                                   k_out, v_out);
+  }
+  SdpaOffsetsKernel<<<1, kThreads, 0, stream>>>(cu_seqlens, samples, slots, heads * (nope_dim + rope_dim),
+                                                heads * v_dim, offsets_qk, offsets_v, lengths);
+  return cudaGetLastError();
+}
+
+int LaunchUnpackRows(const uint16_t* packed, DeviceMatrix out, CUstream_st* stream) {
+  if (out.rows * out.cols == 0) return cudaSuccess;
+  UnpackRowsKernel<<<GridFor(out.rows * out.cols, kThreads), kThreads, 0, stream>>>(packed, out);
   return cudaGetLastError();
 }
 

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/int4_dequant.h"
 #include "kernels/cuda/ops.h"
@@ -137,12 +139,15 @@ class CudaExpertTable : public ExpertTable {
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend(int device, Precision precision) : device_(device), precision_(precision) {}
+  CudaBackend(int device, Precision precision, CudaAttention attention)
+      : device_(device), precision_(precision), attention_(attention) {}
   ~CudaBackend() override;
   absl::Status Init();
 
   Precision precision() const override { return precision_; }
   std::string name() const override { return absl::StrCat("cuda:", device_); }
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t rows, int64_t cols, ElementType type) override;
   absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateHost(size_t bytes) override;
@@ -241,11 +246,17 @@ class CudaBackend : public Backend {
   // operand what the GEMM plan needs (16-byte aligned; f32 weights for f32
   // activations) through exact copies into scratch, then multiplies.
   void Gemm(const Matrix& x, const uint16_t* w, int64_t n, int64_t k, int64_t ldw, const Matrix& y, const char* op);
+  // Attention through cuDNN's SDPA: packs Q, K, V into THD scratch, runs the
+  // cached graph of the batch's bucketed shape, unpacks O into out.
+  void CudnnSdpa(const Matrix& q, const Matrix& kv, const Matrix& k_rope, int64_t heads, int64_t nope_dim,
+                 int64_t rope_dim, int64_t v_dim, const CudaStagedBatch& batch, float scale, const Matrix& out);
   // A copy of m (same element type, exact) with a 16-byte aligned row stride.
   absl::StatusOr<Matrix> AlignedCopy(const Matrix& m, bool load, Scratch& storage, const char* op);
 
   int device_;
   Precision precision_;
+  CudaAttention attention_;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;  // set with CudaAttention::kCudnn
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;
   int32_t* host_counts_ = nullptr;  // pinned, kMaxExperts: MoE expert counts
@@ -283,12 +294,24 @@ absl::Status CudaBackend::Init() {
   absl::StatusOr<std::unique_ptr<cuda::LtGemm>> gemm = cuda::LtGemm::Create(stream_, workspace_, kWorkspaceBytes);
   if (!gemm.ok()) return absl::InternalError(absl::StrCat(name(), ": ", gemm.status().message()));
   gemm_ = *std::move(gemm);
+  if (attention_ == CudaAttention::kCudnn) {
+    if (!bf16()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(name(), ": --attention=cudnn needs bf16 activations (cuDNN's SDPA is bf16 in and out)"));
+    }
+    absl::StatusOr<std::unique_ptr<cuda::CudnnAttention>> cudnn = cuda::CudnnAttention::Create(stream_);
+    if (!cudnn.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(name(), ": --attention=cudnn: ", cudnn.status().message()));
+    }
+    cudnn_ = *std::move(cudnn);
+  }
   return absl::OkStatus();
 }
 
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   gemm_.reset();
+  cudnn_.reset();
   for (void* w : weights_) cudaFree(w);
   if (workspace_ != nullptr) cudaFree(workspace_);
   if (host_counts_ != nullptr) cudaFreeHost(host_counts_);
@@ -750,9 +773,67 @@ void CudaBackend::Attention(const Matrix& q, const Matrix& kv, const Matrix& k_r
   const std::string what = absl::StrCat("q ", ShapeOf(q), ", kv ", ShapeOf(kv), ", k_rope ", ShapeOf(k_rope), ", out ",
                                         ShapeOf(out), ", ", heads, " heads");
   if (!Check(CheckAttention(q, kv, k_rope, heads, nope_dim, rope_dim, v_dim, batch, out))) return;
+  if (cudnn_ != nullptr) return CudnnSdpa(q, kv, k_rope, heads, nope_dim, rope_dim, v_dim, batch, scale, out);
   Cuda(cuda::LaunchAttention(Dev(q), Dev(kv), Dev(k_rope), heads, nope_dim, rope_dim, v_dim, batch.cu_seqlens,
                              batch.tiles, batch.num_tiles, scale, bf16(), Dev(out), stream_),
        "Attention", absl::StrCat(what, " (head dims ", qk_dim, "/", v_dim, ")"));
+}
+
+namespace {
+
+// The graph cache's buckets: the next power of two (at least `floor`), so a
+// server builds a few graphs rather than one per batch.
+int64_t Bucket(int64_t n, int64_t floor) {
+  int64_t b = floor;
+  while (b < n) b *= 2;
+  return b;
+}
+
+constexpr size_t kAlign = 256;
+size_t Aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+void CudaBackend::CudnnSdpa(const Matrix& q, const Matrix& kv, const Matrix& k_rope, int64_t heads, int64_t nope_dim,
+                            int64_t rope_dim, int64_t v_dim, const CudaStagedBatch& batch, float scale,
+                            const Matrix& out) {
+  const int64_t qk_dim = nope_dim + rope_dim;
+  const int64_t tokens = q.rows;
+  const std::string what = absl::StrCat(tokens, " tokens, ", heads, " heads, head dims ", qk_dim, "/", v_dim);
+  if (!Check(tokens * heads * qk_dim <= INT32_MAX, "Attention (cuDNN)",
+             absl::StrCat(what, ": the ragged offsets exceed int32; use --attention=reference"))) {
+    return;
+  }
+  const cuda::SdpaShape shape{Bucket(batch.num_samples(), 1), Bucket(batch.longest(), 64), heads, qk_dim, v_dim, scale};
+  absl::StatusOr<int64_t> workspace = cudnn_->Prepare(shape);
+  if (!workspace.ok()) return Record(absl::Status(workspace.status().code(), absl::StrCat(name(), " Attention: ", workspace.status().message())));
+  const size_t qk_bytes = Aligned(static_cast<size_t>(tokens * heads * qk_dim) * 2);
+  const size_t v_bytes = Aligned(static_cast<size_t>(tokens * heads * v_dim) * 2);
+  const size_t index_bytes = Aligned(static_cast<size_t>(shape.samples + 1) * 4);
+  absl::StatusOr<Scratch> scratch =
+      Take(2 * qk_bytes + 2 * v_bytes + 3 * index_bytes + static_cast<size_t>(*workspace), "Attention (cuDNN)");
+  if (!scratch.ok()) return Record(scratch.status());
+  char* p = static_cast<char*>(scratch->get());
+  auto* q_packed = reinterpret_cast<uint16_t*>(p);
+  auto* k_packed = reinterpret_cast<uint16_t*>(p + qk_bytes);
+  auto* v_packed = reinterpret_cast<uint16_t*>(p + 2 * qk_bytes);
+  auto* o_packed = reinterpret_cast<uint16_t*>(p + 2 * qk_bytes + v_bytes);
+  char* index = p + 2 * qk_bytes + 2 * v_bytes;
+  auto* offsets_qk = reinterpret_cast<int32_t*>(index);
+  auto* offsets_v = reinterpret_cast<int32_t*>(index + index_bytes);
+  auto* lengths = reinterpret_cast<int32_t*>(index + 2 * index_bytes);
+  void* work = *workspace > 0 ? index + 3 * index_bytes : nullptr;
+  if (!Cuda(cuda::LaunchPackSdpa(Dev(q), Dev(kv), Dev(k_rope), heads, nope_dim, rope_dim, v_dim, batch.cu_seqlens,
+                                 batch.num_samples(), shape.samples, q_packed, k_packed, v_packed, offsets_qk,
+                                 offsets_v, lengths, stream_),
+            "Attention (cuDNN pack)", what)) {
+    return;
+  }
+  const cuda::SdpaOperands operands{q_packed, k_packed, v_packed, o_packed, offsets_qk, offsets_v, lengths};
+  if (absl::Status s = cudnn_->Run(shape, operands, work); !s.ok()) {
+    return Record(absl::Status(s.code(), absl::StrCat(name(), " Attention: ", s.message())));
+  }
+  Cuda(cuda::LaunchUnpackRows(o_packed, Dev(out), stream_), "Attention (cuDNN unpack)", what);
 }
 
 void CudaBackend::Route(const Matrix& x, const RouterParams& router, Routing& routing_handle) {
@@ -996,16 +1077,50 @@ absl::StatusOr<std::string> DescribeCudaDevice(int device) {
                          driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision precision) {
+absl::StatusOr<CudaRank> CudaRankOf(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("backend ", backend.name(), " is not a CUDA backend"));
+  }
+  return CudaRank{cuda->device(), cuda->stream()};
+}
+
+absl::StatusOr<CudaMemory> CudaMemoryInfo(int device) {
+  size_t free = 0, total = 0;
+  cudaError_t status = cudaSetDevice(device);
+  if (status == cudaSuccess) status = cudaMemGetInfo(&free, &total);
+  if (status != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device, ": cudaMemGetInfo: ", cudaGetErrorString(status)));
+  }
+  return CudaMemory{static_cast<int64_t>(free), static_cast<int64_t>(total)};
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision precision, CudaAttention attention) {
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) return count.status();
   if (device < 0 || device >= *count) {
     return absl::FailedPreconditionError(
         absl::StrCat("no CUDA device ", device, ": this machine has ", *count, " (rank r runs on device r)"));
   }
-  auto backend = std::make_unique<CudaBackend>(device, precision);
+  auto backend = std::make_unique<CudaBackend>(device, precision, attention);
   if (absl::Status s = backend->Init(); !s.ok()) return s;
   return backend;
+}
+
+absl::StatusOr<std::string> ProbeCudnnAttention(int device, Precision precision, int64_t heads, int64_t qk_dim,
+                                                int64_t v_dim, int64_t longest) {
+  if (precision != Precision::kBf16) {
+    return absl::FailedPreconditionError("--attention=cudnn needs bf16 activations (cuDNN's SDPA is bf16 in and out)");
+  }
+  if (cudaError_t s = cudaSetDevice(device); s != cudaSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat("CUDA device ", device, ": ", cudaGetErrorString(s)));
+  }
+  absl::StatusOr<std::unique_ptr<cuda::CudnnAttention>> cudnn = cuda::CudnnAttention::Create(nullptr);
+  if (!cudnn.ok()) return cudnn.status();
+  const cuda::SdpaShape shape{1, Bucket(longest, 64), heads, qk_dim, v_dim, 1.0f / std::sqrt(static_cast<float>(qk_dim))};
+  if (absl::StatusOr<int64_t> workspace = (*cudnn)->Prepare(shape); !workspace.ok()) return workspace.status();
+  return (*cudnn)->Describe();
 }
 
 }  // namespace hsx

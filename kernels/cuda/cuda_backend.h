@@ -31,7 +31,9 @@
 // and GEMMs run in true fp32 (bf16 weights are widened exactly to f32 first).
 // Everything else (ops.h) repeats the CPU reference's float32 operations in
 // the same order; see tests/cuda for what agrees bitwise and what within a
-// tolerance.
+// tolerance. The exception is Attention under CudaAttention::kCudnn: cuDNN's
+// SDPA (fp32 scores, online softmax) agrees with the reference only within
+// bf16 tolerance.
 #ifndef HSX_KERNELS_CUDA_CUDA_BACKEND_H_
 #define HSX_KERNELS_CUDA_CUDA_BACKEND_H_
 
@@ -42,12 +44,30 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
 namespace hsx {
+
+// Which kernel runs Attention: the tiled reference kernel (attention.cu; the
+// CPU reference's arithmetic, batch invariant by construction) or cuDNN's SDPA
+// (cudnn_attention.h; bf16 only, not yet validated on a GPU).
+enum class CudaAttention { kReference, kCudnn };
 
 // A CUDA backend on device `device`. FailedPrecondition "no CUDA device: ..."
 // (with the CUDA error string) where the machine has none or fewer than
-// device + 1.
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision precision);
+// device + 1. With CudaAttention::kCudnn, FailedPrecondition with the reason
+// where cuDNN cannot serve (not built in, library missing, fp32 activations):
+// an explicit request is never silently replaced by the reference kernel.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision precision,
+                                                         CudaAttention attention = CudaAttention::kReference);
+
+// Start-up check of --attention=cudnn on device `device`: builds the SDPA
+// graph for one sample of `longest` tokens with the model's heads per rank and
+// head dims. Returns a line naming the cuDNN version, or the reason it cannot
+// serve (FailedPrecondition: not loadable; Unimplemented: no engine supports
+// the shape).
+absl::StatusOr<std::string> ProbeCudnnAttention(int device, Precision precision, int64_t heads, int64_t qk_dim,
+                                                int64_t v_dim, int64_t longest);
 
 // The number of CUDA devices, or FailedPrecondition "no CUDA device: <why>".
 absl::StatusOr<int> CudaDeviceCount();
@@ -55,6 +75,24 @@ absl::StatusOr<int> CudaDeviceCount();
 // One line for start-up logs: device name, compute capability, memory (free
 // of total), driver and runtime versions.
 absl::StatusOr<std::string> DescribeCudaDevice(int device);
+
+// Free and total bytes of device `device` (cudaMemGetInfo), or
+// FailedPrecondition naming the device and CUDA's error.
+struct CudaMemory {
+  int64_t free = 0;
+  int64_t total = 0;
+};
+absl::StatusOr<CudaMemory> CudaMemoryInfo(int device);
+
+// The device and stream of a CUDA backend, for a communicator that enqueues
+// its copies and kernels on the rank's own stream (so they are ordered with
+// the rank's ops, as kernels/communicator.h requires). InvalidArgument for a
+// backend that is not one of MakeCudaBackend's.
+struct CudaRank {
+  int device = 0;
+  CUstream_st* stream = nullptr;
+};
+absl::StatusOr<CudaRank> CudaRankOf(Backend& backend);
 
 // Memory every weight placement leaves free for activations and scratch.
 inline constexpr int64_t kCudaReservedBytes = int64_t{1} << 30;

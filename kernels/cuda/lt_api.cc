@@ -9,28 +9,34 @@
 #include "absl/strings/str_cat.h"
 
 namespace hsx::cuda {
-namespace {
 
-absl::StatusOr<LtApi> Load() {
-  // The soname of the toolkit built against; then the toolkit's own library
-  // directory (HSX_CUDA_LIBRARY_DIR, from CMake) for machines without it on
-  // the loader's path.
-  const std::string name = absl::StrCat("libcublasLt.so.", CUBLAS_VER_MAJOR);
-  void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+absl::StatusOr<void*> OpenCudaLibrary(const std::string& soname, const char* what) {
+  // The loader's path first, then the toolkit's own library directory
+  // (HSX_CUDA_LIBRARY_DIR, from CMake) for machines without it on the path.
+  void* library = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
   std::string why = library == nullptr ? dlerror() : "";
 #ifdef HSX_CUDA_LIBRARY_DIR
   if (library == nullptr) {
-    library = dlopen(absl::StrCat(HSX_CUDA_LIBRARY_DIR, "/", name).c_str(), RTLD_NOW | RTLD_LOCAL);
+    library = dlopen(absl::StrCat(HSX_CUDA_LIBRARY_DIR, "/", soname).c_str(), RTLD_NOW | RTLD_LOCAL);
     if (library == nullptr) absl::StrAppend(&why, "; ", dlerror());
   }
 #endif
   if (library == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot load cuBLASLt (", name, "): ", why));
+    return absl::FailedPreconditionError(absl::StrCat("cannot load ", what, " (", soname, "): ", why));
   }
+  return library;
+}
+
+namespace {
+
+absl::StatusOr<LtApi> Load() {
+  const std::string name = absl::StrCat("libcublasLt.so.", CUBLAS_VER_MAJOR);
+  absl::StatusOr<void*> library = OpenCudaLibrary(name, "cuBLASLt");
+  if (!library.ok()) return library.status();
   LtApi api;
   const char* missing = nullptr;
 #define HSX_LT_LOAD(function)                                                          \
-  api.function = reinterpret_cast<decltype(api.function)>(dlsym(library, #function)); \
+  api.function = reinterpret_cast<decltype(api.function)>(dlsym(*library, #function)); \
   if (api.function == nullptr && missing == nullptr) missing = #function;
   HSX_LT_FUNCTIONS(HSX_LT_LOAD)
 #undef HSX_LT_LOAD

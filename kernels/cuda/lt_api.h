@@ -12,6 +12,8 @@
 
 #include <cublasLt.h>
 
+#include <string>
+
 #include "absl/status/statusor.h"
 
 namespace hsx::cuda {
@@ -29,6 +31,12 @@ struct LtApi {
   HSX_LT_FUNCTIONS(HSX_LT_MEMBER)
 #undef HSX_LT_MEMBER
 };
+
+// dlopen of a CUDA library by soname, from the loader's path or else the
+// toolkit's library directory this was built with; the handle stays open for
+// the process's life. FailedPrecondition naming `what`, the soname and
+// dlopen's reasons.
+absl::StatusOr<void*> OpenCudaLibrary(const std::string& soname, const char* what);
 
 // The loaded API (loaded once; later calls return the same table), or
 // FailedPrecondition naming the library and dlopen's reason.

@@ -82,6 +82,18 @@ int LaunchAttention(DeviceMatrix q, DeviceMatrix kv, DeviceMatrix k_rope, int64_
                     int64_t rope_dim, int64_t v_dim, const int64_t* cu_seqlens, const AttentionTile* tiles,
                     int64_t num_tiles, float scale, bool round, DeviceMatrix out, CUstream_st* stream);
 
+// Packs the operands of cuDNN's SDPA (cudnn_attention.h), bf16: q_out and
+// k_out [tokens, heads, nope + rope] (K_h = [k_nope_h | k_rope]), v_out
+// [tokens, heads, v_dim]. Also writes, for `slots` >= samples sample slots,
+// offsets_qk / offsets_v [slots + 1] (element offsets of each sample's first
+// row, = tokens for unused slots) and lengths [slots] (0 for unused slots).
+int LaunchPackSdpa(DeviceMatrix q, DeviceMatrix kv, DeviceMatrix k_rope, int64_t heads, int64_t nope_dim,
+                   int64_t rope_dim, int64_t v_dim, const int64_t* cu_seqlens, int64_t samples, int64_t slots,
+                   uint16_t* q_out, uint16_t* k_out, uint16_t* v_out, int32_t* offsets_qk, int32_t* offsets_v,
+                   int32_t* lengths, CUstream_st* stream);
+// out = packed [rows, cols] bf16 (contiguous), converted to out's type.
+int LaunchUnpackRows(const uint16_t* packed, DeviceMatrix out, CUstream_st* stream);
+
 // ---- moe.cu -------------------------------------------------------------------
 
 // The largest top_k and expert count Route supports.
@@ -123,6 +135,18 @@ int LaunchGatherRows(DeviceMatrix x, const int32_t* rows, DeviceMatrix out, CUst
 // slot_row >= 0 of y[slot_row] * weight, rounded unless `partial`.
 int LaunchCombine(DeviceMatrix y, const int32_t* slot_row, const float* weights, int64_t top_k, bool round,
                   DeviceMatrix out, CUstream_st* stream);
+
+// ---- collective.cu --------------------------------------------------------------
+
+// The most ranks a collective kernel sums (its pointers travel by value).
+constexpr int kMaxCollectiveRanks = 16;
+
+// out[i] = ((sources[0][i] + sources[1][i]) + sources[2][i]) + ... for i <
+// count: the contract's rank-order sum (kernels/communicator.h), one thread
+// per element, the same arithmetic whatever count or the launch geometry.
+// `out` may be one of the sources (each element is read before it is
+// written, by the same thread). 1 <= n <= kMaxCollectiveRanks.
+int LaunchSumInRankOrder(const float* const* sources, int n, float* out, int64_t count, CUstream_st* stream);
 
 }  // namespace hsx::cuda
 

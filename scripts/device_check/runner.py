@@ -49,9 +49,11 @@ GLIBC_FAMILY = re.compile(
 DRIVER = re.compile(r"^lib(cuda|nvidia-[\w.-]+)\.so")
 # CUDA libraries the GPU machine has (toolkit, Python nvidia-* packages); hundreds of MB each.
 GPU_MACHINE_CUDA = re.compile(r"^lib(cublas|cublasLt|cudnn[\w]*|nccl)\.so")
-# What is looked for on the GPU machine and reported, needed by a binary or not (the CUDA
-# backend will link these), so the first run there already says where they are.
-CUDA_LIBRARIES_TO_FIND = ["libcublasLt.so.13", "libcublas.so.13", "libcudnn.so.9", "libnccl.so.2"]
+# What is looked for on the GPU machine, reported, and put on the binaries' library path: the
+# CUDA backend loads cuBLASLt, NCCL and cuDNN with dlopen (so ldd does not list them), and the cuDNN
+# frontend (--attention=cudnn) loads the shared CUDA runtime for its own calls.
+CUDA_LIBRARIES_TO_FIND = ["libcublasLt.so.13", "libcublas.so.13", "libcudnn.so.9", "libnccl.so.2",
+                          "libcudart.so.13"]
 
 
 def carried(soname):
@@ -193,22 +195,78 @@ class CpuPipeline(Step):
         return {"status": "pass", "summary": "8 samples, %d tokens dumped and verified" % tokens}
 
 
+class GpuForward(Step):
+    """bench/gpu_forward: one rank's share of Kimi-K2 layers at 8k and 32k tokens per forward;
+    its RESULT line (JSON) becomes the summary. Runs without a GPU too, where the binary itself
+    must say "no GPU" and exit 0. --max-seconds keeps it inside its timeout."""
+
+    binaries = ("gpu_forward",)
+    timeout_s = 170
+
+    def __init__(self):
+        super().__init__("gpu_forward", "bench/gpu_forward: one rank of Kimi-K2 at 8k and 32k tokens"
+                         " (tokens/s, TFLOP/s per op class against a cuBLAS BF16 peak)")
+
+    def run(self, ctx):
+        argv = [ctx.binary("gpu_forward"), "--tokens=8192,32768", "--layers=2", "--repeats=3",
+                "--max-seconds=110"]
+        outcome = ctx.execute(argv, self.timeout_s)
+        if outcome.timed_out:
+            return {"status": "timeout", "summary": "killed at its time limit, after %.0f s" % outcome.seconds}
+        result = parse_bench_result(outcome.output)
+        if outcome.rc != 0 or result is None:
+            last = outcome.output.strip().splitlines()[-1] if outcome.output.strip() else "no output"
+            return {"status": "fail", "summary": "exit %d: %s" % (outcome.rc, last)}
+        if not result.get("gpu"):
+            said = [l for l in outcome.output.splitlines() if "no GPU" in l]
+            return {"status": "skip", "summary": said[0] if said else "no GPU"}
+        return {"status": "pass", "summary": summarize_forward(result), "result": result}
+
+
+def parse_bench_result(output):
+    """The JSON of the last 'RESULT {...}' line, or None."""
+    for line in reversed(output.splitlines()):
+        if line.startswith("RESULT "):
+            try:
+                return json.loads(line[len("RESULT "):])
+            except ValueError:
+                return None
+    return None
+
+
+def summarize_forward(result):
+    parts = ["peak %.0f TF/s" % result["peak_tflops"],
+             "dequant %.2f ms (%.0f GB/s)" % (result["dequant_ms"], result["dequant_gbs"])]
+    for f in result["forwards"]:
+        classes = f["classes"]
+        parts.append("%dk: %.0f tok/s (proj %.0f, routed %.0f [GEMMs %.0f], attn %.1f TF/s)" % (
+            f["tokens"] // 1024, f["tokens_per_s"], classes["attention projections"]["tflops"],
+            classes["routed experts"]["tflops"], f["routed_gemm_tflops"], classes["attention"]["tflops"]))
+    return "; ".join(parts)
+
+
 # The device check, in order. New suites, oracle comparisons and benchmarks go here (and only
 # here): prepare bundles each step's binaries, the report gets one line per step.
 STEPS = [
     BundleCheck(),
     GTestSuite("cuda_kernels", "hsx_cuda_tests", "CUDA kernels and the backend's per-op conformance against"
                " the CPU reference (tests/cuda)", timeout_s=150,
-               gtest_filter="-CudaModelTest.*:*RowsDoNotDependOn*"),
-    GTestSuite("cpu_unit", "hsx_unit_tests", "CPU unit tests (tests/unit)", timeout_s=180),
-    CpuPipeline(),
+               gtest_filter="-CudaModelTest.*:*RowsDoNotDependOn*:*TensorParallel*:*CudaCommunicator*:Cudnn*"),
     GTestSuite("oracle", "hsx_cuda_tests", "--device cuda against the CPU backend, whole model"
                " (fp32 1e-5, bf16 2e-2)", timeout_s=120, gtest_filter="CudaModelTest.MatchesTheCpuBackend*"),
     GTestSuite("batch_invariance", "hsx_cuda_tests", "a sample's states bitwise the same solo and in any"
                " batch (20 seeds, up to 2048 tokens), rows independent of M", timeout_s=180,
                gtest_filter="CudaModelTest.BatchedEqualsSoloBitForBit*:*RowsDoNotDependOn*"),
-    Pending("gpu_forward", "bench/gpu_forward: one rank of Kimi-K2 at 8k and 32k tokens"
-            " (tokens/s, TFLOP/s per op class against a cuBLAS peak)", "bench/gpu_forward (issue 11, item 5)"),
+    GTestSuite("cudnn_attention", "hsx_cuda_tests", "--attention=cudnn (cuDNN SDPA) against the reference"
+               " kernel at Kimi head dims 192/128 and on the whole tiny model (bf16 2e-2), and bitwise batch"
+               " invariance, op and model", timeout_s=90, gtest_filter="Cudnn*"),
+    GTestSuite("tensor_parallel", "hsx_cuda_tests", "TP 2/4/8 with every rank on one GPU (same-device"
+               " transport) against TP 1 (fp32 1e-5), TP 8 batch invariance bitwise, the transports against the"
+               " host plan bitwise, abort; NCCL where >= 2 GPUs", timeout_s=120,
+               gtest_filter="Devices/TensorParallelTest.*/cuda:Transports/CudaCommunicatorTest.*"),
+    GpuForward(),
+    CpuPipeline(),
+    GTestSuite("cpu_unit", "hsx_unit_tests", "CPU unit tests (tests/unit)", timeout_s=180),
 ]
 
 
@@ -432,7 +490,10 @@ def probe_gpu(ctx):
     found = {}
     for soname in ["libcuda.so.1"] + CUDA_LIBRARIES_TO_FIND + sorted(needed):
         found[soname] = find_library(soname, roots)
-    ctx.add_library_dirs([found[s] for s in ["libcuda.so.1"] + sorted(needed) if found[s]])
+    # The CUDA libraries the binaries dlopen (cuBLASLt, NCCL: not in ldd's list) are looked up on
+    # the loader's path first, so their folders go there too.
+    wanted = ["libcuda.so.1"] + sorted(needed) + CUDA_LIBRARIES_TO_FIND
+    ctx.add_library_dirs([found[s] for s in wanted if found[s]])
     gpu = {"nvidia_smi": nvidia_smi(ctx), "libraries": {s: (os.path.join(d, s) if d else None)
                                                          for s, d in found.items()}}
     missing = sorted(s for s in needed if not found[s])

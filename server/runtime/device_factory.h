@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
+#include "server/model/config.h"
 
 namespace hsx {
 
@@ -24,6 +25,13 @@ enum class Device { kCpu, kCuda };
 absl::StatusOr<Device> ParseDevice(absl::string_view name);
 const char* DeviceName(Device device);
 
+// The attention kernel of --device cuda: "reference" (the tiled kernel, the
+// CPU reference's arithmetic; the default) or "cudnn" (cuDNN's SDPA, bf16,
+// not yet validated on a GPU). Anything else is an InvalidArgument.
+enum class AttentionKernel { kReference, kCudnn };
+absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name);
+const char* AttentionKernelName(AttentionKernel kernel);
+
 class DeviceFactory {
  public:
   virtual ~DeviceFactory() = default;
@@ -32,13 +40,23 @@ class DeviceFactory {
   // The group joining the ranks' backends (backends[r] is rank r's), made once
   // every backend exists.
   virtual absl::StatusOr<std::unique_ptr<CommunicatorGroup>> MakeGroup(std::span<Backend* const> backends) = 0;
+  // Called once before any backend exists: checks that the model and a batch
+  // of max_batch_tokens fit the devices (the CUDA factory's memory plan,
+  // server/runtime/memory_plan.h) and logs the plan. The CPU has none.
+  virtual absl::Status PlanMemory(const ModelConfig& config, int64_t max_batch_tokens) { return absl::OkStatus(); }
 };
 
 // The factory for `device`: `tp` ranks sharing `threads` CPU threads (0: all
-// cores). Unimplemented, with a message saying so, for a device this build
-// cannot drive.
-absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeDeviceFactory(Device device, Precision precision, int tp,
-                                                                 int threads);
+// cores). On CUDA, rank r runs on GPU r / ranks_per_device (1: one rank per
+// GPU; tp: all on GPU 0). Unimplemented, with a message saying so, for a
+// device this build cannot drive; FailedPrecondition where it has no GPU.
+// `attention` picks the CUDA attention kernel; kCudnn on the CPU is an
+// InvalidArgument. With kCudnn, PlanMemory builds the SDPA graph for the
+// model's shape on each GPU and refuses start-up with cuDNN's reason when it
+// cannot serve (no silent fallback to the reference kernel).
+absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeDeviceFactory(
+    Device device, Precision precision, int tp, int threads, int ranks_per_device = 1,
+    AttentionKernel attention = AttentionKernel::kReference);
 
 }  // namespace hsx
 

@@ -120,9 +120,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Checkpoint& checkpo
     engine->factory_ = options.factory.get();
   } else {
     HSX_ASSIGN_OR_RETURN(engine->owned_factory_,
-                         MakeDeviceFactory(options.device, options.precision, options.tp, options.threads));
+                         MakeDeviceFactory(options.device, options.precision, options.tp, options.threads,
+                                           options.ranks_per_device, options.attention));
     engine->factory_ = engine->owned_factory_.get();
   }
+  // Before anything is loaded: refuse what will not fit (memory_plan.h).
+  HSX_RETURN_IF_ERROR(engine->factory_->PlanMemory(checkpoint.config(), options.max_batch_tokens));
   for (int r = 0; r < options.tp; ++r) engine->workers_.push_back(std::make_unique<RankWorker>());
   Engine* e = engine.get();
   HSX_RETURN_IF_ERROR(e->OnEveryRank([e](RankState& s, int rank) -> absl::Status {

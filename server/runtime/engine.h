@@ -33,6 +33,12 @@ struct EngineOptions {
   Precision precision = Precision::kBf16;
   int threads = 0;  // CPU threads in all (0: every core), shared out among the ranks
   Device device = Device::kCpu;
+  // CUDA: ranks per GPU, 1 (rank r on GPU r) or tp (all on GPU 0, for tests).
+  int ranks_per_device = 1;
+  // CUDA: the attention kernel (device_factory.h).
+  AttentionKernel attention = AttentionKernel::kReference;
+  // The batcher's token budget: the batch term of the device memory plan.
+  int64_t max_batch_tokens = 8192;
   // Tests: builds the ranks' backends and communicators instead of `device`'s factory.
   std::shared_ptr<DeviceFactory> factory;
 };

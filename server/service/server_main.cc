@@ -182,6 +182,9 @@ absl::Status Serve() {
   engine_options.precision = options.precision;
   engine_options.threads = options.threads;
   engine_options.device = *ParseDevice(options.device);  // validated with the flags
+  engine_options.ranks_per_device = options.ranks_per_device;
+  engine_options.attention = options.attention;
+  engine_options.max_batch_tokens = options.max_batch_tokens;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(**checkpoint, engine_options);
   if (!engine.ok()) {
     shutdown_now();

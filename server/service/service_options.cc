@@ -21,7 +21,15 @@ ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
 ABSL_FLAG(std::string, device, "cpu",
           "cpu or cuda: the backend every tensor-parallel rank runs on (a build without the CUDA "
           "backend says so at start-up).");
-ABSL_FLAG(int, tp, 1, "Tensor-parallel ranks (threads on the CPU backend).");
+ABSL_FLAG(int, tp, 1, "Tensor-parallel ranks (threads on the CPU backend; with --device cuda, rank r on GPU r).");
+ABSL_FLAG(int, ranks_per_device, 1,
+          "--device cuda: ranks per GPU, 1 (rank r on GPU r) or the --tp value (every rank on GPU 0: "
+          "tensor parallelism tested on one GPU).");
+ABSL_FLAG(std::string, attention, "reference",
+          "--device cuda: the attention kernel, reference (default: the tiled kernel with the CPU "
+          "reference's arithmetic, bitwise batch invariant) or cudnn (cuDNN's SDPA, bf16 only; faster, but not "
+          "yet validated on a GPU, hence not the default). With cudnn, start-up fails with cuDNN's reason where "
+          "it cannot serve the model (no silent fallback).");
 ABSL_FLAG(std::string, precision, "bf16",
           "Arithmetic: bf16 (rounds where the HF BF16 reference rounds) or fp32.");
 ABSL_FLAG(int, threads, 0, "CPU threads in all (0: every core), shared among the ranks.");
@@ -132,7 +140,14 @@ absl::StatusOr<ServiceOptions> OptionsFromFlags() {
   o.tp = absl::GetFlag(FLAGS_tp);
   if (o.tp < 1) return absl::InvalidArgumentError("--tp must be at least 1");
   // Refuse a device this build cannot drive before anything listens.
-  if (absl::Status s = MakeDeviceFactory(*device, Precision::kBf16, o.tp, 1).status(); !s.ok()) return s;
+  o.ranks_per_device = absl::GetFlag(FLAGS_ranks_per_device);
+  absl::StatusOr<AttentionKernel> attention = ParseAttentionKernel(absl::GetFlag(FLAGS_attention));
+  if (!attention.ok()) return attention.status();
+  o.attention = *attention;
+  if (absl::Status s = MakeDeviceFactory(*device, Precision::kBf16, o.tp, 1, o.ranks_per_device, o.attention).status();
+      !s.ok()) {
+    return s;
+  }
   const std::string precision = absl::GetFlag(FLAGS_precision);
   if (precision != "bf16" && precision != "fp32") {
     return absl::InvalidArgumentError(absl::StrCat("--precision '", precision, "': expected bf16 or fp32"));

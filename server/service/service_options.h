@@ -19,6 +19,7 @@
 #include "format/capture_spec.h"
 #include "kernels/backend.h"
 #include "server/model/config.h"
+#include "server/runtime/device_factory.h"
 
 namespace hsx {
 
@@ -37,6 +38,8 @@ struct ServiceOptions {
   std::string listen = "0.0.0.0:50051";
   std::string device = "cpu";
   int tp = 1;
+  int ranks_per_device = 1;  // --device cuda: 1 or tp
+  AttentionKernel attention = AttentionKernel::kReference;  // --attention
   Precision precision = Precision::kBf16;
   int threads = 0;
   std::string capture_text = "eagle3";

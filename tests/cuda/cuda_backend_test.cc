@@ -21,6 +21,7 @@
 #include "kernels/bf16.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/lt_api.h"
+#include "kernels/cuda/nccl_api.h"
 #include "server/runtime/device_factory.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -435,13 +436,24 @@ TEST(CudaBackendNoDeviceTest, CublasLtLoadsLazilyAndSmallStackThreadsStillStart)
   pthread_attr_destroy(&attr);
 }
 
-TEST(CudaBackendNoDeviceTest, TensorParallelismIsNotYetOffered) {
-  absl::StatusOr<std::unique_ptr<DeviceFactory>> factory = MakeDeviceFactory(Device::kCuda, Precision::kBf16, 2, 0);
-  ASSERT_FALSE(factory.ok());
-  EXPECT_EQ(factory.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(factory.status().message().find("tensor parallelism on CUDA arrives with the TP issue"),
-            std::string::npos)
-      << factory.status();
+TEST(CudaBackendNoDeviceTest, TensorParallelismWithoutAGpuSaysSo) {
+  if (::hsx::testing::NoCudaDeviceReason().empty()) GTEST_SKIP() << "a CUDA device exists here";
+  for (const int ranks_per_device : {1, 2}) {
+    absl::StatusOr<std::unique_ptr<DeviceFactory>> factory =
+        MakeDeviceFactory(Device::kCuda, Precision::kBf16, 2, 0, ranks_per_device);
+    ASSERT_FALSE(factory.ok());
+    EXPECT_EQ(factory.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(factory.status().message().rfind("--device cuda: no CUDA device: ", 0), 0u) << factory.status();
+  }
+}
+
+TEST(CudaBackendNoDeviceTest, NcclLoadsLazily) {
+  // The toolkit here has libnccl (gpu-notes.md §8: so has the device machine's).
+  absl::StatusOr<const cuda::NcclApi*> api = cuda::LoadNcclApi();
+  ASSERT_TRUE(api.ok()) << api.status();
+  int version = 0;
+  ASSERT_EQ((*api)->ncclGetVersion(&version), ncclSuccess);
+  EXPECT_GE(version, 20000) << "NCCL " << version;
 }
 
 }  // namespace

@@ -27,13 +27,8 @@ class CudaModelTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    ModelConfig config = *PresetConfig("tiny");
-    config.num_hidden_layers = 4;
-    config.vocab_size = 512;
-    GeneratorOptions options;
-    options.seed = 17;
-    ASSERT_TRUE(WriteRandomCheckpoint(config, (*dir_) / "m", options).ok());
-    checkpoint_ = Checkpoint::Open((*dir_) / "m")->release();
+    checkpoint_ = ::hsx::testing::WriteTestCheckpoint(::hsx::testing::TinyTestConfig(), (*dir_) / "m", 17);
+    ASSERT_NE(checkpoint_, nullptr);
   }
   static void TearDownTestSuite() {
     delete checkpoint_;
@@ -52,13 +47,7 @@ class CudaModelTest : public ::testing::Test {
   }
 
   static std::vector<SampleStates> Run(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
-    Batch batch;
-    for (const auto& s : samples) batch.AddSample(s);
-    const CaptureSpec capture = *ParseCaptureSpec("all", checkpoint_->config(), true);
-    absl::StatusOr<Captures> captures = engine.Run(batch, capture);
-    EXPECT_TRUE(captures.ok()) << captures.status();
-    if (!captures.ok()) return {};
-    return SplitBySample(*captures, batch.cu_seqlens);
+    return ::hsx::testing::RunBatch(engine, samples);
   }
 
   static std::vector<int32_t> Tokens(std::mt19937& random, int64_t length) {
@@ -74,26 +63,7 @@ class CudaModelTest : public ::testing::Test {
 TempDir* CudaModelTest::dir_ = nullptr;
 Checkpoint* CudaModelTest::checkpoint_ = nullptr;
 
-// Relative L2 error of each captured layer (and the final norm) of one sample.
-std::vector<double> LayerErrors(const SampleStates& got, const SampleStates& want) {
-  std::vector<double> errors;
-  const size_t layer = static_cast<size_t>(want.hidden);
-  const size_t layers = want.capture_ids.size();
-  for (size_t l = 0; l <= layers; ++l) {
-    double diff = 0, norm = 0;
-    for (int64_t t = 0; t < want.tokens; ++t) {
-      for (size_t c = 0; c < layer; ++c) {
-        const size_t i = l < layers ? (t * layers + l) * layer + c : t * layer + c;
-        const float g = l < layers ? got.hidden_states[i] : got.final_norm[i];
-        const float w = l < layers ? want.hidden_states[i] : want.final_norm[i];
-        diff += (double(g) - w) * (double(g) - w);
-        norm += double(w) * w;
-      }
-    }
-    errors.push_back(std::sqrt(diff / std::max(norm, 1e-30)));
-  }
-  return errors;
-}
+using ::hsx::testing::LayerErrors;
 
 TEST_F(CudaModelTest, MatchesTheCpuBackend) {
   for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {

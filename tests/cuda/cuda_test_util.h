@@ -2,9 +2,17 @@
 #ifndef HSX_TESTS_CUDA_CUDA_TEST_UTIL_H_
 #define HSX_TESTS_CUDA_CUDA_TEST_UTIL_H_
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "server/model/random_model.h"
+#include "server/model/sample_states.h"
+#include "server/runtime/engine.h"
 
 namespace hsx::testing {
 
@@ -12,6 +20,63 @@ namespace hsx::testing {
 inline std::string NoCudaDeviceReason() {
   absl::StatusOr<int> count = CudaDeviceCount();
   return count.ok() ? std::string() : std::string(count.status().message());
+}
+
+// The whole-model tests' model: the tiny preset with 4 layers and a vocabulary
+// of 512, `heads` attention heads.
+inline ModelConfig TinyTestConfig(int64_t heads = 4) {
+  ModelConfig config = *PresetConfig("tiny");
+  config.num_hidden_layers = 4;
+  config.vocab_size = 512;
+  config.num_attention_heads = heads;
+  config.num_key_value_heads = heads;
+  return config;
+}
+
+// Writes a random checkpoint of `config` (generator seed `seed`) to `dir` and
+// opens it; null, with a test failure, on error.
+inline Checkpoint* WriteTestCheckpoint(const ModelConfig& config, const std::string& dir, uint64_t seed) {
+  GeneratorOptions options;
+  options.seed = seed;
+  const absl::Status written = WriteRandomCheckpoint(config, dir, options);
+  EXPECT_TRUE(written.ok()) << written;
+  if (!written.ok()) return nullptr;
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir);
+  EXPECT_TRUE(checkpoint.ok()) << checkpoint.status();
+  return checkpoint.ok() ? checkpoint->release() : nullptr;
+}
+
+// Runs `samples` as one batch on `engine`, capturing every layer and the final
+// norm; one SampleStates per sample (empty, with a test failure, on error).
+inline std::vector<SampleStates> RunBatch(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
+  Batch batch;
+  for (const auto& s : samples) batch.AddSample(s);
+  const CaptureSpec capture = *ParseCaptureSpec("all", engine.config(), true);
+  absl::StatusOr<Captures> captures = engine.Run(batch, capture);
+  EXPECT_TRUE(captures.ok()) << captures.status();
+  if (!captures.ok()) return {};
+  return SplitBySample(*captures, batch.cu_seqlens);
+}
+
+// Relative L2 error of each captured layer (and the final norm) of one sample.
+inline std::vector<double> LayerErrors(const SampleStates& got, const SampleStates& want) {
+  std::vector<double> errors;
+  const size_t layer = static_cast<size_t>(want.hidden);
+  const size_t layers = want.capture_ids.size();
+  for (size_t l = 0; l <= layers; ++l) {
+    double diff = 0, norm = 0;
+    for (int64_t t = 0; t < want.tokens; ++t) {
+      for (size_t c = 0; c < layer; ++c) {
+        const size_t i = l < layers ? (t * layers + l) * layer + c : t * layer + c;
+        const float g = l < layers ? got.hidden_states[i] : got.final_norm[i];
+        const float w = l < layers ? want.hidden_states[i] : want.final_norm[i];
+        diff += (double(g) - w) * (double(g) - w);
+        norm += double(w) * w;
+      }
+    }
+    errors.push_back(std::sqrt(diff / std::max(norm, 1e-30)));
+  }
+  return errors;
 }
 
 }  // namespace hsx::testing

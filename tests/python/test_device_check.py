@@ -83,8 +83,15 @@ def test_run_here_says_no_gpu_and_exits_0(bundle, tmp_path):
     assert step(report, "bundle")["status"] == "pass"
     assert step(report, "cpu_unit")["status"] == "pass" and step(report, "cpu_unit")["counts"]["passed"] > 0
     assert step(report, "cpu_pipeline")["status"] == "pass"
-    assert step(report, "gpu_forward")["status"] == "not built yet"
-    for gpu_suite in ("oracle", "batch_invariance"):  # CUDA tests: they skip here, saying why
+    forward = step(report, "gpu_forward")
+    if "gpu_forward" in json.loads((bundle / "manifest.json").read_text())["binaries"]:
+        if have_gpu():
+            assert forward["status"] == "pass" and forward["result"]["forwards"], forward
+        else:  # the benchmark itself says so and exits 0
+            assert forward["status"] == "skip" and forward["summary"].startswith("gpu_forward: no GPU: "), forward
+    else:
+        assert forward["status"] == "not built", forward
+    for gpu_suite in ("oracle", "batch_invariance", "tensor_parallel"):  # CUDA tests: they skip here, saying why
         assert step(report, gpu_suite)["status"] in (("pass",) if have_gpu() else ("skip", "pass")), \
             step(report, gpu_suite)
     cuda = step(report, "cuda_kernels")
@@ -194,6 +201,20 @@ def test_gpu_side_of_the_report_with_a_fake_gpu(bundle_copy, tmp_path):
     assert proc.stdout.startswith(headline)
     assert "- " + headline in (out / "report.md").read_text()
     assert report["gpu"]["nvidia_smi"]["cuda_version"] == "13.0"
+
+
+def test_gpu_forward_result_line_and_summary():
+    output = "gpu_forward: x\nRESULT not json\n" + "RESULT " + json.dumps({
+        "gpu": True, "peak_tflops": 771.2, "dequant_ms": 1.5, "dequant_gbs": 2900, "forwards": [
+            {"tokens": 8192, "tokens_per_s": 51234.5, "routed_gemm_tflops": 402.0, "classes": {
+                "attention projections": {"tflops": 512.3}, "routed experts": {"tflops": 301.0},
+                "attention": {"tflops": 4.56}}}]}) + "\n"
+    result = runner.parse_bench_result(output)
+    assert result["peak_tflops"] == 771.2
+    assert runner.summarize_forward(result) == (
+        "peak 771 TF/s; dequant 1.50 ms (2900 GB/s); 8k: 51234 tok/s (proj 512, routed 301 [GEMMs 402], attn 4.6 TF/s)")
+    assert runner.parse_bench_result("RESULT {broken\n") is None
+    assert runner.parse_bench_result("no result line\n") is None
 
 
 def test_gpu_verdict():

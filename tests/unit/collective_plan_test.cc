@@ -2,6 +2,8 @@
 // sums are rank-ordered whatever the size (which a ring all-reduce is not).
 #include "kernels/collective_plan.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -105,6 +107,95 @@ TEST(CollectivePlan, ARingAllReduceWouldDependOnTheBufferSize) {
     EXPECT_EQ(std::memcmp(&plan_big[i], &plan_small[i], sizeof(float)), 0) << "element " << i;
   }
   EXPECT_GT(ring_differs, 0) << "the ring's order should depend on the length for some element";
+}
+
+}  // namespace
+}  // namespace hsx
+
+namespace hsx {
+namespace {
+
+// The send/receive transport (NCCL) simulated on host memory, message by
+// message from the exchange lists: every rank ends with the rank-order sum,
+// bitwise what AllReduceByPlan (the in-process communicator) gives.
+TEST(CollectivePlan, ExchangesReproduceThePlanBitwise) {
+  for (const int ranks : {2, 3, 4, 8}) {
+    for (const int64_t elements : {int64_t{1}, int64_t{64}, int64_t{100}, int64_t{4097}, int64_t{7168 * 3}}) {
+      SCOPED_TRACE(::testing::Message() << ranks << " ranks, " << elements << " elements");
+      const std::vector<std::vector<float>> partials = RandomPartials(ranks, elements, 11);
+      std::vector<std::vector<float>> data = partials;
+      // Reduce-scatter: each rank's staging gets the peers' partials of its slice.
+      std::vector<std::vector<float>> staging(ranks);
+      for (int r = 0; r < ranks; ++r) {
+        const SliceRange own = ReduceSlice(elements, ranks, r);
+        staging[r].assign(static_cast<size_t>((ranks - 1) * own.size()), NAN);
+        for (const PeerExchange& e : ReduceScatterExchanges(elements, ranks, r)) {
+          // What peer e.peer sends to r: its exchange whose peer is r.
+          const std::vector<PeerExchange> theirs = ReduceScatterExchanges(elements, ranks, e.peer);
+          const PeerExchange& sent = *std::find_if(theirs.begin(), theirs.end(), [&](const PeerExchange& x) {
+            return x.peer == r;
+          });
+          ASSERT_EQ(sent.send.size(), e.receive.size());
+          ASSERT_EQ(sent.send.begin, own.begin);
+          ASSERT_TRUE(e.staging >= 0 && e.staging < ranks - 1) << "staging block " << e.staging;
+          std::memcpy(staging[r].data() + e.staging * own.size(), partials[e.peer].data() + sent.send.begin,
+                      sizeof(float) * sent.send.size());
+        }
+      }
+      // Each owner sums its slice in rank order from the summands' sources.
+      for (int r = 0; r < ranks; ++r) {
+        const SliceRange own = ReduceSlice(elements, ranks, r);
+        const std::vector<Summand> sources = ReduceSources(ranks, r, true);
+        ASSERT_EQ(static_cast<int>(sources.size()), ranks);
+        for (int64_t i = 0; i < own.size(); ++i) {
+          float sum = 0;
+          for (size_t k = 0; k < sources.size(); ++k) {
+            EXPECT_EQ(sources[k].rank, static_cast<int>(k));
+            const float v = sources[k].staging < 0 ? data[r][own.begin + i]
+                                                   : staging[r][sources[k].staging * own.size() + i];
+            sum = k == 0 ? v : sum + v;
+          }
+          data[r][own.begin + i] = sum;
+        }
+      }
+      // All-gather: every rank receives each peer's reduced slice in place.
+      std::vector<std::vector<float>> gathered = data;
+      for (int r = 0; r < ranks; ++r) {
+        for (const PeerExchange& e : AllGatherExchanges(elements, ranks, r)) {
+          ASSERT_EQ(e.send.begin, ReduceSlice(elements, ranks, r).begin);
+          std::memcpy(gathered[r].data() + e.receive.begin, data[e.peer].data() + e.receive.begin,
+                      sizeof(float) * e.receive.size());
+        }
+      }
+      const std::vector<float> want = RankOrderSum(partials);
+      for (int r = 0; r < ranks; ++r) {
+        EXPECT_EQ(0, std::memcmp(gathered[r].data(), want.data(), sizeof(float) * elements)) << "rank " << r;
+      }
+    }
+  }
+}
+
+TEST(CollectivePlan, SourcesAreRankOrderedWithDistinctStagingBlocks) {
+  for (const int ranks : {1, 2, 5, 8}) {
+    for (int owner = 0; owner < ranks; ++owner) {
+      const std::vector<Summand> direct = ReduceSources(ranks, owner, false);
+      const std::vector<Summand> received = ReduceSources(ranks, owner, true);
+      std::vector<bool> used(ranks > 1 ? ranks - 1 : 0, false);
+      for (int k = 0; k < ranks; ++k) {
+        EXPECT_EQ(direct[k].rank, k);
+        EXPECT_EQ(direct[k].staging, -1);
+        EXPECT_EQ(received[k].rank, k);
+        if (k == owner) {
+          EXPECT_EQ(received[k].staging, -1) << "the owner's own partial is read in place";
+        } else {
+          ASSERT_GE(received[k].staging, 0);
+          ASSERT_LT(received[k].staging, ranks - 1);
+          EXPECT_FALSE(used[received[k].staging]) << "two peers in one staging block";
+          used[received[k].staging] = true;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,373 @@
+// cuda_communicator.cc: the same-device and NCCL transports of the CUDA
+// all-reduce (see cuda_communicator.h for the protocol and why it is safe).
+#include "kernels/cuda/cuda_communicator.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/collective_plan.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/nccl_api.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/rank_barrier.h"
+
+namespace hsx {
+namespace {
+
+// A group's shared part: the ranks' devices and streams, the host barrier,
+// what each rank posted, and the checks every transport makes.
+class CudaGroup : public CommunicatorGroup {
+ public:
+  CudaGroup(std::vector<CudaRank> ranks, std::vector<Backend*> backends)
+      : ranks_(std::move(ranks)), backends_(std::move(backends)), barrier_(size()), posted_(ranks_.size()) {
+    for (int r = 0; r < size(); ++r) communicators_.push_back(std::make_unique<RankCommunicator>(this, r));
+  }
+
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  Communicator* rank(int rank) override { return communicators_[rank].get(); }
+  void Abort(const absl::Status& why) override { barrier_.Abort(why); }
+  absl::Status Reset() override {
+    barrier_.Reset();
+    return absl::OkStatus();
+  }
+
+  // Rank `rank`'s all-reduce of `data`, on its thread.
+  virtual absl::Status AllReduce(int rank, const Matrix& data) = 0;
+
+ protected:
+  struct Posted {
+    float* data = nullptr;
+    int64_t elements = 0;
+  };
+
+  // "AllReduceSum (rank 2 of 4, 1024 x 7168 f32)": the op and sizes errors name.
+  std::string What(int rank, const Matrix& data) const {
+    return absl::StrCat("AllReduceSum (rank ", rank, " of ", size(), ", ", data.rows, " x ", data.cols, " ",
+                        ElementTypeName(data.type), ")");
+  }
+
+  absl::Status CudaCall(cudaError_t status, int rank, const Matrix& data, const char* call) const {
+    if (status == cudaSuccess) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(What(rank, data), " on cuda:", ranks_[rank].device, ": ", call, ": ",
+                                            cudaGetErrorName(status), ": ", cudaGetErrorString(status)));
+  }
+
+  // The contract's preconditions, checked before anything is posted.
+  absl::Status CheckPartial(int rank, const Matrix& data) const {
+    if (data.type != ElementType::kF32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(What(rank, data), ": partials must be f32, got ", ElementTypeName(data.type)));
+    }
+    if (data.ld != data.cols && data.rows > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(What(rank, data), ": the matrix must be contiguous (ld ",
+                                                     data.ld, " != cols ", data.cols, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Posts the rank's matrix and meets the others; afterwards every rank sees
+  // the same posted_ and so takes the same decision on their sizes.
+  absl::Status PostAndMeet(int rank, const Matrix& data) {
+    posted_[rank] = {static_cast<float*>(data.data), data.rows * data.cols};
+    if (absl::Status s = barrier_.ArriveAndWait(); !s.ok()) return s;
+    for (int r = 0; r < size(); ++r) {
+      if (posted_[r].elements != posted_[rank].elements) {
+        return absl::InvalidArgumentError(absl::StrCat(What(rank, data), ": rank ", r, " passed ",
+                                                       posted_[r].elements, " elements, this rank ",
+                                                       posted_[rank].elements));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<CudaRank> ranks_;
+  std::vector<Backend*> backends_;
+  RankBarrier barrier_;
+  std::vector<Posted> posted_;
+
+ private:
+  class RankCommunicator : public Communicator {
+   public:
+    RankCommunicator(CudaGroup* group, int rank) : group_(group), rank_(rank) {}
+    int rank() const override { return rank_; }
+    int size() const override { return group_->size(); }
+    absl::Status AllReduceSum(const Matrix& data) override {
+      if (group_->size() == 1) return absl::OkStatus();
+      return group_->AllReduce(rank_, data);
+    }
+
+   private:
+    CudaGroup* group_;
+    int rank_;
+  };
+
+  std::vector<std::unique_ptr<Communicator>> communicators_;
+};
+
+#define HSX_CUDA_TRY(call, what)                                               \
+  do {                                                                         \
+    if (absl::Status _s = CudaCall((call), rank, data, what); !_s.ok()) return _s; \
+  } while (0)
+
+// ---- Same device -----------------------------------------------------------------
+
+class SameDeviceGroup : public CudaGroup {
+ public:
+  using CudaGroup::CudaGroup;
+
+  ~SameDeviceGroup() override {
+    cudaSetDevice(ranks_.front().device);
+    for (cudaEvent_t e : ready_) cudaEventDestroy(e);
+    for (cudaEvent_t e : done_) cudaEventDestroy(e);
+  }
+
+  absl::Status Init() {
+    if (cudaError_t s = cudaSetDevice(ranks_.front().device); s != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("same-device group: cudaSetDevice: ", cudaGetErrorString(s)));
+    }
+    for (int r = 0; r < size(); ++r) {
+      for (std::vector<cudaEvent_t>* events : {&ready_, &done_}) {
+        cudaEvent_t event = nullptr;
+        if (cudaError_t s = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); s != cudaSuccess) {
+          return absl::InternalError(absl::StrCat("same-device group: cudaEventCreate: ", cudaGetErrorString(s)));
+        }
+        events->push_back(event);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AllReduce(int rank, const Matrix& data) override {
+    if (absl::Status s = CheckPartial(rank, data); !s.ok()) return s;
+    const cudaStream_t stream = ranks_[rank].stream;
+    const int n = size();
+    HSX_CUDA_TRY(cudaSetDevice(ranks_[rank].device), "cudaSetDevice");
+    // 1. This rank's partial is complete at `ready`.
+    HSX_CUDA_TRY(cudaEventRecord(ready_[rank], stream), "cudaEventRecord");
+    if (absl::Status s = PostAndMeet(rank, data); !s.ok()) return s;
+    // 2. Own slice: wait for every partial, sum in rank order, push the sum.
+    for (int r = 0; r < n; ++r) {
+      if (r != rank) HSX_CUDA_TRY(cudaStreamWaitEvent(stream, ready_[r], 0), "cudaStreamWaitEvent");
+    }
+    const SliceRange slice = ReduceSlice(posted_[rank].elements, n, rank);
+    if (slice.size() > 0) {
+      std::vector<const float*> sources;
+      for (const Summand& summand : ReduceSources(n, rank, false)) {
+        sources.push_back(posted_[summand.rank].data + slice.begin);
+      }
+      float* own = posted_[rank].data + slice.begin;
+      HSX_CUDA_TRY(static_cast<cudaError_t>(cuda::LaunchSumInRankOrder(sources.data(), n, own, slice.size(), stream)),
+                   "LaunchSumInRankOrder");
+      for (int r = 0; r < n; ++r) {
+        if (r == rank) continue;
+        HSX_CUDA_TRY(cudaMemcpyAsync(posted_[r].data + slice.begin, own, sizeof(float) * slice.size(),
+                                     cudaMemcpyDeviceToDevice, stream),
+                     "cudaMemcpyAsync (gather)");
+      }
+    }
+    HSX_CUDA_TRY(cudaEventRecord(done_[rank], stream), "cudaEventRecord");
+    // 3. Nobody goes on until every slice has landed everywhere.
+    if (absl::Status s = barrier_.ArriveAndWait(); !s.ok()) return s;
+    for (int r = 0; r < n; ++r) {
+      if (r != rank) HSX_CUDA_TRY(cudaStreamWaitEvent(stream, done_[r], 0), "cudaStreamWaitEvent");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<cudaEvent_t> ready_;  // per rank: its partial is complete
+  std::vector<cudaEvent_t> done_;   // per rank: its slice is summed and copied to everyone
+};
+
+// ---- NCCL ---------------------------------------------------------------------------
+
+class NcclGroup : public CudaGroup {
+ public:
+  NcclGroup(std::vector<CudaRank> ranks, std::vector<Backend*> backends, const cuda::NcclApi* api)
+      : CudaGroup(std::move(ranks), std::move(backends)), api_(api), comms_(ranks_.size(), nullptr) {}
+
+  ~NcclGroup() override { Release(); }
+
+  absl::Status Init() {
+    std::vector<int> devices;
+    for (const CudaRank& r : ranks_) devices.push_back(r.device);
+    const ncclResult_t result = api_->ncclCommInitAll(comms_.data(), size(), devices.data());
+    if (result != ncclSuccess) {
+      std::fill(comms_.begin(), comms_.end(), nullptr);
+      return absl::FailedPreconditionError(
+          absl::StrCat("NCCL: ncclCommInitAll over ", size(), " GPUs: ", api_->ncclGetErrorString(result)));
+    }
+    return absl::OkStatus();
+  }
+
+  void Abort(const absl::Status& why) override {
+    CudaGroup::Abort(why);
+    // Kernels waiting for a rank that will not come end with the communicators.
+    std::lock_guard<std::mutex> lock(comms_mutex_);
+    for (ncclComm_t& comm : comms_) {
+      if (comm != nullptr) api_->ncclCommAbort(comm);
+      comm = nullptr;
+    }
+  }
+
+  absl::Status Reset() override {
+    {
+      std::lock_guard<std::mutex> lock(comms_mutex_);
+      if (comms_.front() == nullptr) {
+        if (absl::Status s = Init(); !s.ok()) return s;
+      }
+    }
+    return CudaGroup::Reset();
+  }
+
+  absl::Status AllReduce(int rank, const Matrix& data) override {
+    if (absl::Status s = CheckPartial(rank, data); !s.ok()) return s;
+    if (absl::Status s = PostAndMeet(rank, data); !s.ok()) return s;
+    const int n = size();
+    const cudaStream_t stream = ranks_[rank].stream;
+    const ncclComm_t comm = comms_[rank];
+    if (comm == nullptr) return absl::AbortedError(absl::StrCat(What(rank, data), ": the NCCL group was aborted"));
+    HSX_CUDA_TRY(cudaSetDevice(ranks_[rank].device), "cudaSetDevice");
+    const int64_t elements = posted_[rank].elements;
+    float* base = posted_[rank].data;
+    const SliceRange own = ReduceSlice(elements, n, rank);
+    // Staging for the peers' partials of the own slice, stream-ordered on
+    // this rank's stream (freed after the sum that reads it).
+    std::unique_ptr<Buffer> staging;
+    int64_t block = 0;
+    if (own.size() > 0) {
+      absl::StatusOr<std::unique_ptr<Buffer>> made = backends_[rank]->Allocate(n - 1, own.size(), ElementType::kF32);
+      if (!made.ok()) return made.status();
+      staging = *std::move(made);
+      block = staging->matrix().ld;
+    }
+    float* stage = staging ? static_cast<float*>(staging->matrix().data) : nullptr;
+    // Reduce-scatter: the peers' partials of the own slice into staging.
+    if (absl::Status st = Exchange(rank, data, comm, ReduceScatterExchanges(elements, n, rank),
+                                   [&](const PeerExchange& e) { return stage + e.staging * block; });
+        !st.ok()) {
+      return st;
+    }
+    // The rank-order sum of the own slice, in place.
+    if (own.size() > 0) {
+      std::vector<const float*> sources;
+      for (const Summand& summand : ReduceSources(n, rank, true)) {
+        sources.push_back(summand.staging < 0 ? base + own.begin : stage + summand.staging * block);
+      }
+      HSX_CUDA_TRY(static_cast<cudaError_t>(
+                       cuda::LaunchSumInRankOrder(sources.data(), n, base + own.begin, own.size(), stream)),
+                   "LaunchSumInRankOrder");
+    }
+    // All-gather: the peers' sums into place.
+    return Exchange(rank, data, comm, AllGatherExchanges(elements, n, rank),
+                    [&](const PeerExchange& e) { return base + e.receive.begin; });
+  }
+
+ private:
+  absl::Status Nccl(ncclResult_t result, int rank, const Matrix& data, const char* call) const {
+    if (result == ncclSuccess) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(What(rank, data), " on cuda:", ranks_[rank].device, ": ", call, ": ",
+                                            api_->ncclGetErrorString(result)));
+  }
+
+  // One grouped round: for each exchange, e.send of this rank's matrix to the
+  // peer and e.receive.size() elements from it into receive_to(e).
+  absl::Status Exchange(int rank, const Matrix& data, ncclComm_t comm, const std::vector<PeerExchange>& exchanges,
+                        const std::function<float*(const PeerExchange&)>& receive_to) {
+    const cudaStream_t stream = ranks_[rank].stream;
+    const float* base = posted_[rank].data;
+    if (absl::Status s = Nccl(api_->ncclGroupStart(), rank, data, "ncclGroupStart"); !s.ok()) return s;
+    absl::Status status;
+    for (const PeerExchange& e : exchanges) {
+      if (status.ok() && e.send.size() > 0) {
+        status = Nccl(api_->ncclSend(base + e.send.begin, e.send.size(), ncclFloat32, e.peer, comm, stream), rank,
+                      data, "ncclSend");
+      }
+      if (status.ok() && e.receive.size() > 0) {
+        status = Nccl(api_->ncclRecv(receive_to(e), e.receive.size(), ncclFloat32, e.peer, comm, stream), rank, data,
+                      "ncclRecv");
+      }
+    }
+    const absl::Status ended = Nccl(api_->ncclGroupEnd(), rank, data, "ncclGroupEnd");  // always closes the group
+    return status.ok() ? ended : status;
+  }
+
+  void Release() {
+    std::lock_guard<std::mutex> lock(comms_mutex_);
+    for (ncclComm_t& comm : comms_) {
+      if (comm != nullptr) api_->ncclCommDestroy(comm);
+      comm = nullptr;
+    }
+  }
+
+  const cuda::NcclApi* api_;
+  std::mutex comms_mutex_;
+  std::vector<ncclComm_t> comms_;
+};
+
+#undef HSX_CUDA_TRY
+
+absl::StatusOr<std::vector<CudaRank>> RanksOf(std::span<Backend* const> backends) {
+  std::vector<CudaRank> ranks;
+  for (Backend* backend : backends) {
+    absl::StatusOr<CudaRank> rank = CudaRankOf(*backend);
+    if (!rank.ok()) return rank.status();
+    ranks.push_back(*rank);
+  }
+  if (ranks.empty()) return absl::InvalidArgumentError("a communicator group needs at least one rank");
+  return ranks;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CommunicatorGroup>> MakeSameDeviceGroup(std::span<Backend* const> backends) {
+  absl::StatusOr<std::vector<CudaRank>> ranks = RanksOf(backends);
+  if (!ranks.ok()) return ranks.status();
+  if (static_cast<int>(ranks->size()) > cuda::kMaxCollectiveRanks) {
+    return absl::InvalidArgumentError(absl::StrCat("same-device group: ", ranks->size(), " ranks, at most ",
+                                                   cuda::kMaxCollectiveRanks));
+  }
+  for (const CudaRank& r : *ranks) {
+    if (r.device != ranks->front().device) {
+      return absl::InvalidArgumentError(absl::StrCat("same-device group: ranks on cuda:", ranks->front().device,
+                                                     " and cuda:", r.device, " (one device only)"));
+    }
+  }
+  auto group = std::make_unique<SameDeviceGroup>(*std::move(ranks),
+                                                 std::vector<Backend*>(backends.begin(), backends.end()));
+  if (absl::Status s = group->Init(); !s.ok()) return s;
+  return group;
+}
+
+absl::StatusOr<std::unique_ptr<CommunicatorGroup>> MakeNcclGroup(std::span<Backend* const> backends) {
+  absl::StatusOr<std::vector<CudaRank>> ranks = RanksOf(backends);
+  if (!ranks.ok()) return ranks.status();
+  if (static_cast<int>(ranks->size()) > cuda::kMaxCollectiveRanks) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL group: ", ranks->size(), " ranks, at most ",
+                                                   cuda::kMaxCollectiveRanks));
+  }
+  for (size_t a = 0; a < ranks->size(); ++a) {
+    for (size_t b = a + 1; b < ranks->size(); ++b) {
+      if ((*ranks)[a].device == (*ranks)[b].device) {
+        return absl::InvalidArgumentError(absl::StrCat("NCCL group: ranks ", a, " and ", b, " share cuda:",
+                                                       (*ranks)[a].device,
+                                                       " (NCCL refuses that; use the same-device transport)"));
+      }
+    }
+  }
+  absl::StatusOr<const cuda::NcclApi*> api = cuda::LoadNcclApi();
+  if (!api.ok()) return api.status();
+  auto group = std::make_unique<NcclGroup>(*std::move(ranks), std::vector<Backend*>(backends.begin(), backends.end()),
+                                           *api);
+  if (absl::Status s = group->Init(); !s.ok()) return s;
+  return group;
+}
+
+}  // namespace hsx
