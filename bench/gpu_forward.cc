@@ -39,7 +39,7 @@
 #include "kernels/cuda/ops.h"
 #include "server/model/forward.h"
 #include "server/model/random_model.h"
-#include "server/tools/cli.h"
+#include "base/cli.h"
 
 ABSL_FLAG(std::string, tokens, "8192,32768", "Tokens per forward, comma-separated.");
 ABSL_FLAG(int64_t, sample_length, 4096, "Tokens per packed sample (the last one may be shorter).");

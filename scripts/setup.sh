@@ -25,6 +25,7 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev grpc-proto clang libclang-rt-14-dev python3-venv
   patchelf  # scripts/device-check.sh --prepare: the bundle's RPATH
+  ccache    # reuses unchanged files' compiles across fresh clones (CMakeLists.txt)
 )
 missing=()
 for package in "${packages[@]}"; do
