@@ -332,9 +332,6 @@ class DumpRun {
     changed_.notify_all();
     for (std::thread& thread : writers_) thread.join();
     progress_->Stop();
-    // A killed earlier run may have left a temporary of a sample this run has
-    // now journaled; the reasoning of RemoveStaleTemporaries holds for it too.
-    if (!options_.discard) RemoveStaleTemporaries(options_.out_dir, journaled_now_);
   }
 
   void WriterLoop() {
@@ -400,7 +397,6 @@ class DumpRun {
       std::lock_guard<std::mutex> lock(mutex_);
       if (status.ok()) {
         if (written) {
-          journaled_now_.insert(input.index);
           ++stats_->samples;
           stats_->tokens += static_cast<int64_t>(input.input_ids.size());
           stats_->bytes += bytes;
@@ -464,7 +460,6 @@ class DumpRun {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Result> ready_;  // extracted, waiting for a writer
-  std::set<int64_t> journaled_now_;  // samples this run wrote
   int in_flight_ = 0;
   int64_t in_flight_bytes_ = 0;
   bool closing_ = false;    // no more results will come: writers return when ready_ is empty
