@@ -58,7 +58,6 @@ class ResponseEncoder {
 
   // Bytes of float32 states held.
   int64_t state_bytes() const;
-  int64_t rows_per_chunk() const { return rows_per_chunk_; }
 
  private:
   enum class Stage { kHeader, kSummary, kBody, kTrailer, kDone };

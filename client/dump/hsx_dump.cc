@@ -33,6 +33,7 @@
 #include "server/model/config.h"
 #include "format/capture_spec.h"
 #include "base/cli.h"
+#include "base/file_util.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory to run in-process (instead of --server).");
 ABSL_FLAG(std::string, server, "", "hsx-server address(es), comma-separated (host:port, dns:///name:port, "
@@ -112,11 +113,9 @@ bool Specified(absl::string_view name) {
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, " ", path, ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  absl::StatusOr<std::string> text = hsx::ReadFileToString(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("--", flag, " ", path, ": cannot open"));
+  return text;
 }
 
 struct Transport {
