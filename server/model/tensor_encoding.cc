@@ -1,0 +1,136 @@
+// tensor_encoding.cc: the block loops. Each loop accumulates its checks as
+// integer ORs (no early exit), which is what lets it vectorise; a block that
+// failed is rescanned to find the first bad value.
+#include "server/model/tensor_encoding.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <xxhash.h>
+
+#include "kernels/fp16.h"
+
+namespace hsx {
+namespace {
+
+constexpr uint32_t kF32Inf = 0x7f800000u;   // |bits| at or above: inf or NaN
+constexpr uint32_t kFp16Limit = 0x477ff000u;  // 65520.0f: rounds to fp16 inf
+
+// float32 bits -> bf16, round to nearest even (FloatToBf16 for every non-NaN).
+// Returns the OR of "bad" flags; ORs |bits| into *nonzero.
+uint32_t F32ToBf16(const uint32_t* in, int64_t n, uint16_t* out, uint32_t limit, uint32_t* nonzero) {
+  uint32_t bad = 0, nz = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = in[i];
+    const uint32_t a = u & 0x7fffffffu;
+    bad |= a >= limit;
+    nz |= a;
+    out[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  *nonzero |= nz;
+  return bad;
+}
+
+uint32_t CheckF32(const uint32_t* in, int64_t n, uint32_t limit, uint32_t* nonzero) {
+  uint32_t bad = 0, nz = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = in[i] & 0x7fffffffu;
+    bad |= a >= limit;
+    nz |= a;
+  }
+  *nonzero |= nz;
+  return bad;
+}
+
+// bf16 -> bf16 is the identity (a bf16 value rounds to itself); check only.
+uint32_t CheckBf16(const uint16_t* in, int64_t n, uint32_t* nonzero) {
+  uint32_t bad = 0, nz = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = in[i] & 0x7fffu;
+    bad |= a >= 0x7f80u;
+    nz |= a;
+  }
+  *nonzero |= nz;
+  return bad;
+}
+
+void WidenBf16(const uint16_t* in, int64_t n, uint32_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(in[i]) << 16;
+}
+
+void F32ToFp16(const uint32_t* in, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, &in[i], sizeof(v));
+    out[i] = FloatToHalf(v);
+  }
+}
+
+}  // namespace
+
+TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst) {
+  TensorEncoding result;
+  XXH64_state_t* hash = XXH64_createState();
+  XXH64_reset(hash, 0);
+  const uint32_t limit = dtype == OutputDType::kFp16 ? kFp16Limit : kF32Inf;
+  const int64_t out_size = OutputDTypeSize(dtype);
+  alignas(64) uint32_t wide[kEncodeBlock];
+  uint32_t nonzero = 0;
+  for (int64_t begin = 0; begin < count; begin += kEncodeBlock) {
+    const int64_t n = std::min(kEncodeBlock, count - begin);
+    char* out = dst + begin * out_size;
+    // The block as float32 bits: in place for f32 input, widened for bf16.
+    const uint32_t* bits = wide;
+    uint32_t bad = 0;
+    if (type == ElementType::kBf16) {
+      const uint16_t* in = static_cast<const uint16_t*>(src) + begin;
+      if (dtype == OutputDType::kBf16) {
+        bad = CheckBf16(in, n, &nonzero);
+        std::memcpy(out, in, n * 2);
+      } else {
+        WidenBf16(in, n, wide);
+      }
+    } else {
+      bits = static_cast<const uint32_t*>(src) + begin;
+    }
+    if (!(type == ElementType::kBf16 && dtype == OutputDType::kBf16)) {
+      switch (dtype) {
+        case OutputDType::kBf16:
+          bad = F32ToBf16(bits, n, reinterpret_cast<uint16_t*>(out), limit, &nonzero);
+          break;
+        case OutputDType::kFp16:
+          bad = CheckF32(bits, n, limit, &nonzero);
+          if (!bad) F32ToFp16(bits, n, reinterpret_cast<uint16_t*>(out));
+          break;
+        case OutputDType::kFp32:
+          bad = CheckF32(bits, n, limit, &nonzero);
+          std::memcpy(out, bits, n * 4);
+          break;
+      }
+    }
+    if (bad) {
+      // Find the first bad value of the block (rare: the stream fails).
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t u;
+        if (type == ElementType::kBf16) {
+          u = static_cast<uint32_t>(static_cast<const uint16_t*>(src)[begin + i]) << 16;
+        } else {
+          u = bits[i];
+        }
+        if ((u & 0x7fffffffu) >= limit) {
+          result.bad_index = begin + i;
+          std::memcpy(&result.bad_value, &u, sizeof(u));
+          break;
+        }
+      }
+      break;
+    }
+    XXH64_update(hash, out, n * out_size);
+  }
+  result.nonzero = nonzero != 0;
+  result.xxh64 = XXH64_digest(hash);
+  XXH64_freeState(hash);
+  return result;
+}
+
+}  // namespace hsx
