@@ -16,7 +16,7 @@
 #include "client/dump/input.h"
 #include "client/dump/journal.h"
 #include "client/dump/progress.h"
-#include "client/dump/sample_file.h"
+#include "format/sample_file.h"
 
 namespace hsx {
 

@@ -12,8 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "client/dump/input.h"
-#include "client/dump/sample_file.h"
-#include "server/model/encoding.h"
+#include "format/sample_file.h"
+#include "format/encoding.h"
 #include "server/model/forward.h"
 #include "server/model/sample_states.h"
 #include "server/runtime/batcher.h"

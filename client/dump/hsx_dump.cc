@@ -26,7 +26,7 @@
 #include "client/dump/input.h"
 #include "client/dump/journal.h"
 #include "client/dump/remote_extractor.h"
-#include "client/dump/sample_file.h"
+#include "format/sample_file.h"
 #include "kernels/backend.h"
 #include "server/model/checkpoint.h"
 #include "server/model/config.h"

@@ -21,7 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/dump/stream_assembler.h"
+#include "format/stream_assembler.h"
 #include "hsx/v1/hsx.grpc.pb.h"
 
 namespace hsx {

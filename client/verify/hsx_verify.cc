@@ -44,9 +44,9 @@
 #include "client/dump/dump_job.h"
 #include "client/dump/input.h"
 #include "client/dump/journal.h"
-#include "client/dump/sample_file.h"
-#include "server/model/encoding.h"
-#include "server/model/safetensors.h"
+#include "format/sample_file.h"
+#include "format/encoding.h"
+#include "format/safetensors.h"
 #include "server/tools/cli.h"
 
 ABSL_FLAG(std::string, input, "", "The JSONL input of the dump: token_ids, loss_mask and ids must "

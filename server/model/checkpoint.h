@@ -21,7 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/model/config.h"
-#include "server/model/safetensors.h"
+#include "format/safetensors.h"
 #include "server/model/tensor_specs.h"
 
 namespace hsx {

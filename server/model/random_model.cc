@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/bf16.h"
-#include "server/model/safetensors_writer.h"
+#include "format/safetensors_writer.h"
 #include "server/model/tensor_specs.h"
 
 namespace hsx {

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "server/model/config.h"
-#include "server/model/safetensors.h"
+#include "format/safetensors.h"
 
 namespace hsx {
 

@@ -58,7 +58,8 @@ void ExtractReactor::Deliver(absl::StatusOr<SampleView> view) {
   // Encoding (the sample's one pass over its rows) runs outside the lock: a
   // cancellation meanwhile is seen below.
   absl::StatusOr<std::unique_ptr<ResponseEncoder>> encoder =
-      status.ok() ? ResponseEncoder::Create(*std::move(view), encoder_options_, pool_)
+      status.ok() ? ResponseEncoder::Create(*std::move(view), encoder_options_,
+                                                      [this](size_t bytes) { return pool_->Get(bytes); })
                   : absl::StatusOr<std::unique_ptr<ResponseEncoder>>(status);
   view = absl::CancelledError("released");  // the batch's buffers may go back to their pool
   Action action;

@@ -31,17 +31,16 @@
 #include <memory>
 #include <mutex>
 
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include <grpcpp/support/byte_buffer.h>
-
+#include "format/response_encoder.h"
 #include "server/model/forward.h"
 #include "server/model/host_buffer_pool.h"
 #include "server/model/sample_view.h"
 #include "server/service/metrics.h"
-#include "server/service/response_encoder.h"
 
 namespace hsx {
 

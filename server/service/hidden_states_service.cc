@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "client/dump/sample_file.h"
-#include "server/model/encoding.h"
+#include "format/encoding.h"
+#include "format/layer_convention.h"
 #include "server/service/extract_reactor.h"
 #include "server/service/log.h"
 

@@ -7,9 +7,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "client/dump/sample_file.h"
+#include "format/encoding.h"
+#include "format/layer_convention.h"
 #include "server/model/checkpoint.h"
-#include "server/model/encoding.h"
 
 namespace hsx {
 

@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "hsx/v1/hsx.pb.h"
-#include "server/model/encoding.h"
+#include "format/encoding.h"
 #include "server/model/forward.h"
 
 namespace hsx {

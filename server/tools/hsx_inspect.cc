@@ -15,7 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "server/model/checkpoint.h"
-#include "server/model/safetensors_writer.h"
+#include "format/safetensors_writer.h"
 #include "server/tools/cli.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + safetensors).");

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <span>
 
-#include "server/model/safetensors.h"
+#include "format/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<hsx::SafetensorsHeader> header =

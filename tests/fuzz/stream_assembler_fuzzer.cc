@@ -1,4 +1,4 @@
-// libFuzzer target: the client's stream assembler (client/dump/stream_assembler.h).
+// libFuzzer target: the client's stream assembler (format/stream_assembler.h).
 //
 // Structure-aware: the input bytes drive a sequence of operations, each one
 // either the correct next message of a valid stream (op byte 0 mod 5, so an
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "client/dump/stream_assembler.h"
+#include "format/stream_assembler.h"
 
 namespace {
 

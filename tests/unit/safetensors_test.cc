@@ -1,5 +1,5 @@
 // Tests the safetensors writer and the validating reader, one corruption at a time.
-#include "server/model/safetensors.h"
+#include "format/safetensors.h"
 
 #include <cstring>
 #include <string>
@@ -7,7 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/model/safetensors_writer.h"
+#include "format/safetensors_writer.h"
 #include "tests/unit/test_util.h"
 
 namespace hsx {

@@ -1,5 +1,5 @@
 // stream_assembler.cc: the checks and the reassembly of one response stream.
-#include "client/dump/stream_assembler.h"
+#include "format/stream_assembler.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,5 +1,5 @@
 // sample_file.cc: encoding, checksums and the atomic write of one sample.
-#include "client/dump/sample_file.h"
+#include "format/sample_file.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/model/safetensors_writer.h"
+#include "format/safetensors_writer.h"
 
 namespace hsx {
 namespace {

@@ -10,8 +10,8 @@
 // tag and length) and a slice aliasing the encoded rows. The rows' owner is
 // kept alive by the slice and released in its destroy callback, when gRPC has
 // written the bytes to the socket (not at OnWriteDone, which can come first).
-#ifndef HSX_SERVER_SERVICE_RESPONSE_FRAMING_H_
-#define HSX_SERVER_SERVICE_RESPONSE_FRAMING_H_
+#ifndef HSX_FORMAT_RESPONSE_FRAMING_H_
+#define HSX_FORMAT_RESPONSE_FRAMING_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -33,4 +33,4 @@ grpc::ByteBuffer ChunkResponse(int32_t capture_id, int64_t first_row, int64_t nu
 
 }  // namespace hsx
 
-#endif  // HSX_SERVER_SERVICE_RESPONSE_FRAMING_H_
+#endif  // HSX_FORMAT_RESPONSE_FRAMING_H_

@@ -1,7 +1,7 @@
 // tensor_encoding.cc: the block loops. Each loop accumulates its checks as
 // integer ORs (no early exit), which is what lets it vectorise; a block that
 // failed is rescanned to find the first bad value.
-#include "server/model/tensor_encoding.h"
+#include "format/tensor_encoding.h"
 
 #include <algorithm>
 #include <cstring>

@@ -10,8 +10,8 @@
 // each tensor's bytes. Written atomically (temporary file, fsync, rename).
 // The bytes depend only on the sample, the states and SampleFileInfo, so the
 // in-process and remote modes write identical files.
-#ifndef HSX_CLIENT_DUMP_SAMPLE_FILE_H_
-#define HSX_CLIENT_DUMP_SAMPLE_FILE_H_
+#ifndef HSX_FORMAT_SAMPLE_FILE_H_
+#define HSX_FORMAT_SAMPLE_FILE_H_
 
 #include <cstdint>
 #include <map>
@@ -21,16 +21,12 @@
 
 #include "absl/status/statusor.h"
 #include "client/dump/input.h"
-#include "server/model/encoding.h"
-#include "server/model/safetensors.h"
+#include "format/encoding.h"
+#include "format/layer_convention.h"
+#include "format/safetensors.h"
 #include "server/model/sample_states.h"
 
 namespace hsx {
-
-// The convention string recorded in every output.
-inline constexpr char kLayerConvention[] =
-    "capture id k = residual stream entering decoder layer k (HF output_hidden_states[k] for k < N); "
-    "k = N = last layer output before the final norm";
 
 struct SampleFileInfo {
   std::string model_name;
@@ -76,4 +72,4 @@ std::string Int64Xxh64Hex(std::span<const int64_t> values);
 
 }  // namespace hsx
 
-#endif  // HSX_CLIENT_DUMP_SAMPLE_FILE_H_
+#endif  // HSX_FORMAT_SAMPLE_FILE_H_

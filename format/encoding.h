@@ -6,8 +6,8 @@
 //   token hash:    XXH64 (seed 0) of the token ids as little-endian int64
 //   layer checksum: XXH64 (seed 0) of one captured layer's [T, H] bytes in the
 //                   output dtype, rows in order
-#ifndef HSX_SERVER_MODEL_ENCODING_H_
-#define HSX_SERVER_MODEL_ENCODING_H_
+#ifndef HSX_FORMAT_ENCODING_H_
+#define HSX_FORMAT_ENCODING_H_
 
 #include <cstdint>
 #include <span>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/model/safetensors.h"
+#include "format/safetensors.h"
 
 namespace hsx {
 
@@ -38,4 +38,4 @@ uint64_t TokenIdsHash(std::span<const int32_t> token_ids);
 
 }  // namespace hsx
 
-#endif  // HSX_SERVER_MODEL_ENCODING_H_
+#endif  // HSX_FORMAT_ENCODING_H_

@@ -8,13 +8,13 @@
 // while it is still in L1. The conversion loops are plain loops over
 // uint32_t that the compiler vectorises (the file is built with -O3; see
 // server/CMakeLists.txt). fp16 stays scalar: only bf16 is on the hot path.
-#ifndef HSX_SERVER_MODEL_TENSOR_ENCODING_H_
-#define HSX_SERVER_MODEL_TENSOR_ENCODING_H_
+#ifndef HSX_FORMAT_TENSOR_ENCODING_H_
+#define HSX_FORMAT_TENSOR_ENCODING_H_
 
 #include <cstdint>
 
 #include "kernels/backend.h"
-#include "server/model/encoding.h"
+#include "format/encoding.h"
 
 namespace hsx {
 
@@ -35,4 +35,4 @@ TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, Ou
 
 }  // namespace hsx
 
-#endif  // HSX_SERVER_MODEL_TENSOR_ENCODING_H_
+#endif  // HSX_FORMAT_TENSOR_ENCODING_H_

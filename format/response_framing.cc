@@ -1,5 +1,5 @@
 // response_framing.cc: the protobuf wire encoding of a Chunk, by hand.
-#include "server/service/response_framing.h"
+#include "format/response_framing.h"
 
 #include <string>
 

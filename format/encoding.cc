@@ -1,5 +1,5 @@
 // encoding.cc: dtype conversion and hashing.
-#include "server/model/encoding.h"
+#include "format/encoding.h"
 
 #include <cstring>
 

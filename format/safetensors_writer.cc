@@ -1,5 +1,5 @@
 // safetensors_writer.cc: header layout and atomic file output.
-#include "server/model/safetensors_writer.h"
+#include "format/safetensors_writer.h"
 
 #include <fcntl.h>
 #include <unistd.h>

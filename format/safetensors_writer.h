@@ -6,8 +6,8 @@
 // implementation does. Data is produced tensor by tensor through a callback,
 // so writing a file needs memory for one tensor, not the whole file. The file
 // appears under its final name only once complete and fsynced.
-#ifndef HSX_SERVER_MODEL_SAFETENSORS_WRITER_H_
-#define HSX_SERVER_MODEL_SAFETENSORS_WRITER_H_
+#ifndef HSX_FORMAT_SAFETENSORS_WRITER_H_
+#define HSX_FORMAT_SAFETENSORS_WRITER_H_
 
 #include <cstdint>
 #include <functional>
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "server/model/safetensors.h"
+#include "format/safetensors.h"
 
 namespace hsx {
 
@@ -62,4 +62,4 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
 
 }  // namespace hsx
 
-#endif  // HSX_SERVER_MODEL_SAFETENSORS_WRITER_H_
+#endif  // HSX_FORMAT_SAFETENSORS_WRITER_H_

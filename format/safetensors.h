@@ -8,8 +8,8 @@
 // another tensor. Every error names the file and, where there is one, the
 // tensor. A SafetensorsFile that opened successfully can be read anywhere
 // inside its tensors' ranges without further checks.
-#ifndef HSX_SERVER_MODEL_SAFETENSORS_H_
-#define HSX_SERVER_MODEL_SAFETENSORS_H_
+#ifndef HSX_FORMAT_SAFETENSORS_H_
+#define HSX_FORMAT_SAFETENSORS_H_
 
 #include <cstdint>
 #include <map>
@@ -85,4 +85,4 @@ class SafetensorsFile {
 
 }  // namespace hsx
 
-#endif  // HSX_SERVER_MODEL_SAFETENSORS_H_
+#endif  // HSX_FORMAT_SAFETENSORS_H_

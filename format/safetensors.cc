@@ -1,5 +1,5 @@
 // safetensors.cc: header validation and memory mapping.
-#include "server/model/safetensors.h"
+#include "format/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -11,8 +11,8 @@
 // hash equals the request's; nothing follows the trailer. Any violation is a
 // DATA_LOSS status naming what was wrong, and the assembler accepts nothing
 // more after one.
-#ifndef HSX_CLIENT_DUMP_STREAM_ASSEMBLER_H_
-#define HSX_CLIENT_DUMP_STREAM_ASSEMBLER_H_
+#ifndef HSX_FORMAT_STREAM_ASSEMBLER_H_
+#define HSX_FORMAT_STREAM_ASSEMBLER_H_
 
 #include <cstdint>
 #include <string>
@@ -21,9 +21,9 @@
 #include <xxhash.h>
 
 #include "absl/status/status.h"
-#include "client/dump/sample_file.h"
+#include "format/sample_file.h"
 #include "hsx/v1/hsx.pb.h"
-#include "server/model/encoding.h"
+#include "format/encoding.h"
 
 namespace hsx {
 
@@ -82,4 +82,4 @@ v1::DType OutputDTypeToProto(OutputDType dtype);
 
 }  // namespace hsx
 
-#endif  // HSX_CLIENT_DUMP_STREAM_ASSEMBLER_H_
+#endif  // HSX_FORMAT_STREAM_ASSEMBLER_H_

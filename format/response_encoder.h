@@ -1,0 +1,103 @@
+// response_encoder.h: one sample's captured rows as the Extract response
+// stream, produced one message at a time.
+//
+// Order: a Header; then, per tensor (capture ids ascending, then the final
+// norm as capture id -1), Chunks of whole rows in row order, each holding at
+// most max_chunk_bytes of data (at least one row); then a Trailer with the
+// XXH64 of every tensor's [T, H] bytes in the output dtype and the token-id
+// hash. In summary mode: the Header, one Summary (per tensor mean, std, min,
+// max over the dtype-rounded values and the first values of row 0) and the
+// same Trailer.
+//
+// Encoding happens once, in Create: every tensor is converted to the output
+// dtype, checked and hashed in one pass (EncodeTensor) into one buffer from
+// `allocate` (the server's pool), and the views of the batch's rows are released. Next() then only
+// frames: a Chunk is a few bytes of hand-encoded protobuf framing plus a
+// slice aliasing its rows in that buffer (response_framing.h), so the bytes
+// the socket sends are the bytes encoded, never copied again. The buffer
+// returns to the pool when the encoder and the last slice gRPC holds are gone.
+//
+// A sample that fails verification gets no message at all: Create returns
+// INTERNAL when a tensor holds a non-finite value, a value the output dtype
+// cannot represent (fp16 overflow), or only zeros.
+#ifndef HSX_FORMAT_RESPONSE_ENCODER_H_
+#define HSX_FORMAT_RESPONSE_ENCODER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/byte_buffer.h>
+
+#include "absl/status/statusor.h"
+#include "hsx/v1/hsx.pb.h"
+#include "format/encoding.h"
+#include "kernels/backend.h"
+#include "server/model/sample_view.h"
+
+namespace hsx {
+
+// Values of row 0 reported per tensor in summary mode.
+inline constexpr int kSummaryFirstValues = 8;
+
+struct EncoderOptions {
+  std::string sample_id;
+  OutputDType dtype = OutputDType::kBf16;
+  v1::DType proto_dtype = v1::DTYPE_BF16;
+  bool summary = false;
+  int64_t max_chunk_bytes = 1 << 20;
+  uint64_t token_ids_hash = 0;
+  std::string model_name;
+  int64_t num_layers = 0;
+  std::string layer_convention;
+};
+
+class ResponseEncoder {
+ public:
+  using Allocator = std::function<absl::StatusOr<std::unique_ptr<HostBuffer>>(size_t bytes)>;
+
+  // `view` must hold exactly the tensors asked for (SelectCaptures did this);
+  // it is released before Create returns. `allocate` gives the encoded buffer.
+  static absl::StatusOr<std::unique_ptr<ResponseEncoder>> Create(SampleView view, EncoderOptions options,
+                                                                 const Allocator& allocate);
+  ResponseEncoder(const ResponseEncoder&) = delete;
+  ResponseEncoder& operator=(const ResponseEncoder&) = delete;
+
+  // Sets `out` to the next message: true, or false once the Trailer has been
+  // produced (out untouched).
+  bool Next(grpc::ByteBuffer* out);
+
+  // Bytes of encoded states held (the whole sample in the output dtype).
+  int64_t held_bytes() const;
+  int64_t rows_per_chunk() const { return rows_per_chunk_; }
+
+ private:
+  enum class Stage { kHeader, kSummary, kBody, kTrailer, kDone };
+
+  ResponseEncoder(EncoderOptions options, std::vector<int> capture_ids, bool final_norm, int64_t tokens,
+                  int64_t hidden);
+  absl::Status EncodeAll(const SampleView& view, const Allocator& allocate);
+  int num_tensors() const { return static_cast<int>(checksums_.size()); }
+  int capture_id(int tensor) const;
+  int64_t tensor_bytes() const;
+  const char* tensor_data(int tensor) const;
+  void FillSummary(v1::Summary* summary) const;
+
+  const EncoderOptions options_;
+  const std::vector<int> capture_ids_;
+  const bool final_norm_;
+  const int64_t tokens_;
+  const int64_t hidden_;
+  int64_t rows_per_chunk_ = 1;
+  std::shared_ptr<HostBuffer> encoded_;  // [tensors][tokens][hidden] in the output dtype
+  std::vector<uint64_t> checksums_;      // per tensor
+  Stage stage_ = Stage::kHeader;
+  int tensor_ = 0;        // body: the tensor in progress
+  int64_t next_row_ = 0;  // body: its next row
+};
+
+}  // namespace hsx
+
+#endif  // HSX_FORMAT_RESPONSE_ENCODER_H_
