@@ -39,10 +39,10 @@ struct WorkItem {
   // that keeps a view keeps the whole batch's capture buffers: release it
   // (e.g. after encoding) before returning when you can.
   std::function<void(absl::StatusOr<SampleStates>)> done;
-  std::function<void(absl::StatusOr<SampleView>)> deliver;
   // Optional: asked before the sample is packed into a batch; true means its
   // consumer has gone (a cancelled RPC), so it is dropped, not computed.
   std::function<bool()> abandoned;
+  std::function<void(absl::StatusOr<SampleView>)> deliver;  // see `done`
 };
 
 struct BatcherOptions {
