@@ -115,19 +115,41 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Reject(grpc::Ca
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Extract(grpc::CallbackServerContext* context,
                                                                          const grpc::ByteBuffer* raw) {
-  v1::ExtractRequest parsed;
-  const v1::ExtractRequest* request = &parsed;
-  if (auth_ != nullptr) {
-    if (grpc::Status status = auth_->Check(*context); !status.ok()) return Reject(context, parsed, status);
-  }
-  if (!ParseRequest(*raw, &parsed)) {
+  // The bytes are parsed before the token is checked, so that every log
+  // line (an authentication failure's too) names the sample_id, and an
+  // undecodable request is counted whoever sent it; but a client without the
+  // token gets UNAUTHENTICATED whatever it sent, and learns nothing more.
+  v1::ExtractRequest request;
+  const size_t size = raw->Length();
+  const bool oversized = static_cast<int64_t>(size) > options_.max_request_bytes;
+  if (oversized) metrics_->OversizedRequest();
+  const bool parsed = !oversized && ParseRequest(*raw, &request);
+  if (!oversized && !parsed) {
     metrics_->UndecodableRequest();
-    return Reject(context, parsed,
-                  {grpc::StatusCode::INVALID_ARGUMENT,
-                   absl::StrCat("the request (", raw->Length(), " bytes) could not be parsed as an "
-                                "hsx.v1.ExtractRequest: is the client built from hsx/v1/hsx.proto?")});
+    request.Clear();  // what a failed parse left is not the client's sample_id
   }
-  return Accept(context, *request);
+  auto undecodable = [raw] {
+    return absl::StrCat("the request (", raw->Length(), " bytes) could not be parsed as an hsx.v1.ExtractRequest: "
+                        "is the client built from hsx/v1/hsx.proto?");
+  };
+  if (auth_ != nullptr) {
+    if (grpc::Status status = auth_->Check(*context); !status.ok()) {
+      if (!parsed) {
+        LogLine(LogLevel::kInfo, absl::StrCat("Extract from ", context->peer(), ": ",
+                                              oversized ? absl::StrCat("a request of ", size, " bytes, over the limit")
+                                                        : undecodable()));
+      }
+      return Reject(context, request, status);
+    }
+  }
+  if (oversized) {
+    return Reject(context, request,
+                  {grpc::StatusCode::RESOURCE_EXHAUSTED,
+                   absl::StrCat("the request is ", size, " bytes, over the limit of ", options_.max_request_bytes,
+                                " (--max-request-bytes; a valid request of max-tokens-per-sample ids fits)")});
+  }
+  if (!parsed) return Reject(context, request, {grpc::StatusCode::INVALID_ARGUMENT, undecodable()});
+  return Accept(context, request);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Accept(grpc::CallbackServerContext* context,

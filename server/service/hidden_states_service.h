@@ -1,10 +1,12 @@
 // hidden_states_service.h: hsx.v1.HiddenStates on the gRPC callback API.
 //
-// GetModelInfo answers from the ModelInfo built at start-up. Extract checks,
-// in order: the bearer token (when configured; first, so that a client
-// without the token learns nothing, not even whether its bytes parse), that
-// the request parses as an ExtractRequest (INVALID_ARGUMENT "could not be
-// parsed", counted in hsx_undecodable_requests_total), that the model is ready
+// GetModelInfo answers from the ModelInfo built at start-up. Extract parses
+// the request's bytes first (so that every log line names the sample_id, and
+// undecodable bytes are counted in hsx_undecodable_requests_total even from
+// a client without the token), then checks, in order: the bearer token (when
+// configured: UNAUTHENTICATED whatever the bytes were, so a client without
+// the token learns nothing more), that the bytes parsed (INVALID_ARGUMENT
+// "could not be parsed", with their size), that the model is ready
 // (UNAVAILABLE "loading" before SetBatcher), that the server is not draining
 // (UNAVAILABLE "draining"), the request itself (INVALID_ARGUMENT naming the
 // field, see request_validator.h) and the concurrency limit

@@ -11,6 +11,7 @@
 //   hsx_buffered_bytes                gauge    encoded-but-unsent response bytes, all streams
 //   hsx_held_state_bytes              gauge    encoded states held by streams, all streams
 //   hsx_undecodable_requests_total    counter  Extract requests whose bytes are not an ExtractRequest
+//   hsx_oversized_requests_total      counter  Extract requests over --max-request-bytes
 //   hsx_extract_latency_seconds       histogram  accept to trailer, per successful Extract
 //
 // The recording methods are thread-safe and cheap (atomics, plus a short
@@ -62,6 +63,7 @@ class Metrics {
   void BytesSent(int64_t bytes);
   void Error(grpc::StatusCode code);
   void UndecodableRequest() { undecodable_->Increment(); }
+  void OversizedRequest() { oversized_->Increment(); }
   void AddInflight(double delta) { inflight_->Increment(delta); }
   void AddBuffered(double delta) { buffered_->Increment(delta); }
   void AddHeldStates(double delta) { held_states_->Increment(delta); }
@@ -84,6 +86,7 @@ class Metrics {
   prometheus::Gauge* buffered_;
   prometheus::Gauge* held_states_;
   prometheus::Counter* undecodable_;
+  prometheus::Counter* oversized_;
   prometheus::Histogram* latency_;
 };
 
