@@ -145,8 +145,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Extract(grpc::C
   if (oversized) {
     return Reject(context, request,
                   {grpc::StatusCode::RESOURCE_EXHAUSTED,
-                   absl::StrCat("the request is ", size, " bytes, over the limit of ", options_.max_request_bytes,
-                                " (--max-request-bytes; a valid request of max-tokens-per-sample ids fits)")});
+                   absl::StrCat("request larger than max (", size, " vs. ", options_.max_request_bytes,
+                                " bytes, --max-request-bytes; a valid request of max-tokens-per-sample ids fits)")});
   }
   if (!parsed) return Reject(context, request, {grpc::StatusCode::INVALID_ARGUMENT, undecodable()});
   return Accept(context, request);
