@@ -18,6 +18,8 @@
 #include "format/encoding.h"
 #include "format/response_encoder.h"
 #include "format/response_framing.h"
+#include "format/sample_file.h"
+#include "format/stream_assembler.h"
 #include "format/tensor_encoding.h"
 #include "kernels/bf16.h"
 #include "server/model/host_buffer_pool.h"
@@ -260,6 +262,94 @@ TEST(ResponseEncoderTest, BadSamplesFailBeforeAnyMessage) {
   encoder = ResponseEncoder::Create(sample.view, EncoderOptions(), allocate);
   ASSERT_FALSE(encoder.ok());
   EXPECT_NE(encoder.status().message().find("capture id 2: every value is zero"), std::string::npos);
+}
+
+// The same bytes, cut into slices of 1..`most` bytes (as a transport may deliver them).
+grpc::ByteBuffer Recut(const std::string& bytes, size_t most, std::mt19937* rng) {
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size();) {
+    const size_t n = std::min<size_t>(bytes.size() - at, 1 + (*rng)() % most);
+    slices.emplace_back(bytes.data() + at, n);
+    at += n;
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+TEST(StreamAssemblerRawTest, SlicedBytesAssembleAsTheParsedMessages) {
+  // Two layers (rows interleave in the file layout) and the final norm; bf16 and fp32.
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp32}) {
+    const int64_t tokens = 23, hidden = 40;
+    FakeSample sample = MakeSample({1, 4}, true, tokens, hidden);
+    EncoderOptions options;
+    options.sample_id = "raw";
+    options.dtype = dtype;
+    options.proto_dtype = dtype == OutputDType::kBf16 ? v1::DTYPE_BF16 : v1::DTYPE_FP32;
+    options.max_chunk_bytes = 7 * hidden * OutputDTypeSize(dtype);
+    auto encoder = ResponseEncoder::Create(sample.view, options, HostBufferPool::HeapAllocator());
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    StreamExpectation expect;
+    expect.sample_id = "raw";
+    expect.num_tokens = tokens;
+    expect.capture_ids = {1, 4};
+    expect.final_norm = true;
+    expect.dtype = dtype;
+    StreamAssembler parsed(expect), raw(expect), sliced(expect);
+    std::mt19937 rng(3);
+    grpc::ByteBuffer message;
+    while ((*encoder)->Next(&message)) {
+      const std::string bytes = Flatten(message);
+      v1::ExtractResponse response;
+      ASSERT_TRUE(response.ParseFromString(bytes));
+      ASSERT_TRUE(parsed.Consume(response).ok());
+      ASSERT_TRUE(raw.Consume(message).ok());
+      const absl::Status status = sliced.Consume(Recut(bytes, 5, &rng));
+      ASSERT_TRUE(status.ok()) << status;
+    }
+    ASSERT_TRUE(parsed.complete() && raw.complete() && sliced.complete());
+    const EncodedSample a = parsed.Take(), b = raw.Take(), c = sliced.Take();
+    EXPECT_EQ(a.hidden_states, b.hidden_states);
+    EXPECT_EQ(a.hidden_states, c.hidden_states);
+    EXPECT_EQ(a.final_norm, c.final_norm);
+    // And that is the file layout of the values themselves.
+    SampleStates states = sample.view.ToStates();
+    EXPECT_EQ(c.hidden_states, EncodeSampleStates(states, dtype).hidden_states);
+  }
+}
+
+TEST(StreamAssemblerRawTest, CorruptChunksAreDataLoss) {
+  const int64_t tokens = 4, hidden = 8;
+  FakeSample sample = MakeSample({0}, false, tokens, hidden);
+  EncoderOptions options;
+  options.sample_id = "bad";
+  auto encoder = ResponseEncoder::Create(sample.view, options, HostBufferPool::HeapAllocator());
+  ASSERT_TRUE(encoder.ok());
+  StreamExpectation expect;
+  expect.sample_id = "bad";
+  expect.num_tokens = tokens;
+  expect.capture_ids = {0};
+  std::vector<std::string> messages;
+  grpc::ByteBuffer message;
+  while ((*encoder)->Next(&message)) messages.push_back(Flatten(message));
+  ASSERT_EQ(messages.size(), 3u);  // header, one chunk, trailer
+  {
+    StreamAssembler a(expect);
+    std::mt19937 rng(1);
+    ASSERT_TRUE(a.Consume(Recut(messages[0], 1000, &rng)).ok());
+    std::string flipped = messages[1];
+    flipped[flipped.size() - 3] ^= 1;  // a data byte: the checksum catches it at the trailer
+    ASSERT_TRUE(a.Consume(grpc::ByteBuffer(std::vector<grpc::Slice>{grpc::Slice(flipped)}.data(), 1)).ok());
+    grpc::Slice trailer(messages[2]);
+    const absl::Status status = a.Consume(grpc::ByteBuffer(&trailer, 1));
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  }
+  {
+    StreamAssembler a(expect);
+    grpc::Slice header(messages[0]);
+    ASSERT_TRUE(a.Consume(grpc::ByteBuffer(&header, 1)).ok());
+    grpc::Slice cut(messages[1].substr(0, messages[1].size() - 5));  // truncated
+    const absl::Status status = a.Consume(grpc::ByteBuffer(&cut, 1));
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  }
 }
 
 TEST(HostBufferPoolTest, ReusesAndBoundsIdleBuffers) {
