@@ -53,7 +53,7 @@ class InProcessExtractor : public Extractor {
                     }
                     done(EncodeSampleStates(*states, dtype));
                   },
-                  /*abandoned=*/nullptr};
+                  /*abandoned=*/nullptr, /*deliver=*/nullptr};
     if (absl::Status s = batcher_.Submit(std::move(item)); !s.ok()) done(s);
   }
 
