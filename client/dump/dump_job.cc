@@ -294,6 +294,7 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
   bool cancelled = false;  // CancelAll was called
   absl::Status failure;
   const std::string run_token = RandomToken();  // this run's staging names
+  std::set<int64_t> committed_here;  // samples this run journaled (under `mutex`)
   const auto check_entry = [&](const JournalEntry& entry, int64_t line) {
     return CheckJournalEntry(entry, line, samples, options);
   };
@@ -340,6 +341,10 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
         check_entry);
     if (!committed.ok() || !*committed) ::unlink(staging.c_str());
     if (!committed.ok()) return committed.status();
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      committed_here.insert(input.index);
+    }
     *written = *committed;
     *bytes = digest->bytes;
     return absl::OkStatus();
@@ -435,6 +440,10 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
   }
   changed.notify_all();
   for (std::thread& thread : writers) thread.join();
+  // A killed earlier run may have left a temporary of a sample this run has
+  // now journaled (it was mid-write, not yet done, when the run started):
+  // it is stale now, by the same rule as at the start.
+  if (!options.discard) RemoveStaleTemporaries(options.out_dir, committed_here);
   progress.Stop();
   stats->seconds = elapsed();
   return failure;
