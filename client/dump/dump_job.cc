@@ -55,7 +55,7 @@ std::string RandomToken() {
 // finds it journaled when it commits and discards its own copy, so deleting
 // its staging file loses nothing. Temporaries of samples not yet done are
 // left alone: another live process, on this host or another, may own them.
-void RemoveStaleTemporaries(const std::string& dir, const std::set<int64_t>& done) {
+void RemoveStaleTemporaries(const std::string& dir, const std::set<int64_t>& done, bool scratch_only = false) {
   std::set<std::string> prefixes;
   for (int64_t index : done) prefixes.insert(SampleFileName(index) + ".");
   std::error_code error;
@@ -63,7 +63,8 @@ void RemoveStaleTemporaries(const std::string& dir, const std::set<int64_t>& don
     const std::string name = item.path().filename().string();
     const size_t dot = name.find(".safetensors.");
     if (dot == std::string::npos || !prefixes.count(name.substr(0, dot + 13))) continue;
-    if (name.find(".partial.") == std::string::npos && name.find(".tmp.") == std::string::npos) continue;
+    const bool scratch = name.find(".tmp.") != std::string::npos;
+    if (!scratch && (scratch_only || name.find(".partial.") == std::string::npos)) continue;
     std::filesystem::remove(item.path(), error);
   }
 }
@@ -440,10 +441,13 @@ absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extract
   }
   changed.notify_all();
   for (std::thread& thread : writers) thread.join();
-  // A killed earlier run may have left a temporary of a sample this run has
-  // now journaled (it was mid-write, not yet done, when the run started):
-  // it is stale now, by the same rule as at the start.
-  if (!options.discard) RemoveStaleTemporaries(options.out_dir, committed_here);
+  // A killed earlier run may have left the file writer's scratch ("*.tmp.*")
+  // of a sample this run has now journaled (it was mid-write, not yet done,
+  // when the run started): stale now, by the same rule as at the start.
+  // Staging names ("*.partial.*") of such samples are left alone, as they
+  // were before: a writer on another host may still be about to find the
+  // sample journaled and discard its staging file itself.
+  if (!options.discard) RemoveStaleTemporaries(options.out_dir, committed_here, /*scratch_only=*/true);
   progress.Stop();
   stats->seconds = elapsed();
   return failure;
