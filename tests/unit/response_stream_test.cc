@@ -52,6 +52,11 @@ std::vector<float> TrickyValues(size_t n, uint32_t seed) {
       case 2: v[i] = std::ldexp(normal(rng), -130); break;  // float subnormal
       case 3: v[i] = std::ldexp(normal(rng), -20); break;   // fp16 subnormal range
       case 4: v[i] = 60000.0f + normal(rng); break;         // near fp16's top
+      case 5: {  // an fp16 tie: the 13 bits fp16 drops are exactly half
+        uint32_t bits = ((0x38800000u + rng() % 0x0e000000u) & ~0x1fffu) | 0x1000u | (rng() & 0x80000000u);
+        std::memcpy(&v[i], &bits, 4);
+        break;
+      }
       default: v[i] = normal(rng); break;
     }
   }
