@@ -56,7 +56,7 @@ class ExtractReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                        public std::enable_shared_from_this<ExtractReactor> {
  public:
   // The reactor keeps itself alive until OnDone; hand reactor.get() to gRPC.
-  // `pool` (encoded sample buffers) must outlive the reactor's buffers' users.
+  // `pool` gives the buffer of the encoded sample; it must outlive the reactor.
   static std::shared_ptr<ExtractReactor> Create(EncoderOptions encoder_options, CaptureSpec capture,
                                                 int64_t tokens, HostBufferPool* pool, Metrics* metrics,
                                                 std::function<void(const StreamResult&)> on_done);
