@@ -9,8 +9,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "format/tensor_encoding.h"
+#include "format/proto_dtype.h"
 #include "format/response_framing.h"
+#include "format/tensor_encoding.h"
 
 namespace hsx {
 
@@ -113,7 +114,7 @@ bool ResponseEncoder::Next(grpc::ByteBuffer* out) {
       for (int id : capture_ids_) header->add_capture_ids(id);
       header->set_final_norm(final_norm_);
       header->set_hidden_size(static_cast<int32_t>(hidden_));
-      header->set_dtype(options_.proto_dtype);
+      header->set_dtype(OutputDTypeToProto(options_.dtype));
       header->set_layer_convention(options_.layer_convention);
       header->set_model_name(options_.model_name);
       header->set_num_layers(static_cast<int32_t>(options_.num_layers));

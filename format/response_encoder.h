@@ -32,10 +32,10 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include "absl/status/statusor.h"
-#include "hsx/v1/hsx.pb.h"
 #include "format/encoding.h"
+#include "format/sample_view.h"
+#include "hsx/v1/hsx.pb.h"
 #include "kernels/backend.h"
-#include "server/model/sample_view.h"
 
 namespace hsx {
 
@@ -45,7 +45,6 @@ inline constexpr int kSummaryFirstValues = 8;
 struct EncoderOptions {
   std::string sample_id;
   OutputDType dtype = OutputDType::kBf16;
-  v1::DType proto_dtype = v1::DTYPE_BF16;
   bool summary = false;
   int64_t max_chunk_bytes = 1 << 20;
   uint64_t token_ids_hash = 0;
@@ -71,7 +70,6 @@ class ResponseEncoder {
 
   // Bytes of encoded states held (the whole sample in the output dtype).
   int64_t held_bytes() const;
-  int64_t rows_per_chunk() const { return rows_per_chunk_; }
 
  private:
   enum class Stage { kHeader, kSummary, kBody, kTrailer, kDone };

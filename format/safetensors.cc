@@ -1,14 +1,8 @@
 // safetensors.cc: header validation and memory mapping.
 #include "format/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "format/mapped_file.h"
 
 namespace hsx {
 namespace {
@@ -204,31 +199,12 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(std::span<const uint8_t> byte
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int error = errno;
-    ::close(fd);
-    return absl::InternalError(absl::StrCat(path, ": cannot stat: ", std::strerror(error)));
-  }
+  absl::StatusOr<std::unique_ptr<MappedFile>> mapped = MappedFile::Open(path);
+  if (!mapped.ok()) return mapped.status();
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  file->size_ = static_cast<size_t>(st.st_size);
-  if (file->size_ > 0) {
-    void* mapping = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (mapping == MAP_FAILED) {
-      const int error = errno;
-      ::close(fd);
-      return absl::InternalError(absl::StrCat(path, ": cannot mmap: ", std::strerror(error)));
-    }
-    file->base_ = static_cast<const uint8_t*>(mapping);
-  }
-  ::close(fd);
-  absl::StatusOr<SafetensorsHeader> header =
-      ParseSafetensors(std::span<const uint8_t>(file->base_, file->size_), path);
+  file->file_ = *std::move(mapped);
+  absl::StatusOr<SafetensorsHeader> header = ParseSafetensors(file->file_->bytes(), path);
   if (!header.ok()) return header.status();
   file->header_ = *std::move(header);
   for (size_t i = 0; i < file->header_.tensors.size(); ++i) {
@@ -237,9 +213,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   return file;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 const TensorInfo* SafetensorsFile::Find(absl::string_view name) const {
   auto it = index_.find(name);
@@ -247,7 +221,7 @@ const TensorInfo* SafetensorsFile::Find(absl::string_view name) const {
 }
 
 std::span<const uint8_t> SafetensorsFile::Data(const TensorInfo& tensor) const {
-  return {base_ + header_.data_start + tensor.begin, tensor.num_bytes()};
+  return file_->bytes().subspan(header_.data_start + tensor.begin, tensor.num_bytes());
 }
 
 }  // namespace hsx

@@ -16,11 +16,12 @@
 #include <memory>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
-#include "absl/container/flat_hash_map.h"
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "format/mapped_file.h"
 
 namespace hsx {
 
@@ -77,8 +78,7 @@ class SafetensorsFile {
   SafetensorsFile() = default;
 
   std::string path_;
-  const uint8_t* base_ = nullptr;
-  size_t size_ = 0;
+  std::unique_ptr<MappedFile> file_;
   SafetensorsHeader header_;
   absl::flat_hash_map<std::string, size_t> index_;  // name -> position in header_.tensors
 };

@@ -1,4 +1,4 @@
-// sample_file.h: the on-disk format of one extracted sample (DESIGN.md,
+// sample_file.h: the on-disk format of one extracted sample (docs/design.md,
 // "On-disk format"): hs_{i}.safetensors holding
 //   hidden_states            [T, L, H]  bf16 | fp16 | fp32, layers in ascending capture id
 //   token_ids                [T]        int64
@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/dump/input.h"
 #include "format/encoding.h"
+#include "format/input_sample.h"
 #include "format/layer_convention.h"
 #include "format/safetensors.h"
-#include "server/model/sample_states.h"
+#include "format/sample_states.h"
 
 namespace hsx {
 

@@ -22,15 +22,6 @@ std::string TensorName(int capture_id) {
 
 }  // namespace
 
-v1::DType OutputDTypeToProto(OutputDType dtype) {
-  switch (dtype) {
-    case OutputDType::kBf16: return v1::DTYPE_BF16;
-    case OutputDType::kFp16: return v1::DTYPE_FP16;
-    case OutputDType::kFp32: return v1::DTYPE_FP32;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
-
 StreamAssembler::StreamAssembler(StreamExpectation expect)
     : expect_(std::move(expect)), hash_(XXH64_createState()) {
   XXH64_reset(hash_, 0);

@@ -28,6 +28,7 @@
 #include "format/sample_file.h"
 #include "hsx/v1/hsx.pb.h"
 #include "format/encoding.h"
+#include "format/proto_dtype.h"
 
 namespace hsx {
 
@@ -89,9 +90,6 @@ class StreamAssembler {
   XXH64_state_t* hash_;
   std::vector<uint64_t> digests_;
 };
-
-// The proto enum for an output dtype.
-v1::DType OutputDTypeToProto(OutputDType dtype);
 
 }  // namespace hsx
 

@@ -55,7 +55,7 @@ std::string RandomToken() {
 // finds it journaled when it commits and discards its own copy, so deleting
 // its staging file loses nothing. Temporaries of samples not yet done are
 // left alone: another live process, on this host or another, may own them.
-void RemoveStaleTemporaries(const std::string& dir, const std::set<int64_t>& done, bool scratch_only = false) {
+void RemoveStaleTemporaries(const std::string& dir, const std::set<int64_t>& done) {
   std::set<std::string> prefixes;
   for (int64_t index : done) prefixes.insert(SampleFileName(index) + ".");
   std::error_code error;
@@ -63,8 +63,7 @@ void RemoveStaleTemporaries(const std::string& dir, const std::set<int64_t>& don
     const std::string name = item.path().filename().string();
     const size_t dot = name.find(".safetensors.");
     if (dot == std::string::npos || !prefixes.count(name.substr(0, dot + 13))) continue;
-    const bool scratch = name.find(".tmp.") != std::string::npos;
-    if (!scratch && (scratch_only || name.find(".partial.") == std::string::npos)) continue;
+    if (name.find(".partial.") == std::string::npos && name.find(".tmp.") == std::string::npos) continue;
     std::filesystem::remove(item.path(), error);
   }
 }
@@ -92,18 +91,6 @@ absl::Status CheckJournaledFile(const std::string& dir, const std::string& journ
 }
 
 }  // namespace
-
-absl::StatusOr<ShardSpec> ParseShard(const std::string& text) {
-  std::vector<std::string> parts = absl::StrSplit(text, '/');
-  ShardSpec shard;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &shard.index) ||
-      !absl::SimpleAtoi(parts[1], &shard.count) || shard.count < 1 || shard.index < 0 ||
-      shard.index >= shard.count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' is not I/N with 0 <= I < N (e.g. 0/4: samples 0, 4, 8, ...)"));
-  }
-  return shard;
-}
 
 absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
                           const EncodedSample& sample) {
@@ -233,224 +220,258 @@ int64_t SampleStateBytes(const InputSample& input, const DumpOptions& options) {
   return static_cast<int64_t>(input.input_ids.size()) * tensors * options.hidden_size * OutputDTypeSize(options.dtype);
 }
 
-absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extractor,
-                     const DumpOptions& options, DumpStats* stats) {
-  *stats = DumpStats();
-  const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  std::error_code error;
-  std::filesystem::create_directories(options.out_dir, error);
-  if (error) return absl::InternalError(absl::StrCat(options.out_dir, ": cannot create: ", error.message()));
-  absl::StatusOr<std::unique_ptr<Journal>> opened = Journal::Open(options.out_dir);
-  if (!opened.ok()) return opened.status();
-  Journal& journal = **opened;
-  if (journal.repaired_torn_bytes() > 0) {
-    std::fprintf(stderr, "hsx-dump: %s: removed a torn last line (%llu bytes) left by an interrupted run\n",
-                 journal.path().c_str(), static_cast<unsigned long long>(journal.repaired_torn_bytes()));
-  }
-  for (const JournalScan::Line& line : journal.initial().lines) {
-    if (absl::Status s = CheckJournalEntry(line.entry, line.number, samples, options); !s.ok()) return s;
-    if (!options.discard && options.shard.Contains(line.entry.index)) {
-      if (absl::Status s = CheckJournaledFile(options.out_dir, journal.path(), line); !s.ok()) return s;
+namespace {
+
+// One run of the dump, in named steps: Prepare (the directory, the journal and
+// its agreement with this run, what is left to do), Start (progress and the
+// writer threads), Submit (every sample, within the in-flight limits), Finish
+// (wait for what is in flight, stop the writers). Writer threads Persist each
+// sample (verify, stage, rename and journal under the journal's lock) and
+// Record the outcome. The first failure or a signal cancels what is in flight.
+class DumpRun {
+ public:
+  DumpRun(const std::vector<InputSample>& samples, Extractor& extractor, const DumpOptions& options,
+          DumpStats* stats)
+      : samples_(samples), extractor_(extractor), options_(options), stats_(stats),
+        spec_{options.capture, options.dtype}, run_token_(RandomToken()) {}
+
+  absl::Status Run() {
+    *stats_ = DumpStats();
+    if (absl::Status s = Prepare(); !s.ok()) return s;
+    if (!todo_.empty()) {
+      Start();
+      Submit();
+      Finish();
     }
-  }
-  std::vector<const InputSample*> todo;
-  std::set<int64_t> done;
-  int64_t todo_tokens = 0;
-  for (const InputSample& sample : samples) {
-    if (!options.shard.Contains(sample.index)) continue;
-    if (journal.IsJournaled(sample.index)) {
-      ++stats->skipped;
-      done.insert(sample.index);
-      continue;
-    }
-    todo.push_back(&sample);
-    todo_tokens += static_cast<int64_t>(sample.input_ids.size());
-  }
-  if (!options.discard) RemoveStaleTemporaries(options.out_dir, done);
-  if (todo.empty()) {
-    stats->seconds = elapsed();
-    return absl::OkStatus();
+    stats_->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    return failure_;
   }
 
-  const ExtractSpec spec{options.capture, options.dtype};
-  Progress::Options progress_options;
-  progress_options.total_samples = static_cast<int64_t>(todo.size());
-  progress_options.total_tokens = todo_tokens;
-  progress_options.mode = options.progress;
-  progress_options.interval_seconds = options.progress_interval_seconds;
-  Progress progress(progress_options);
-  progress.Start();
-
+ private:
   struct Result {
     const InputSample* sample;
     absl::StatusOr<EncodedSample> states;
   };
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::deque<Result> ready;
-  int in_flight = 0;
-  int64_t in_flight_bytes = 0;
-  bool closing = false;
-  bool cancelled = false;  // CancelAll was called
-  absl::Status failure;
-  const std::string run_token = RandomToken();  // this run's staging names
-  std::set<int64_t> committed_here;  // samples this run journaled (under `mutex`)
-  const auto check_entry = [&](const JournalEntry& entry, int64_t line) {
-    return CheckJournalEntry(entry, line, samples, options);
-  };
 
-  // Must be called without `mutex` held.
-  auto cancel_all = [&] {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (cancelled) return;
-      cancelled = true;
+  absl::Status Prepare() {
+    std::error_code error;
+    std::filesystem::create_directories(options_.out_dir, error);
+    if (error) return absl::InternalError(absl::StrCat(options_.out_dir, ": cannot create: ", error.message()));
+    absl::StatusOr<std::unique_ptr<Journal>> opened = Journal::Open(options_.out_dir);
+    if (!opened.ok()) return opened.status();
+    journal_ = *std::move(opened);
+    if (journal_->repaired_torn_bytes() > 0) {
+      std::fprintf(stderr, "hsx-dump: %s: removed a torn last line (%llu bytes) left by an interrupted run\n",
+                   journal_->path().c_str(), static_cast<unsigned long long>(journal_->repaired_torn_bytes()));
     }
-    extractor.CancelAll();
-  };
-
-  // Verifies, writes under a staging name, then renames and journals under
-  // the journal's lock. Sets *written = false when another process journaled
-  // the sample meanwhile.
-  auto persist = [&](const InputSample& input, const EncodedSample& sample, int64_t* bytes,
-                     bool* written) -> absl::Status {
-    if (absl::Status s = VerifySample(input, spec, sample); !s.ok()) return s;
-    if (options.discard) {  // a throughput or smoke run: verified, then dropped
-      *bytes = static_cast<int64_t>(sample.hidden_states.size() + sample.final_norm.size());
-      *written = true;
-      return absl::OkStatus();
+    for (const JournalScan::Line& line : journal_->initial().lines) {
+      if (absl::Status s = CheckJournalEntry(line.entry, line.number, samples_, options_); !s.ok()) return s;
+      if (!options_.discard && options_.shard.Contains(line.entry.index)) {
+        if (absl::Status s = CheckJournaledFile(options_.out_dir, journal_->path(), line); !s.ok()) return s;
+      }
     }
-    const std::filesystem::path dir(options.out_dir);
-    const std::string final_path = (dir / SampleFileName(input.index)).string();
-    const std::string staging = absl::StrCat(final_path, ".partial.", run_token);
-    if (absl::Status s = WriteSampleFile(staging, input, sample, options.info); !s.ok()) return s;
-    absl::StatusOr<FileDigest> digest = DigestFile(staging);
-    if (!digest.ok()) {
-      ::unlink(staging.c_str());
-      return digest.status();
+    std::set<int64_t> done;
+    for (const InputSample& sample : samples_) {
+      if (!options_.shard.Contains(sample.index)) continue;
+      if (journal_->IsJournaled(sample.index)) {
+        ++stats_->skipped;
+        done.insert(sample.index);
+        continue;
+      }
+      todo_.push_back(&sample);
+      todo_tokens_ += static_cast<int64_t>(sample.input_ids.size());
     }
-    const JournalEntry entry = MakeJournalEntry(input, sample, options, *digest);
-    absl::StatusOr<bool> committed = journal.Commit(
-        entry,
-        [&]() -> absl::Status {
-          if (::rename(staging.c_str(), final_path.c_str()) != 0) {
-            return absl::InternalError(absl::StrCat(final_path, ": rename failed: ", std::strerror(errno)));
-          }
-          return SyncDirectory(options.out_dir);
-        },
-        check_entry);
-    if (!committed.ok() || !*committed) ::unlink(staging.c_str());
-    if (!committed.ok()) return committed.status();
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      committed_here.insert(input.index);
-    }
-    *written = *committed;
-    *bytes = digest->bytes;
+    if (!options_.discard) RemoveStaleTemporaries(options_.out_dir, done);
     return absl::OkStatus();
-  };
+  }
 
-  auto writer = [&] {
+  void Start() {
+    Progress::Options progress_options;
+    progress_options.total_samples = static_cast<int64_t>(todo_.size());
+    progress_options.total_tokens = todo_tokens_;
+    progress_options.mode = options_.progress;
+    progress_options.interval_seconds = options_.progress_interval_seconds;
+    progress_ = std::make_unique<Progress>(progress_options);
+    progress_->Start();
+    for (int i = 0; i < std::max(1, options_.writer_threads); ++i) writers_.emplace_back([this] { WriterLoop(); });
+  }
+
+  void Submit() {
+    for (const InputSample* sample : todo_) {
+      const int64_t bytes = SampleStateBytes(*sample, options_);
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        const auto full = [&] {
+          return in_flight_ >= options_.concurrency ||
+                 (options_.max_in_flight_bytes > 0 && in_flight_ > 0 &&
+                  in_flight_bytes_ + bytes > options_.max_in_flight_bytes);
+        };
+        while (full() && failure_.ok() && !Interrupted()) changed_.wait_for(lock, std::chrono::milliseconds(100));
+        NoteInterrupt(lock);
+        if (!failure_.ok()) break;
+        ++in_flight_;
+        in_flight_bytes_ += bytes;
+      }
+      extractor_.Extract(*sample, spec_, [this, sample](absl::StatusOr<EncodedSample> states) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ready_.push_back({sample, std::move(states)});
+        changed_.notify_all();  // under the lock: Run may return as soon as this is written
+      });
+    }
+  }
+
+  void Finish() {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (in_flight_ > 0) {
+        changed_.wait_for(lock, std::chrono::milliseconds(100));
+        NoteInterrupt(lock);
+      }
+      closing_ = true;
+    }
+    changed_.notify_all();
+    for (std::thread& thread : writers_) thread.join();
+    progress_->Stop();
+  }
+
+  void WriterLoop() {
     while (true) {
       Result result{nullptr, absl::CancelledError()};
       {
-        std::unique_lock<std::mutex> lock(mutex);
-        changed.wait(lock, [&] { return !ready.empty() || closing; });
-        if (ready.empty()) return;
-        result = std::move(ready.front());
-        ready.pop_front();
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return !ready_.empty() || closing_; });
+        if (ready_.empty()) return;
+        result = std::move(ready_.front());
+        ready_.pop_front();
       }
       const InputSample& input = *result.sample;
       absl::Status status = result.states.status();
       int64_t bytes = 0;
       bool written = false;
-      if (status.ok()) status = persist(input, *result.states, &bytes, &written);
+      if (status.ok()) status = Persist(input, *result.states, &bytes, &written);
       result.states = absl::CancelledError();  // frees the states before waiting for the lock
-      bool first_failure = false;
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (status.ok()) {
-          if (written) {
-            ++stats->samples;
-            stats->tokens += static_cast<int64_t>(input.input_ids.size());
-            stats->bytes += bytes;
-          } else {
-            ++stats->skipped;
-          }
-        } else if (!(cancelled && absl::IsCancelled(status))) {
-          ++stats->failed;
-          if (failure.ok()) {
-            failure = status.message().find(absl::StrCat("sample ", input.index, " ")) == 0
-                          ? status
-                          : absl::Status(status.code(), absl::StrCat(Where(input), ": ", status.message()));
-            first_failure = true;
-          }
-        }
-        --in_flight;
-        in_flight_bytes -= SampleStateBytes(input, options);
-      }
-      changed.notify_all();
-      if (status.ok() && written) progress.Add(1, static_cast<int64_t>(input.input_ids.size()), bytes);
-      if (first_failure) cancel_all();
+      Record(input, status, bytes, written);
     }
-  };
-  std::vector<std::thread> writers;
-  for (int i = 0; i < std::max(1, options.writer_threads); ++i) writers.emplace_back(writer);
+  }
 
-  auto interrupted = [&] { return options.interrupted != nullptr && options.interrupted->load(); };
-  auto note_interrupt = [&](std::unique_lock<std::mutex>& lock) {
-    if (!interrupted() || cancelled) return;
-    if (failure.ok()) {
-      failure = absl::CancelledError("interrupted by a signal; the samples written are journaled, "
-                                     "rerun the same command to resume");
+  // Verifies, writes under a staging name, then renames and journals under
+  // the journal's lock. Sets *written = false when another process journaled
+  // the sample meanwhile.
+  absl::Status Persist(const InputSample& input, const EncodedSample& sample, int64_t* bytes, bool* written) {
+    if (absl::Status s = VerifySample(input, spec_, sample); !s.ok()) return s;
+    if (options_.discard) {  // a throughput or smoke run: verified, then dropped
+      *bytes = static_cast<int64_t>(sample.hidden_states.size() + sample.final_norm.size());
+      *written = true;
+      return absl::OkStatus();
+    }
+    const std::filesystem::path dir(options_.out_dir);
+    const std::string final_path = (dir / SampleFileName(input.index)).string();
+    const std::string staging = absl::StrCat(final_path, ".partial.", run_token_);
+    if (absl::Status s = WriteSampleFile(staging, input, sample, options_.info); !s.ok()) return s;
+    absl::StatusOr<FileDigest> digest = DigestFile(staging);
+    if (!digest.ok()) {
+      ::unlink(staging.c_str());
+      return digest.status();
+    }
+    const JournalEntry entry = MakeJournalEntry(input, sample, options_, *digest);
+    absl::StatusOr<bool> committed = journal_->Commit(
+        entry,
+        [&]() -> absl::Status {
+          if (::rename(staging.c_str(), final_path.c_str()) != 0) {
+            return absl::InternalError(absl::StrCat(final_path, ": rename failed: ", std::strerror(errno)));
+          }
+          return SyncDirectory(options_.out_dir);
+        },
+        [this](const JournalEntry& e, int64_t line) { return CheckJournalEntry(e, line, samples_, options_); });
+    if (!committed.ok() || !*committed) ::unlink(staging.c_str());
+    if (!committed.ok()) return committed.status();
+    *written = *committed;
+    *bytes = digest->bytes;
+    return absl::OkStatus();
+  }
+
+  // Counts one finished sample; the first failure cancels the rest.
+  void Record(const InputSample& input, const absl::Status& status, int64_t bytes, bool written) {
+    bool first_failure = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (status.ok()) {
+        if (written) {
+          ++stats_->samples;
+          stats_->tokens += static_cast<int64_t>(input.input_ids.size());
+          stats_->bytes += bytes;
+        } else {
+          ++stats_->skipped;
+        }
+      } else if (!(cancelled_ && absl::IsCancelled(status))) {
+        ++stats_->failed;
+        if (failure_.ok()) {
+          failure_ = status.message().find(absl::StrCat("sample ", input.index, " ")) == 0
+                         ? status
+                         : absl::Status(status.code(), absl::StrCat(Where(input), ": ", status.message()));
+          first_failure = true;
+        }
+      }
+      --in_flight_;
+      in_flight_bytes_ -= SampleStateBytes(input, options_);
+    }
+    changed_.notify_all();
+    if (status.ok() && written) progress_->Add(1, static_cast<int64_t>(input.input_ids.size()), bytes);
+    if (first_failure) CancelAll();
+  }
+
+  // Must be called without mutex_ held.
+  void CancelAll() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (cancelled_) return;
+      cancelled_ = true;
+    }
+    extractor_.CancelAll();
+  }
+
+  bool Interrupted() const { return options_.interrupted != nullptr && options_.interrupted->load(); }
+
+  // With mutex_ held (through `lock`): turns a signal into the run's failure and cancels.
+  void NoteInterrupt(std::unique_lock<std::mutex>& lock) {
+    if (!Interrupted() || cancelled_) return;
+    if (failure_.ok()) {
+      failure_ = absl::CancelledError("interrupted by a signal; the samples written are journaled, "
+                                      "rerun the same command to resume");
     }
     lock.unlock();
-    cancel_all();
+    CancelAll();
     lock.lock();
-  };
+  }
 
-  for (const InputSample* sample : todo) {
-    const int64_t bytes = SampleStateBytes(*sample, options);
-    {
-      std::unique_lock<std::mutex> lock(mutex);
-      const auto full = [&] {
-        return in_flight >= options.concurrency ||
-               (options.max_in_flight_bytes > 0 && in_flight > 0 &&
-                in_flight_bytes + bytes > options.max_in_flight_bytes);
-      };
-      while (full() && failure.ok() && !interrupted()) changed.wait_for(lock, std::chrono::milliseconds(100));
-      note_interrupt(lock);
-      if (!failure.ok()) break;
-      ++in_flight;
-      in_flight_bytes += bytes;
-    }
-    extractor.Extract(*sample, spec, [&, sample](absl::StatusOr<EncodedSample> states) {
-      std::lock_guard<std::mutex> lock(mutex);
-      ready.push_back({sample, std::move(states)});
-      changed.notify_all();  // under the lock: RunDump may return as soon as this is written
-    });
-  }
-  {
-    std::unique_lock<std::mutex> lock(mutex);
-    while (in_flight > 0) {
-      changed.wait_for(lock, std::chrono::milliseconds(100));
-      note_interrupt(lock);
-    }
-    closing = true;
-  }
-  changed.notify_all();
-  for (std::thread& thread : writers) thread.join();
-  // A killed earlier run may have left the file writer's scratch ("*.tmp.*")
-  // of a sample this run has now journaled (it was mid-write, not yet done,
-  // when the run started): stale now, by the same rule as at the start.
-  // Staging names ("*.partial.*") of such samples are left alone, as they
-  // were before: a writer on another host may still be about to find the
-  // sample journaled and discard its staging file itself.
-  if (!options.discard) RemoveStaleTemporaries(options.out_dir, committed_here, /*scratch_only=*/true);
-  progress.Stop();
-  stats->seconds = elapsed();
-  return failure;
+  const std::vector<InputSample>& samples_;
+  Extractor& extractor_;
+  const DumpOptions& options_;
+  DumpStats* const stats_;
+  const ExtractSpec spec_;
+  const std::string run_token_;  // this run's staging names
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::unique_ptr<Journal> journal_;
+  std::vector<const InputSample*> todo_;
+  int64_t todo_tokens_ = 0;
+  std::unique_ptr<Progress> progress_;
+  std::vector<std::thread> writers_;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Result> ready_;  // extracted, waiting for a writer
+  int in_flight_ = 0;
+  int64_t in_flight_bytes_ = 0;
+  bool closing_ = false;    // no more results will come: writers return when ready_ is empty
+  bool cancelled_ = false;  // CancelAll was called
+  absl::Status failure_;
+};
+
+}  // namespace
+
+absl::Status RunDump(const std::vector<InputSample>& samples, Extractor& extractor,
+                     const DumpOptions& options, DumpStats* stats) {
+  return DumpRun(samples, extractor, options, stats).Run();
 }
 
 absl::StatusOr<DumpStats> RunDump(const std::vector<InputSample>& samples, Extractor& extractor,

@@ -16,17 +16,10 @@
 #include "client/dump/input.h"
 #include "client/dump/journal.h"
 #include "client/dump/progress.h"
+#include "client/dump/shard.h"
 #include "format/sample_file.h"
 
 namespace hsx {
-
-// --shard I/N: the samples whose index % N == I.
-struct ShardSpec {
-  int64_t index = 0;
-  int64_t count = 1;
-  bool Contains(int64_t sample_index) const { return sample_index % count == index; }
-};
-absl::StatusOr<ShardSpec> ParseShard(const std::string& text);
 
 struct DumpOptions {
   std::string out_dir;

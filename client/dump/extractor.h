@@ -1,6 +1,6 @@
 // extractor.h: where hsx-dump gets a sample's hidden states from. The
-// in-process engine and a remote hsx-server (remote_extractor.h) are two
-// implementations; all that follows (verification, atomic writes, the
+// in-process engine (in_process_extractor.h) and a remote hsx-server
+// (remote_extractor.h) are two implementations; all that follows (verification, atomic writes, the
 // journal, progress) is shared and starts from the same EncodedSample: the
 // states already in the output dtype, exactly the bytes that go to disk.
 #ifndef HSX_CLIENT_DUMP_EXTRACTOR_H_
@@ -12,12 +12,9 @@
 
 #include "absl/status/statusor.h"
 #include "client/dump/input.h"
-#include "format/sample_file.h"
+#include "format/capture_spec.h"
 #include "format/encoding.h"
-#include "server/model/forward.h"
-#include "server/model/sample_states.h"
-#include "server/runtime/batcher.h"
-#include "server/runtime/engine.h"
+#include "format/sample_file.h"
 
 namespace hsx {
 
@@ -37,28 +34,6 @@ class Extractor {
   // Gives up on everything in flight (after a failure or a signal): pending
   // samples finish soon, with an error. Extract after this fails at once.
   virtual void CancelAll() {}
-};
-
-// Runs the model in this process through the shared batcher.
-class InProcessExtractor : public Extractor {
- public:
-  InProcessExtractor(Engine& engine, const BatcherOptions& options) : batcher_(engine, options) {}
-  void Extract(const InputSample& sample, const ExtractSpec& spec, Done done) override {
-    const OutputDType dtype = spec.dtype;
-    WorkItem item{sample.input_ids, spec.capture,
-                  [dtype, done](absl::StatusOr<SampleStates> states) {
-                    if (!states.ok()) {
-                      done(states.status());
-                      return;
-                    }
-                    done(EncodeSampleStates(*states, dtype));
-                  },
-                  /*abandoned=*/nullptr, /*deliver=*/nullptr};
-    if (absl::Status s = batcher_.Submit(std::move(item)); !s.ok()) done(s);
-  }
-
- private:
-  Batcher batcher_;
 };
 
 }  // namespace hsx

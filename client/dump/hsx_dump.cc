@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "client/dump/dump_job.h"
 #include "client/dump/extractor.h"
+#include "client/dump/in_process_extractor.h"
 #include "client/dump/input.h"
 #include "client/dump/journal.h"
 #include "client/dump/remote_extractor.h"
@@ -31,8 +32,9 @@
 #include "kernels/backend.h"
 #include "server/model/checkpoint.h"
 #include "server/model/config.h"
-#include "server/model/forward.h"
-#include "server/tools/cli.h"
+#include "format/capture_spec.h"
+#include "base/cli.h"
+#include "base/file_util.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory to run in-process (instead of --server).");
 ABSL_FLAG(std::string, server, "", "hsx-server address(es), comma-separated (host:port, dns:///name:port, "
@@ -102,18 +104,19 @@ bool Specified(absl::string_view name) {
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, " ", path, ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  absl::StatusOr<std::string> text = hsx::ReadFileToString(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("--", flag, " ", path, ": cannot open"));
+  return text;
 }
 
 struct Transport {
   std::unique_ptr<hsx::Checkpoint> checkpoint;
   std::unique_ptr<hsx::Engine> engine;
   std::unique_ptr<hsx::Extractor> extractor;
-  hsx::ModelConfig config;  // what capture ids and input limits are checked against
+  // The model's shape, what capture ids, input limits and states are checked against.
+  int num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t vocab_size = 0;
   hsx::SampleFileInfo info;
   int64_t max_tokens_per_sample = 0;
 };
@@ -128,12 +131,15 @@ absl::StatusOr<Transport> MakeInProcess(const std::string& model_dir, hsx::Preci
   absl::StatusOr<std::unique_ptr<hsx::Checkpoint>> checkpoint = hsx::Checkpoint::Open(model_dir);
   if (!checkpoint.ok()) return checkpoint.status();
   t.checkpoint = *std::move(checkpoint);
-  t.config = t.checkpoint->config();
+  const hsx::ModelConfig& config = t.checkpoint->config();
+  t.num_layers = static_cast<int>(config.num_hidden_layers);
+  t.hidden_size = config.hidden_size;
+  t.vocab_size = config.vocab_size;
   absl::StatusOr<std::string> revision = hsx::CheckpointRevision(model_dir);
   if (!revision.ok()) return revision.status();
-  t.info = {hsx::CheckpointName(model_dir), t.config.num_hidden_layers, *revision, precision_name};
+  t.info = {hsx::CheckpointName(model_dir), t.num_layers, *revision, precision_name};
   t.max_tokens_per_sample = absl::GetFlag(FLAGS_max_tokens_per_sample) > 0 ? absl::GetFlag(FLAGS_max_tokens_per_sample)
-                                                                         : t.config.max_position_embeddings;
+                                                                         : config.max_position_embeddings;
   t.max_tokens_per_sample = std::min(t.max_tokens_per_sample, absl::GetFlag(FLAGS_max_batch_tokens));
   hsx::EngineOptions engine_options;
   engine_options.tp = absl::GetFlag(FLAGS_tp);
@@ -200,9 +206,9 @@ absl::StatusOr<Transport> MakeRemote(const std::string& servers, const std::stri
                                                       model->compute_precision));
   }
   Transport t;
-  t.config.num_hidden_layers = model->num_layers;
-  t.config.hidden_size = model->hidden_size;
-  t.config.vocab_size = model->vocab_size;
+  t.num_layers = model->num_layers;
+  t.hidden_size = model->hidden_size;
+  t.vocab_size = model->vocab_size;
   t.info = {model->model_name, model->num_layers, model->model_revision, model->compute_precision};
   t.max_tokens_per_sample = model->max_tokens_per_sample;
   if (absl::GetFlag(FLAGS_max_tokens_per_sample) > 0 &&
@@ -258,13 +264,13 @@ absl::Status Run() {
       servers.empty() ? MakeInProcess(model_dir, precision, precision_name) : MakeRemote(servers, precision_name);
   if (!transport.ok()) return transport.status();
   absl::StatusOr<hsx::CaptureSpec> capture =
-      hsx::ParseCaptureSpec(absl::GetFlag(FLAGS_capture), transport->config, absl::GetFlag(FLAGS_final_norm));
+      hsx::CaptureSpec::Parse(absl::GetFlag(FLAGS_capture), transport->num_layers, absl::GetFlag(FLAGS_final_norm));
   if (!capture.ok()) return absl::InvalidArgumentError(absl::StrCat("--capture: ", capture.status().message()));
   if (!servers.empty() && capture->ids.empty()) {
     return absl::InvalidArgumentError("--capture: --server needs at least one capture id");
   }
   hsx::InputLimits limits;
-  limits.vocab_size = transport->config.vocab_size;
+  limits.vocab_size = transport->vocab_size;
   limits.max_tokens_per_sample = transport->max_tokens_per_sample;
   std::string input_xxh64;  // hashed while parsing: a pipe or FIFO is read once
   absl::StatusOr<std::vector<hsx::InputSample>> samples = hsx::ReadInputFile(input_path, limits, &input_xxh64);
@@ -276,7 +282,7 @@ absl::Status Run() {
   dump.dtype = *dtype;
   dump.concurrency = absl::GetFlag(FLAGS_concurrency);
   dump.max_in_flight_bytes = *max_in_flight_bytes;
-  dump.hidden_size = transport->config.hidden_size;
+  dump.hidden_size = transport->hidden_size;
   dump.writer_threads = absl::GetFlag(FLAGS_writer_threads);
   dump.discard = absl::GetFlag(FLAGS_discard);
   dump.shard = *shard;

@@ -13,16 +13,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "format/input_sample.h"
 
 namespace hsx {
-
-struct InputSample {
-  int64_t index = 0;  // 0-based among samples: the i of hs_{i}.safetensors
-  int64_t line = 0;   // 1-based line in the file
-  std::string id;     // the "id" field, or the index as text
-  std::vector<int32_t> input_ids;
-  std::optional<std::vector<int64_t>> loss_mask;
-};
 
 struct InputLimits {
   int64_t vocab_size = 0;             // ids must be in [0, vocab_size)

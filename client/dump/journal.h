@@ -1,5 +1,5 @@
 // journal.h: manifest.jsonl, the record of which samples of an output
-// directory are complete (design.md, "On-disk format").
+// directory are complete (docs/design.md, "On-disk format").
 //
 // One JSON object per line, appended and fsynced after the sample's file was
 // atomically written and renamed into place:
@@ -32,30 +32,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "format/journal_entry.h"
 
 namespace hsx {
 
 inline constexpr char kJournalFileName[] = "manifest.jsonl";
-
-struct JournalEntry {
-  int64_t index = -1;
-  std::string id;
-  std::string file;
-  int64_t tokens = 0;
-  int64_t bytes = 0;
-  std::string xxh64;  // of the whole file, 16 hex digits
-  std::vector<int> capture_ids;
-  bool final_norm = false;
-  std::string dtype;
-  std::string model;
-  std::string model_revision;
-  std::string compute_precision;
-  std::string token_ids_xxh64;
-  std::string loss_mask_xxh64;  // empty: the sample has no loss mask
-  std::string input_xxh64;
-
-  bool operator==(const JournalEntry&) const = default;
-};
 
 // One line (JSON and the newline).
 std::string JournalLine(const JournalEntry& entry);

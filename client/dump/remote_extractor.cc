@@ -14,13 +14,13 @@
 #include <map>
 #include <mutex>
 #include <random>
-#include <set>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_names.h"
 #include "format/stream_assembler.h"
 #include "hsx/v1/hsx.grpc.pb.h"
 
@@ -107,16 +107,6 @@ struct SampleCall {
 
 }  // namespace
 
-std::string StatusCodeName(int code) {
-  static const char* const kNames[] = {
-      "OK",        "CANCELLED",         "UNKNOWN",          "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-      "NOT_FOUND", "ALREADY_EXISTS",    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",     "UNIMPLEMENTED",    "INTERNAL",
-      "UNAVAILABLE", "DATA_LOSS",       "UNAUTHENTICATED"};
-  if (code >= 0 && code < static_cast<int>(std::size(kNames))) return kNames[code];
-  return absl::StrCat("code ", code);
-}
-
 class Attempt;
 
 class RemoteExtractor::Impl {
@@ -140,11 +130,11 @@ class RemoteExtractor::Impl {
   void Extract(const InputSample& sample, const ExtractSpec& spec, Done done);
   void CancelAll();
 
-  // Called by an attempt from OnDone, after it has deleted itself.
+  // Called by an attempt from OnDone, after Release.
   void AttemptDone(std::shared_ptr<SampleCall> call, absl::StatusOr<EncodedSample> result,
                    grpc::StatusCode code);
-  // Removes a finished attempt; true when the caller may delete it.
-  bool Release(Attempt* attempt);
+  // Forgets a finished attempt (CancelAll no longer reaches it).
+  void Release(Attempt* attempt);
 
   const RemoteOptions& options() const { return options_; }
   const Server& server(size_t i) const { return servers_[i]; }
@@ -173,8 +163,9 @@ class RemoteExtractor::Impl {
 
   std::mutex mutex_;
   std::condition_variable idle_;
-  std::map<Attempt*, int> active_;  // running attempts -> pins held by CancelAll
-  std::set<Attempt*> finished_pinned_;  // finished while pinned: CancelAll deletes them
+  // Running attempts. Each owns itself until its OnDone (as the server's
+  // ExtractReactor does); CancelAll holds a strong reference while it cancels.
+  std::map<Attempt*, std::weak_ptr<Attempt>> active_;
   int64_t outstanding_ = 0;  // samples whose `done` has not been called yet
   bool cancelled_ = false;
   std::mt19937_64 rng_;
@@ -185,12 +176,16 @@ class RemoteExtractor::Impl {
 // The responses are read as raw byte buffers (the generated method's path,
 // with ByteBuffer as the response type): the assembler copies a chunk's rows
 // from the received slices straight into the sample (stream_assembler.h).
+// Owned by shared pointers: its own (self_, from Start to the end of OnDone)
+// and, briefly, CancelAll's; so gRPC's last reaction and a concurrent cancel
+// never see it freed.
 class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
  public:
   Attempt(RemoteExtractor::Impl* impl, std::shared_ptr<SampleCall> call, size_t server)
       : impl_(impl), call_(std::move(call)), server_(server), assembler_(Expectation(*impl_, *call_)) {}
 
-  void Start() {
+  void Start(std::shared_ptr<Attempt> self) {
+    self_ = std::move(self);
     const auto deadline = std::chrono::system_clock::now() +
                           std::chrono::duration_cast<std::chrono::system_clock::duration>(
                               std::chrono::duration<double>(impl_->options().deadline_seconds));
@@ -200,7 +195,7 @@ class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
     grpc::internal::ClientCallbackReaderFactory<grpc::ByteBuffer>::Create(server.channel.get(), *server.extract,
                                                                           &context_, &call_->request, this);
     StartRead(&response_);
-    StartCall();  // may finish (and delete this) before returning: nothing after it
+    StartCall();  // may finish (and release self_) before returning: nothing after it
   }
 
   void Cancel() { context_.TryCancel(); }
@@ -251,12 +246,14 @@ class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
     }
     RemoteExtractor::Impl* impl = impl_;
     std::shared_ptr<SampleCall> call = std::move(call_);
-    if (impl->Release(this)) delete this;
+    const std::shared_ptr<Attempt> self = std::move(self_);  // may be the last: nothing after this scope
+    impl->Release(this);
     impl->AttemptDone(std::move(call), std::move(result), code);
   }
 
  private:
   RemoteExtractor::Impl* impl_;
+  std::shared_ptr<Attempt> self_;  // released in OnDone
   std::shared_ptr<SampleCall> call_;
   size_t server_;
   grpc::ClientContext context_;
@@ -409,13 +406,13 @@ void RemoteExtractor::Impl::Extract(const InputSample& sample, const ExtractSpec
 
 void RemoteExtractor::Impl::StartAttempt(std::shared_ptr<SampleCall> call) {
   const size_t server = PickServer();  // not under mutex_: gRPC may run reactions inline
-  Attempt* attempt = nullptr;
+  std::shared_ptr<Attempt> attempt;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!cancelled_) {
       ++call->attempts;
-      attempt = new Attempt(this, call, server);
-      active_.emplace(attempt, 0);
+      attempt = std::make_shared<Attempt>(this, call, server);
+      active_.emplace(attempt.get(), attempt);
     }
   }
   if (attempt == nullptr) {
@@ -423,16 +420,13 @@ void RemoteExtractor::Impl::StartAttempt(std::shared_ptr<SampleCall> call) {
     return;
   }
   ++attempts_;
-  attempt->Start();
+  Attempt* started = attempt.get();
+  started->Start(std::move(attempt));
 }
 
-bool RemoteExtractor::Impl::Release(Attempt* attempt) {
+void RemoteExtractor::Impl::Release(Attempt* attempt) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = active_.find(attempt);
-  const bool pinned = it != active_.end() && it->second > 0;
-  if (it != active_.end()) active_.erase(it);
-  if (pinned) finished_pinned_.insert(attempt);
-  return !pinned;
+  active_.erase(attempt);
 }
 
 void RemoteExtractor::Impl::AttemptDone(std::shared_ptr<SampleCall> call, absl::StatusOr<EncodedSample> result,
@@ -478,31 +472,18 @@ void RemoteExtractor::Impl::Complete(const std::shared_ptr<SampleCall>& call, ab
 }
 
 void RemoteExtractor::Impl::CancelAll() {
-  std::vector<Attempt*> pinned;
+  std::vector<std::shared_ptr<Attempt>> running;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     cancelled_ = true;
-    for (auto& [attempt, pins] : active_) {
-      ++pins;
-      pinned.push_back(attempt);
+    for (const auto& [raw, attempt] : active_) {
+      if (std::shared_ptr<Attempt> held = attempt.lock()) running.push_back(std::move(held));
     }
   }
   scheduler_.FlushNow();
-  // Outside the lock: a cancel may run the attempt's OnDone on this thread.
-  for (Attempt* attempt : pinned) attempt->Cancel();
-  std::vector<Attempt*> to_delete;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (Attempt* attempt : pinned) {
-      auto it = active_.find(attempt);
-      if (it != active_.end()) {
-        --it->second;
-      } else if (finished_pinned_.erase(attempt) > 0) {
-        to_delete.push_back(attempt);
-      }
-    }
-  }
-  for (Attempt* attempt : to_delete) delete attempt;
+  // Outside the lock: a cancel may run the attempt's OnDone on this thread;
+  // `running` keeps every attempt alive until the loop is over.
+  for (const std::shared_ptr<Attempt>& attempt : running) attempt->Cancel();
 }
 
 RemoteExtractor::Impl::~Impl() {

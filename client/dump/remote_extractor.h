@@ -60,9 +60,6 @@ struct RemoteModelInfo {
   std::vector<int> default_capture_ids;
 };
 
-// How a status code is spelt ("UNAVAILABLE").
-std::string StatusCodeName(int code);
-
 class RemoteExtractor : public Extractor {
  public:
   static absl::StatusOr<std::unique_ptr<RemoteExtractor>> Create(const RemoteOptions& options);

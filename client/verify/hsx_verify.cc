@@ -14,15 +14,9 @@
 //   with --for TRAINER: what that trainer assumes of its input (see
 //   TrainerProblems and docs/trainers.md).
 // Exit status 0 when all is well, 1 with the list of problems otherwise.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -41,13 +35,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "client/dump/dump_job.h"
+#include "base/cli.h"
 #include "client/dump/input.h"
 #include "client/dump/journal.h"
+#include "client/dump/shard.h"
 #include "format/sample_file.h"
-#include "format/encoding.h"
-#include "format/safetensors.h"
-#include "server/tools/cli.h"
+#include "format/sample_file_checker.h"
 
 ABSL_FLAG(std::string, input, "", "The JSONL input of the dump: token_ids, loss_mask and ids must "
           "equal its lines, and every sample must be journaled.");
@@ -70,219 +63,6 @@ struct Problem {
   bool error = true;
 };
 
-// A read-only mapping of a whole file.
-class Mapping {
- public:
-  ~Mapping() {
-    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
-  }
-  absl::Status Open(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open: ", std::strerror(errno)));
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      return absl::FailedPreconditionError("not a regular file");
-    }
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) {
-        ::close(fd);
-        return absl::InternalError(absl::StrCat("cannot map: ", std::strerror(errno)));
-      }
-      data_ = static_cast<const uint8_t*>(p);
-    }
-    ::close(fd);
-    return absl::OkStatus();
-  }
-  std::span<const uint8_t> bytes() const { return {data_, size_}; }
-
- private:
-  const uint8_t* data_ = nullptr;
-  size_t size_ = 0;
-};
-
-std::string Hex(std::span<const uint8_t> bytes) { return hsx::Xxh64Hex(bytes.data(), bytes.size()); }
-
-std::vector<int64_t> Int64s(std::span<const uint8_t> bytes) {
-  std::vector<int64_t> values(bytes.size() / sizeof(int64_t));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(int64_t));
-  return values;
-}
-
-std::string ShapeText(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
-
-// Every problem with one journaled file.
-std::vector<std::string> CheckFile(const std::string& path, const JournalEntry& e, const hsx::InputSample* input) {
-  std::vector<std::string> errors;
-  Mapping file;
-  if (absl::Status s = file.Open(path); !s.ok()) return {std::string(s.message())};
-  const std::span<const uint8_t> bytes = file.bytes();
-  if (static_cast<int64_t>(bytes.size()) != e.bytes) {
-    errors.push_back(absl::StrCat("size ", bytes.size(), " bytes, the journal says ", e.bytes));
-  }
-  if (const std::string hash = Hex(bytes); hash != e.xxh64) {
-    errors.push_back(absl::StrCat("xxh64 ", hash, ", the journal says ", e.xxh64,
-                                  " (changed or corrupted since it was written)"));
-  }
-  absl::StatusOr<hsx::SafetensorsHeader> header = hsx::ParseSafetensors(bytes, path);
-  if (!header.ok()) {
-    errors.push_back(absl::StrCat("invalid safetensors: ", header.status().message()));
-    return errors;
-  }
-  const auto& meta = header->metadata;
-  auto meta_value = [&](const std::string& key) -> std::string {
-    auto it = meta.find(key);
-    return it == meta.end() ? std::string("<missing>") : it->second;
-  };
-  auto expect_meta = [&](const std::string& key, const std::string& want) {
-    if (const std::string got = meta_value(key); got != want) {
-      errors.push_back(absl::StrCat("metadata ", key, " '", got, "', the journal says '", want, "'"));
-    }
-  };
-  expect_meta("hsx_format", "1");
-  expect_meta("sample_index", std::to_string(e.index));
-  expect_meta("sample_id", e.id);
-  expect_meta("dtype", e.dtype);
-  expect_meta("model", e.model);
-  if (meta.count("model_revision") || !e.model_revision.empty()) expect_meta("model_revision", e.model_revision);
-  if (meta.count("compute_precision") || !e.compute_precision.empty()) {
-    expect_meta("compute_precision", e.compute_precision);
-  }
-  {
-    const nlohmann::json ids = nlohmann::json::parse(meta_value("capture_ids"), nullptr, false);
-    if (ids.is_discarded() || !ids.is_array() || ids != nlohmann::json(e.capture_ids)) {
-      errors.push_back(absl::StrCat("metadata capture_ids '", meta_value("capture_ids"), "', the journal says ",
-                                    nlohmann::json(e.capture_ids).dump()));
-    }
-  }
-  absl::StatusOr<hsx::OutputDType> dtype = hsx::ParseOutputDType(e.dtype);
-  if (!dtype.ok()) {
-    errors.push_back(absl::StrCat("journal dtype '", e.dtype, "' is not bf16, fp16 or fp32"));
-    return errors;
-  }
-  const nlohmann::json checksums = nlohmann::json::parse(meta_value("checksums_xxh64"), nullptr, false);
-  if (checksums.is_discarded() || !checksums.is_object()) {
-    errors.push_back("metadata checksums_xxh64 is missing or not a JSON object");
-  }
-
-  const int64_t tokens = e.tokens;
-  const int64_t layers = static_cast<int64_t>(e.capture_ids.size());
-  const hsx::DType value_type = hsx::ToSafetensorsDType(*dtype);
-  std::map<std::string, const hsx::TensorInfo*> tensors;
-  for (const hsx::TensorInfo& t : header->tensors) tensors[t.name] = &t;
-  auto data = [&](const hsx::TensorInfo& t) { return bytes.subspan(header->data_start + t.begin, t.num_bytes()); };
-  auto expect_tensor = [&](const std::string& name, hsx::DType type,
-                           const std::vector<int64_t>& shape) -> const hsx::TensorInfo* {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) {
-      errors.push_back(absl::StrCat("no tensor ", name));
-      return nullptr;
-    }
-    const hsx::TensorInfo& t = *it->second;
-    if (t.dtype != type || t.shape != shape) {
-      errors.push_back(absl::StrCat(name, " is ", hsx::DTypeName(t.dtype), " ", ShapeText(t.shape), ", expected ",
-                                    hsx::DTypeName(type), " ", ShapeText(shape)));
-      return nullptr;
-    }
-    return &t;
-  };
-  // The shape of hidden_states gives H.
-  int64_t hidden = 0;
-  if (auto it = tensors.find("hidden_states"); it != tensors.end() && it->second->shape.size() == 3) {
-    hidden = it->second->shape[2];
-  }
-  if (hidden < 1) {
-    errors.push_back(absl::StrCat("hidden_states is missing or not [T, L, H] with H >= 1"));
-    return errors;
-  }
-  std::set<std::string> expected = {"hidden_states", "token_ids"};
-  const hsx::TensorInfo* hs = expect_tensor("hidden_states", value_type, {tokens, layers, hidden});
-  const hsx::TensorInfo* ids = expect_tensor("token_ids", hsx::DType::kI64, {tokens});
-  const hsx::TensorInfo* mask = nullptr;
-  const hsx::TensorInfo* final_norm = nullptr;
-  if (!e.loss_mask_xxh64.empty()) {
-    expected.insert("loss_mask");
-    mask = expect_tensor("loss_mask", hsx::DType::kI64, {tokens});
-  }
-  if (e.final_norm) {
-    expected.insert("final_norm_hidden_states");
-    final_norm = expect_tensor("final_norm_hidden_states", value_type, {tokens, hidden});
-  }
-  for (const auto& [name, t] : tensors) {
-    if (!expected.count(name)) errors.push_back(absl::StrCat("unexpected tensor ", name, " (not in the journal)"));
-  }
-  if (checksums.is_object()) {
-    for (const auto& [name, t] : tensors) {
-      auto it = checksums.find(name);
-      if (it == checksums.end() || !it->is_string()) {
-        errors.push_back(absl::StrCat("metadata checksums_xxh64 has no checksum for ", name));
-      } else if (const std::string hash = Hex(data(*t)); hash != it->get<std::string>()) {
-        errors.push_back(absl::StrCat(name, ": data hashes to ", hash, ", the metadata checksum is ",
-                                      it->get<std::string>()));
-      }
-    }
-  }
-  if (ids != nullptr) {
-    const std::vector<int64_t> values = Int64s(data(*ids));
-    if (const std::string hash = hsx::Int64Xxh64Hex(values); hash != e.token_ids_xxh64) {
-      errors.push_back(absl::StrCat("token_ids hash to ", hash, ", the journal says ", e.token_ids_xxh64));
-    }
-    if (input != nullptr &&
-        !std::equal(values.begin(), values.end(), input->input_ids.begin(), input->input_ids.end())) {
-      errors.push_back(absl::StrCat("token_ids differ from line ", input->line, " of the input"));
-    }
-  }
-  if (mask != nullptr) {
-    const std::vector<int64_t> values = Int64s(data(*mask));
-    if (const std::string hash = hsx::Int64Xxh64Hex(values); hash != e.loss_mask_xxh64) {
-      errors.push_back(absl::StrCat("loss_mask hashes to ", hash, ", the journal says ", e.loss_mask_xxh64));
-    }
-    if (std::any_of(values.begin(), values.end(), [](int64_t v) { return v != 0 && v != 1; })) {
-      errors.push_back("loss_mask has values other than 0 and 1");
-    }
-    if (input != nullptr && (!input->loss_mask || *input->loss_mask != values)) {
-      errors.push_back(absl::StrCat("loss_mask differs from line ", input->line, " of the input"));
-    }
-  } else if (input != nullptr && input->loss_mask && e.loss_mask_xxh64.empty()) {
-    errors.push_back(absl::StrCat("no loss_mask, but line ", input->line, " of the input has one"));
-  }
-  if (input != nullptr && input->id != e.id) {
-    errors.push_back(absl::StrCat("id '", e.id, "' differs from '", input->id, "' on line ", input->line,
-                                  " of the input"));
-  }
-  if (hs != nullptr) {
-    std::vector<std::string> names;
-    for (int id : e.capture_ids) names.push_back(absl::StrCat("hidden_states capture id ", id));
-    if (absl::Status s = hsx::CheckEncodedValues(data(*hs), *dtype, tokens, layers, hidden, names); !s.ok()) {
-      errors.push_back(std::string(s.message()));
-    }
-  }
-  if (final_norm != nullptr) {
-    if (absl::Status s = hsx::CheckEncodedValues(data(*final_norm), *dtype, tokens, 1, hidden,
-                                                 {"final_norm_hidden_states"});
-        !s.ok()) {
-      errors.push_back(std::string(s.message()));
-    }
-  }
-  return errors;
-}
-
-// N of the model that produced the dump, from the metadata of `path`.
-absl::StatusOr<int> NumLayersOf(const std::string& path) {
-  Mapping file;
-  if (absl::Status s = file.Open(path); !s.ok()) return s;
-  absl::StatusOr<hsx::SafetensorsHeader> header = hsx::ParseSafetensors(file.bytes(), path);
-  if (!header.ok()) return header.status();
-  auto it = header->metadata.find("num_layers");
-  int n = 0;
-  if (it == header->metadata.end() || !absl::SimpleAtoi(it->second, &n) || n < 1) {
-    return absl::DataLossError("metadata num_layers is missing or not a positive integer");
-  }
-  return n;
-}
-
 // What `trainer` assumes of a dump with these journal entries (by index) that
 // the general checks do not cover. `have_input`: --input was given (then gaps
 // are already reported as input samples not journaled).
@@ -295,7 +75,7 @@ std::vector<Problem> TrainerProblems(const std::string& trainer, const std::stri
     return problems;
   }
   const JournalEntry& first = entries.begin()->second->entry;
-  absl::StatusOr<int> n = NumLayersOf((std::filesystem::path(dir) / first.file).string());
+  absl::StatusOr<int> n = hsx::SampleFileNumLayers((std::filesystem::path(dir) / first.file).string());
   if (!n.ok()) {
     problems.push_back({(std::filesystem::path(dir) / first.file).string(), std::string(n.status().message())});
     return problems;
@@ -435,7 +215,7 @@ absl::Status Run(const std::vector<char*>& args) {
         const JournalEntry& e = todo[i]->entry;
         const hsx::InputSample* input =
             e.index < static_cast<int64_t>(samples.size()) ? &samples[static_cast<size_t>(e.index)] : nullptr;
-        results[i] = CheckFile((root / e.file).string(), e, input);
+        results[i] = hsx::CheckSampleFile((root / e.file).string(), e, input);
       }
     });
   }

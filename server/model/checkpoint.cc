@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/file_util.h"
 #include "kernels/cpu/int4_dequant.h"
 
 namespace hsx {
@@ -33,16 +34,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
 absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadText(path);
+  absl::StatusOr<std::string> text = ReadFileToString(path);
   if (!text.ok()) return text.status();
   return ParseCheckpointIndex(*text, path);
 }
@@ -95,13 +88,13 @@ absl::StatusOr<std::map<std::string, std::string>> ParseCheckpointIndex(const st
 
 // The config and index text, and the sorted shard file names.
 absl::StatusOr<std::vector<std::string>> RevisionPreamble(const std::string& dir, std::string* material) {
-  absl::StatusOr<std::string> config = ReadText((fs::path(dir) / "config.json").string());
+  absl::StatusOr<std::string> config = ReadFileToString((fs::path(dir) / "config.json").string());
   if (!config.ok()) return config.status();
   *material += *config;
   std::vector<std::string> shards;
   const fs::path index_path = fs::path(dir) / kIndexFile;
   if (fs::exists(index_path)) {
-    absl::StatusOr<std::string> index = ReadText(index_path.string());
+    absl::StatusOr<std::string> index = ReadFileToString(index_path.string());
     if (!index.ok()) return index.status();
     *material += *index;
     absl::StatusOr<std::map<std::string, std::string>> map = ReadIndex(index_path.string());

@@ -11,6 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/file_util.h"
+#include "format/capture_spec.h"
 
 namespace hsx {
 namespace {
@@ -221,14 +223,7 @@ absl::Status CheckFamily(const json& root, const ModelConfig& c, const std::stri
 }  // namespace
 
 std::vector<int> ModelConfig::Eagle3CaptureIds() const {
-  const int n = static_cast<int>(num_hidden_layers);
-  std::vector<int> ids;
-  for (int id : {2, n / 2, n - 3, n}) {
-    if (id >= 0 && id <= n) ids.push_back(id);
-  }
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  return ids;
+  return CaptureSpec::Eagle3(static_cast<int>(num_hidden_layers)).ids;
 }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std::string& file) {
@@ -314,11 +309,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
 }
 
 absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return ParseModelConfig(buffer.str(), path);
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return text.status();
+  return ParseModelConfig(*text, path);
 }
 
 json ModelConfigToJson(const ModelConfig& c) {

@@ -76,36 +76,6 @@ void DecodeRow(ElementType type, const char* row, int64_t n, float* dst) {
 
 }  // namespace
 
-absl::StatusOr<CaptureSpec> ParseCaptureSpec(const std::string& text, const ModelConfig& config,
-                                             bool final_norm) {
-  const int n = static_cast<int>(config.num_hidden_layers);
-  CaptureSpec spec;
-  spec.final_norm = final_norm;
-  if (text == "eagle3") {
-    spec.ids = config.Eagle3CaptureIds();
-  } else if (text == "all") {
-    for (int i = 0; i <= n; ++i) spec.ids.push_back(i);
-  } else {
-    for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-      int id;
-      if (!absl::SimpleAtoi(part, &id)) {
-        return absl::InvalidArgumentError(absl::StrCat("capture id '", part, "' is not an integer"));
-      }
-      if (id < 0 || id > n) {
-        return absl::InvalidArgumentError(absl::StrCat("capture id ", id, " is outside 0..", n,
-                                                       " (the model has ", n, " layers)"));
-      }
-      spec.ids.push_back(id);
-    }
-    std::sort(spec.ids.begin(), spec.ids.end());
-    spec.ids.erase(std::unique(spec.ids.begin(), spec.ids.end()), spec.ids.end());
-  }
-  if (spec.ids.empty() && !final_norm) {
-    return absl::InvalidArgumentError("nothing to capture: give capture ids or the final norm");
-  }
-  return spec;
-}
-
 void Batch::AddSample(const std::vector<int32_t>& sample) {
   tokens.insert(tokens.end(), sample.begin(), sample.end());
   cu_seqlens.push_back(static_cast<int64_t>(tokens.size()));

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "format/capture_spec.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "server/model/config.h"
@@ -25,16 +26,11 @@
 
 namespace hsx {
 
-// What to capture: ids sorted, unique, in [0, N].
-struct CaptureSpec {
-  std::vector<int> ids;
-  bool final_norm = false;
-};
-
-// Parses "eagle3" ({2, N/2, N-3, N}), "all" (0..N) or a comma-separated list;
-// errors name the offending id.
-absl::StatusOr<CaptureSpec> ParseCaptureSpec(const std::string& text, const ModelConfig& config,
-                                             bool final_norm);
+// CaptureSpec::Parse for this model's N (format/capture_spec.h).
+inline absl::StatusOr<CaptureSpec> ParseCaptureSpec(const std::string& text, const ModelConfig& config,
+                                                    bool final_norm) {
+  return CaptureSpec::Parse(text, static_cast<int>(config.num_hidden_layers), final_norm);
+}
 
 // A ragged batch: samples concatenated, sample s = tokens[cu_seqlens[s], cu_seqlens[s+1]).
 struct Batch {

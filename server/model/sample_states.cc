@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "server/model/sample_view.h"
+#include "server/model/capture_views.h"
 
 namespace hsx {
 

@@ -1,8 +1,5 @@
-// sample_states.h: one sample's captured hidden states, split out of a batch.
-//
-// This is the unit everything downstream handles (files, gRPC responses,
-// verification): hidden_states is [tokens, layers, hidden] in ascending
-// capture id, the layout speculators' trainer reads.
+// sample_states.h: a batch's captures split into one SampleStates per sample
+// (the value itself lives in format/sample_states.h).
 #ifndef HSX_SERVER_MODEL_SAMPLE_STATES_H_
 #define HSX_SERVER_MODEL_SAMPLE_STATES_H_
 
@@ -10,17 +7,10 @@
 #include <span>
 #include <vector>
 
+#include "format/sample_states.h"
 #include "server/model/forward.h"
 
 namespace hsx {
-
-struct SampleStates {
-  std::vector<int> capture_ids;
-  int64_t tokens = 0;
-  int64_t hidden = 0;
-  std::vector<float> hidden_states;  // [tokens, capture_ids.size(), hidden]
-  std::vector<float> final_norm;     // [tokens, hidden], empty unless requested
-};
 
 // Splits a batch's captures per sample by cu_seqlens: sample s gets exactly
 // rows [cu[s], cu[s + 1]) of every captured layer, nothing else.

@@ -52,14 +52,7 @@ std::vector<size_t> PackNext(const std::vector<int64_t>& lengths, int64_t max_ba
 }
 
 CaptureSpec UnionCapture(const std::vector<const CaptureSpec*>& specs) {
-  CaptureSpec all;
-  for (const CaptureSpec* spec : specs) {
-    all.ids.insert(all.ids.end(), spec->ids.begin(), spec->ids.end());
-    all.final_norm |= spec->final_norm;
-  }
-  std::sort(all.ids.begin(), all.ids.end());
-  all.ids.erase(std::unique(all.ids.begin(), all.ids.end()), all.ids.end());
-  return all;
+  return CaptureSpec::Union(specs);
 }
 
 SampleStates SelectCaptures(SampleStates states, const CaptureSpec& wanted) {

@@ -24,7 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/model/sample_states.h"
-#include "server/model/sample_view.h"
+#include "server/model/capture_views.h"
 #include "server/runtime/engine.h"
 
 namespace hsx {

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/file_util.h"
 
 namespace hsx {
 namespace {
@@ -24,11 +25,9 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TokenAuth>> TokenAuth::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("--auth-token-file ", path, ": cannot read"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  std::string token(absl::StripAsciiWhitespace(text.str()));
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("--auth-token-file ", path, ": cannot read"));
+  std::string token(absl::StripAsciiWhitespace(*text));
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("--auth-token-file ", path, ": empty"));
   return std::make_unique<TokenAuth>(std::move(token));
 }

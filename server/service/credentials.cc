@@ -6,17 +6,16 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/file_util.h"
 
 namespace hsx {
 namespace {
 
 absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, " ", path, ": cannot read"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", path, ": empty"));
-  return text.str();
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("--", flag, " ", path, ": cannot read"));
+  if (text->empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", path, ": empty"));
+  return text;
 }
 
 }  // namespace

@@ -36,10 +36,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "format/capture_spec.h"
 #include "format/response_encoder.h"
-#include "server/model/forward.h"
+#include "format/sample_view.h"
+#include "hsx/v1/hsx.pb.h"
 #include "server/model/host_buffer_pool.h"
-#include "server/model/sample_view.h"
 #include "server/service/metrics.h"
 
 namespace hsx {

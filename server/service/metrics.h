@@ -35,6 +35,7 @@
 #include <prometheus/registry.h>
 
 #include "absl/status/statusor.h"
+#include "base/status_names.h"
 
 namespace hsx {
 
@@ -89,9 +90,6 @@ class Metrics {
   prometheus::Counter* oversized_;
   prometheus::Histogram* latency_;
 };
-
-// The canonical name of a status code, e.g. "INVALID_ARGUMENT".
-const char* StatusCodeName(grpc::StatusCode code);
 
 }  // namespace hsx
 

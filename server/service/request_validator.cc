@@ -1,10 +1,9 @@
 // request_validator.cc: the checks, each with a message naming the field.
 #include "server/service/request_validator.h"
 
-#include <algorithm>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "format/proto_dtype.h"
 #include "server/service/service_options.h"
 
 namespace hsx {
@@ -37,40 +36,16 @@ absl::StatusOr<ValidatedRequest> ValidateExtractRequest(const v1::ExtractRequest
     out.capture = limits.default_capture;
     out.capture.final_norm = limits.default_capture.final_norm || request.final_norm();
   } else {
-    for (int i = 0; i < request.capture_ids_size(); ++i) {
-      const int32_t id = request.capture_ids(i);
-      if (id < 0 || id > limits.num_layers) {
-        return absl::InvalidArgumentError(absl::StrCat("capture_ids[", i, "] = ", id, " is outside 0..",
-                                                       limits.num_layers, " (the model has ", limits.num_layers,
-                                                       " layers; id N is the last layer's output)"));
-      }
-      out.capture.ids.push_back(id);
-    }
-    std::sort(out.capture.ids.begin(), out.capture.ids.end());
-    out.capture.ids.erase(std::unique(out.capture.ids.begin(), out.capture.ids.end()), out.capture.ids.end());
-    out.capture.final_norm = request.final_norm();
+    absl::StatusOr<CaptureSpec> capture =
+        CaptureSpec::Make({request.capture_ids().begin(), request.capture_ids().end()}, request.final_norm(),
+                          static_cast<int>(limits.num_layers), "capture_ids");
+    if (!capture.ok()) return capture.status();
+    out.capture = *std::move(capture);
   }
 
-  const int dtype = static_cast<int>(request.dtype());
-  switch (dtype) {
-    case v1::DTYPE_UNSPECIFIED:
-    case v1::DTYPE_BF16:
-      out.dtype = OutputDType::kBf16;
-      out.proto_dtype = v1::DTYPE_BF16;
-      break;
-    case v1::DTYPE_FP16:
-      out.dtype = OutputDType::kFp16;
-      out.proto_dtype = v1::DTYPE_FP16;
-      break;
-    case v1::DTYPE_FP32:
-      out.dtype = OutputDType::kFp32;
-      out.proto_dtype = v1::DTYPE_FP32;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dtype: unknown enum value ", dtype, " (expected DTYPE_BF16 = 1, DTYPE_FP16 = 2 or DTYPE_FP32 = 3; "
-          "0 means bf16)"));
-  }
+  absl::StatusOr<OutputDType> dtype = OutputDTypeFromProto(static_cast<int>(request.dtype()));
+  if (!dtype.ok()) return dtype.status();
+  out.dtype = *dtype;
   out.summary = request.summary();
   return out;
 }

@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "hsx/v1/hsx.pb.h"
+#include "format/capture_spec.h"
 #include "format/encoding.h"
-#include "server/model/forward.h"
 
 namespace hsx {
 
@@ -29,7 +29,6 @@ struct RequestLimits {
 struct ValidatedRequest {
   CaptureSpec capture;  // ids ascending and unique; final_norm resolved
   OutputDType dtype = OutputDType::kBf16;
-  v1::DType proto_dtype = v1::DTYPE_BF16;
   bool summary = false;
 };
 

@@ -41,9 +41,7 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 absl::StatusOr<std::string> RunSelfCheck(Engine& engine) {
   const ModelConfig& config = engine.config();
   const int64_t vocab = config.vocab_size;
-  CaptureSpec capture;
-  for (int i = 0; i <= config.num_hidden_layers; ++i) capture.ids.push_back(i);
-  capture.final_norm = true;
+  const CaptureSpec capture = CaptureSpec::All(static_cast<int>(config.num_hidden_layers), /*final_norm=*/true);
   const std::vector<int32_t> probe = Tokens(17, vocab, 17);
   const std::vector<std::vector<int32_t>> solo = {probe};
   const std::vector<std::vector<int32_t>> mixed = {Tokens(5, vocab, 5), probe, Tokens(30, vocab, 30)};

@@ -44,7 +44,7 @@
 #include "server/service/self_check.h"
 #include "server/service/service_options.h"
 #include "server/service/signal_watcher.h"
-#include "server/tools/cli.h"
+#include "base/cli.h"
 
 namespace hsx {
 namespace {

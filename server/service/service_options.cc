@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
-#include "server/tools/cli.h"
+#include "base/cli.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + safetensors). Required.");
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
@@ -206,7 +206,7 @@ absl::StatusOr<ServiceOptions> OptionsFromFlags() {
 }
 
 absl::Status ResolveModelLimits(const ModelConfig& config, ServiceOptions* o) {
-  absl::StatusOr<CaptureSpec> capture = ParseCaptureSpec(o->capture_text, config, o->final_norm);
+  absl::StatusOr<CaptureSpec> capture = CaptureSpec::Parse(o->capture_text, static_cast<int>(config.num_hidden_layers), o->final_norm);
   if (!capture.ok()) return absl::InvalidArgumentError(absl::StrCat("--capture: ", capture.status().message()));
   o->default_capture = *std::move(capture);
 

@@ -17,9 +17,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "format/capture_spec.h"
 #include "kernels/backend.h"
 #include "server/model/config.h"
-#include "server/model/forward.h"
 
 namespace hsx {
 

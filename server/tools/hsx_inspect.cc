@@ -16,7 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "server/model/checkpoint.h"
 #include "format/safetensors_writer.h"
-#include "server/tools/cli.h"
+#include "base/cli.h"
 
 ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + safetensors).");
 ABSL_FLAG(int, tp, 1, "Tensor-parallel degree for the per-rank memory plan.");

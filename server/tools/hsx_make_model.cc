@@ -13,7 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "server/model/checkpoint.h"
 #include "server/model/random_model.h"
-#include "server/tools/cli.h"
+#include "base/cli.h"
 
 ABSL_FLAG(std::string, preset, "", "Model preset: tiny (a few MB), small (a few hundred MB, CPU "
           "benchmarks) or kimi-k2 (the real dimensions; cut the depth with --layers).");

@@ -23,7 +23,8 @@
 #include "format/tensor_encoding.h"
 #include "kernels/bf16.h"
 #include "server/model/host_buffer_pool.h"
-#include "server/model/sample_view.h"
+#include "format/sample_view.h"
+#include "server/model/capture_views.h"
 
 namespace hsx {
 namespace {
@@ -288,7 +289,6 @@ TEST(StreamAssemblerRawTest, SlicedBytesAssembleAsTheParsedMessages) {
     EncoderOptions options;
     options.sample_id = "raw";
     options.dtype = dtype;
-    options.proto_dtype = dtype == OutputDType::kBf16 ? v1::DTYPE_BF16 : v1::DTYPE_FP32;
     options.max_chunk_bytes = 7 * hidden * OutputDTypeSize(dtype);
     auto encoder = ResponseEncoder::Create(sample.view, options, HostBufferPool::HeapAllocator());
     ASSERT_TRUE(encoder.ok()) << encoder.status();

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/file_util.h"
 #include "gtest/gtest.h"
 
 namespace hsx::testing {
@@ -35,9 +36,10 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// The file's bytes; empty when it cannot be read.
 inline std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  absl::StatusOr<std::string> bytes = ReadFileToString(path);
+  return bytes.ok() ? *std::move(bytes) : std::string();
 }
 
 inline void WriteFile(const std::string& path, const std::string& contents) {

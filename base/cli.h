@@ -1,8 +1,8 @@
 // cli.h: small helpers shared by the command-line tools (error reporting,
 // byte sizes), so that every tool fails the same way: one line on stderr
 // naming the tool and what went wrong, exit status 1.
-#ifndef HSX_SERVER_TOOLS_CLI_H_
-#define HSX_SERVER_TOOLS_CLI_H_
+#ifndef HSX_BASE_CLI_H_
+#define HSX_BASE_CLI_H_
 
 #include <cstdint>
 #include <cstdio>
@@ -65,4 +65,4 @@ inline void AcceptDashedFlags(int argc, char** argv) {
 
 }  // namespace hsx
 
-#endif  // HSX_SERVER_TOOLS_CLI_H_
+#endif  // HSX_BASE_CLI_H_

@@ -1,45 +1,9 @@
-// sample_view.cc: views by cu_seqlens, capture selection, the float32 copy.
-#include "server/model/sample_view.h"
+// capture_views.cc: views by cu_seqlens, capture selection.
+#include "server/model/capture_views.h"
 
 #include <algorithm>
-#include <cstring>
-
-#include "kernels/bf16.h"
 
 namespace hsx {
-namespace {
-
-void WidenRows(ElementType type, const void* rows, int64_t count, float* dst) {
-  if (type == ElementType::kF32) {
-    std::memcpy(dst, rows, count * sizeof(float));
-    return;
-  }
-  const uint16_t* bits = static_cast<const uint16_t*>(rows);
-  for (int64_t i = 0; i < count; ++i) dst[i] = Bf16ToFloat(bits[i]);
-}
-
-}  // namespace
-
-SampleStates SampleView::ToStates() const {
-  SampleStates out;
-  out.capture_ids = capture_ids;
-  out.tokens = tokens;
-  out.hidden = hidden;
-  const int64_t n = static_cast<int64_t>(layers.size());
-  out.hidden_states.resize(tokens * n * hidden);
-  const size_t element = ElementSize(type);
-  for (int64_t l = 0; l < n; ++l) {
-    for (int64_t t = 0; t < tokens; ++t) {
-      WidenRows(type, static_cast<const char*>(layers[l]) + t * hidden * element, hidden,
-                &out.hidden_states[(t * n + l) * hidden]);
-    }
-  }
-  if (final_norm != nullptr) {
-    out.final_norm.resize(tokens * hidden);
-    WidenRows(type, final_norm, tokens * hidden, out.final_norm.data());
-  }
-  return out;
-}
 
 std::vector<SampleView> ViewBySample(std::shared_ptr<const Captures> captures, std::span<const int64_t> cu_seqlens) {
   const Captures& c = *captures;
@@ -58,7 +22,7 @@ std::vector<SampleView> ViewBySample(std::shared_ptr<const Captures> captures, s
     if (c.final_norm != nullptr) {
       v.final_norm = static_cast<const char*>(c.final_norm->data()) + begin * c.hidden * element;
     }
-    v.batch = captures;
+    v.owner = captures;
   }
   return views;
 }

@@ -1,0 +1,31 @@
+// proto_dtype.cc: v1::DType <-> OutputDType.
+#include "format/proto_dtype.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace hsx {
+
+v1::DType OutputDTypeToProto(OutputDType dtype) {
+  switch (dtype) {
+    case OutputDType::kBf16: return v1::DTYPE_BF16;
+    case OutputDType::kFp16: return v1::DTYPE_FP16;
+    case OutputDType::kFp32: return v1::DTYPE_FP32;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<OutputDType> OutputDTypeFromProto(int value) {
+  switch (value) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_BF16: return OutputDType::kBf16;
+    case v1::DTYPE_FP16: return OutputDType::kFp16;
+    case v1::DTYPE_FP32: return OutputDType::kFp32;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dtype: unknown enum value ", value, " (expected DTYPE_BF16 = 1, DTYPE_FP16 = 2 or DTYPE_FP32 = 3; "
+          "0 means bf16)"));
+  }
+}
+
+}  // namespace hsx

@@ -1,0 +1,214 @@
+// stream_assembler_test.cc: the Extract stream's encoder and assembler side by
+// side. A stream the ResponseEncoder produces assembles into exactly the bytes
+// EncodeSampleStates gives (every dtype); every way of breaking that stream is
+// refused with DATA_LOSS naming what was wrong, and nothing is accepted after.
+#include "format/stream_assembler.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "format/layer_convention.h"
+#include "format/response_encoder.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace hsx {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kTokens = 5;
+constexpr int64_t kHidden = 4;
+const std::vector<int> kIds = {2, 3, 7};
+const std::vector<int32_t> kTokenIds = {11, 12, 13, 14, 15};
+
+SampleStates MakeStates(bool final_norm) {
+  SampleStates s;
+  s.capture_ids = kIds;
+  s.tokens = kTokens;
+  s.hidden = kHidden;
+  for (size_t i = 0; i < kTokens * kIds.size() * kHidden; ++i) s.hidden_states.push_back(0.25f * (i % 17) - 1.5f);
+  if (final_norm) {
+    for (size_t i = 0; i < kTokens * kHidden; ++i) s.final_norm.push_back(0.5f * (i % 5) + 0.125f);
+  }
+  return s;
+}
+
+StreamExpectation Expect(OutputDType dtype, bool final_norm) {
+  StreamExpectation e;
+  e.sample_id = "s-1";
+  e.num_tokens = kTokens;
+  e.token_ids_xxh64 = TokenIdsHash(kTokenIds);
+  e.capture_ids = kIds;
+  e.final_norm = final_norm;
+  e.dtype = dtype;
+  e.hidden_size = kHidden;
+  e.num_layers = 7;
+  e.model_name = "tiny";
+  return e;
+}
+
+// The stream the server would send: two rows per chunk, so tensors span chunks.
+std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm) {
+  EncoderOptions o;
+  o.sample_id = "s-1";
+  o.dtype = dtype;
+  o.max_chunk_bytes = 2 * kHidden * OutputDTypeSize(dtype);
+  o.token_ids_hash = TokenIdsHash(kTokenIds);
+  o.model_name = "tiny";
+  o.num_layers = 7;
+  o.layer_convention = kLayerConvention;
+  // The states as the engine holds them: each tensor's [T, H] rows contiguous.
+  const SampleStates states = MakeStates(final_norm);
+  auto tensors = std::make_shared<std::vector<std::vector<float>>>();
+  for (size_t l = 0; l < kIds.size(); ++l) {
+    tensors->emplace_back();
+    for (int64_t t = 0; t < kTokens; ++t) {
+      const float* row = &states.hidden_states[(t * kIds.size() + l) * kHidden];
+      tensors->back().insert(tensors->back().end(), row, row + kHidden);
+    }
+  }
+  SampleView view;
+  view.capture_ids = kIds;
+  view.tokens = kTokens;
+  view.hidden = kHidden;
+  for (const std::vector<float>& rows : *tensors) view.layers.push_back(rows.data());
+  if (final_norm) view.final_norm = states.final_norm.data();
+  view.owner = tensors;
+  absl::StatusOr<std::unique_ptr<ResponseEncoder>> encoder = ResponseEncoder::Create(
+      view, o, [](size_t bytes) -> absl::StatusOr<std::unique_ptr<HostBuffer>> {
+        struct Heap : HostBuffer {
+          explicit Heap(size_t n) : bytes_(n, '\0') {}
+          void* data() const override { return const_cast<char*>(bytes_.data()); }
+          size_t bytes() const override { return bytes_.size(); }
+          std::string bytes_;
+        };
+        return std::unique_ptr<HostBuffer>(new Heap(bytes));
+      });
+  EXPECT_TRUE(encoder.ok()) << encoder.status();
+  std::vector<v1::ExtractResponse> out;
+  if (!encoder.ok()) return out;
+  grpc::ByteBuffer message;
+  while ((*encoder)->Next(&message)) {
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(message.Dump(&slices).ok());
+    std::string bytes;
+    for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    v1::ExtractResponse r;
+    EXPECT_TRUE(r.ParseFromString(bytes));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+absl::Status Feed(StreamAssembler& a, const std::vector<v1::ExtractResponse>& stream) {
+  for (const v1::ExtractResponse& r : stream) {
+    if (absl::Status s = a.Consume(r); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+TEST(StreamAssemblerTest, EncoderStreamAssemblesToTheFileBytes) {
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+    for (bool final_norm : {false, true}) {
+      SCOPED_TRACE(OutputDTypeName(dtype) + (final_norm ? " with final norm" : ""));
+      const std::vector<v1::ExtractResponse> stream = Stream(dtype, final_norm);
+      // header, 3 chunks per tensor (rows 0-1, 2-3, 4), trailer
+      ASSERT_EQ(stream.size(), 2 + 3 * (kIds.size() + (final_norm ? 1 : 0)));
+      StreamAssembler a(Expect(dtype, final_norm));
+      ASSERT_TRUE(Feed(a, stream).ok());
+      ASSERT_TRUE(a.complete());
+      const EncodedSample got = a.Take();
+      const EncodedSample want = EncodeSampleStates(MakeStates(final_norm), dtype);
+      EXPECT_EQ(got.capture_ids, want.capture_ids);
+      EXPECT_EQ(got.tokens, want.tokens);
+      EXPECT_EQ(got.hidden, want.hidden);
+      EXPECT_EQ(got.has_final_norm, want.has_final_norm);
+      EXPECT_EQ(got.hidden_states, want.hidden_states);  // [T, L, H], not layer-major
+      EXPECT_EQ(got.final_norm, want.final_norm);
+      // and the values decode back to the states (exact in fp32)
+      if (dtype == OutputDType::kFp32) {
+        const std::vector<float> values = DecodeValues(
+            {reinterpret_cast<const uint8_t*>(got.hidden_states.data()), got.hidden_states.size()}, dtype);
+        EXPECT_EQ(values, MakeStates(false).hidden_states);
+      }
+    }
+  }
+}
+
+TEST(StreamAssemblerTest, EndWithoutTrailerIsIncomplete) {
+  std::vector<v1::ExtractResponse> stream = Stream(OutputDType::kBf16, false);
+  stream.pop_back();
+  StreamAssembler a(Expect(OutputDType::kBf16, false));
+  ASSERT_TRUE(Feed(a, stream).ok());
+  EXPECT_FALSE(a.complete());
+  EXPECT_EQ(a.tensors_complete(), 3u);
+  EXPECT_EQ(a.tensors_total(), 3u);
+}
+
+// One way of breaking a valid stream (bf16 with the final norm: tensors 2, 3, 7, -1;
+// messages: 0 header, 1-3 capture id 2, 4-6 id 3, 7-9 id 7, 10-12 final norm, 13 trailer).
+struct Corruption {
+  const char* name;
+  std::function<void(std::vector<v1::ExtractResponse>&, StreamExpectation&)> apply;
+  const char* message;  // a substring of the error
+};
+
+v1::Header& H(std::vector<v1::ExtractResponse>& s) { return *s[0].mutable_header(); }
+v1::Chunk& C(std::vector<v1::ExtractResponse>& s, size_t i) { return *s[i].mutable_chunk(); }
+v1::Trailer& T(std::vector<v1::ExtractResponse>& s) { return *s.back().mutable_trailer(); }
+
+const Corruption kCorruptions[] = {
+    {"second header", [](auto& s, auto&) { s.insert(s.begin() + 1, s[0]); }, "a second header"},
+    {"chunk before header", [](auto& s, auto&) { s.erase(s.begin()); }, "a chunk before the header"},
+    {"trailer before header", [](auto& s, auto&) { s = {s.back()}; }, "a trailer before the header"},
+    {"message after trailer", [](auto& s, auto&) { s.push_back(s[1]); }, "a message after the trailer"},
+    {"duplicate trailer", [](auto& s, auto&) { s.push_back(s.back()); }, "a message after the trailer"},
+    {"summary", [](auto& s, auto&) { s[1].mutable_summary(); }, "a summary, which was not requested"},
+    {"empty message", [](auto& s, auto&) { s[1].Clear(); }, "an empty response message"},
+    {"wrong sample id", [](auto& s, auto&) { H(s).set_sample_id("s-2"); }, "sample_id 's-2'"},
+    {"wrong token count", [](auto& s, auto&) { H(s).set_num_tokens(kTokens + 1); }, "the header has 6 tokens"},
+    {"wrong header token hash", [](auto& s, auto&) { H(s).set_token_ids_xxh64(1); }, "states of other tokens"},
+    {"wrong capture ids", [](auto& s, auto&) { H(s).set_capture_ids(2, 8); }, "capture ids [2,3,8], requested [2,3,7]"},
+    {"final norm not sent", [](auto& s, auto&) { H(s).set_final_norm(false); }, "the header has final_norm false"},
+    {"wrong dtype", [](auto& s, auto&) { H(s).set_dtype(v1::DTYPE_FP16); }, "dtype DTYPE_FP16, requested DTYPE_BF16"},
+    {"wrong hidden size", [](auto& s, auto&) { H(s).set_hidden_size(kHidden + 1); }, "hidden size 5, the model 4"},
+    {"zero hidden size", [](auto& s, auto& e) { e.hidden_size = 0; H(s).set_hidden_size(0); }, "hidden size 0"},
+    {"wrong layer count", [](auto& s, auto&) { H(s).set_num_layers(8); }, "8 layers, the model 7"},
+    {"wrong model", [](auto& s, auto&) { H(s).set_model_name("other"); }, "from model 'other'"},
+    {"tensors out of order", [](auto& s, auto&) { std::swap(s[1], s[4]); }, "a chunk of capture id 3 while capture id 2"},
+    {"gap", [](auto& s, auto&) { s.erase(s.begin() + 2); }, "(a gap)"},
+    {"overlap", [](auto& s, auto&) { s.insert(s.begin() + 2, s[1]); }, "(an overlap)"},
+    {"zero rows", [](auto& s, auto&) { C(s, 1).set_num_rows(0); }, "are outside [0, 5)"},
+    {"rows beyond the end", [](auto& s, auto&) { C(s, 3).set_num_rows(2); }, "are outside [0, 5)"},
+    {"short chunk data", [](auto& s, auto&) { C(s, 1).mutable_data()->pop_back(); }, "holds 15 bytes, expected 16"},
+    {"chunk after every tensor", [](auto& s, auto&) { s.insert(s.end() - 1, s[1]); }, "after every tensor was complete"},
+    {"trailer too early", [](auto& s, auto&) { s.erase(s.end() - 2); }, "the trailer came while the final-norm state had 4 of 5 rows"},
+    {"wrong trailer token hash", [](auto& s, auto&) { T(s).set_token_ids_xxh64(1); }, "the trailer's token-id hash"},
+    {"checksum of a tensor not sent", [](auto& s, auto&) { T(s).mutable_checksums(0)->set_capture_id(5); }, "checksum for capture id 5, which was not sent"},
+    {"two checksums for a tensor", [](auto& s, auto&) { T(s).mutable_checksums(1)->set_capture_id(2); }, "two checksums for capture id 2"},
+    {"missing checksum", [](auto& s, auto&) { T(s).mutable_checksums()->RemoveLast(); }, "no checksum for the final-norm state"},
+    {"corrupted bytes", [](auto& s, auto&) { (*C(s, 5).mutable_data())[0] ^= 1; }, "capture id 3: the received bytes hash to"},
+    {"wrong checksum", [](auto& s, auto&) { T(s).mutable_checksums(2)->set_xxh64(7); }, "capture id 7: the received bytes hash to"},
+};
+
+TEST(StreamAssemblerTest, EveryCorruptionIsRefused) {
+  for (const Corruption& c : kCorruptions) {
+    SCOPED_TRACE(c.name);
+    std::vector<v1::ExtractResponse> stream = Stream(OutputDType::kBf16, true);
+    ASSERT_EQ(stream.size(), 14u);
+    StreamExpectation expect = Expect(OutputDType::kBf16, true);
+    c.apply(stream, expect);
+    StreamAssembler a(expect);
+    const absl::Status s = Feed(a, stream);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
+    // Sticky: nothing is accepted after an error, not even a valid header.
+    EXPECT_EQ(a.Consume(Stream(OutputDType::kBf16, true)[0]).code(), absl::StatusCode::kDataLoss);
+  }
+}
+
+}  // namespace
+}  // namespace hsx
