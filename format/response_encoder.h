@@ -1,4 +1,4 @@
-// response_encoder.h: one sample's SampleStates as the Extract response
+// response_encoder.h: one sample's captured rows as the Extract response
 // stream, produced one message at a time.
 //
 // Order: a Header; then, per tensor (capture ids ascending, then the final
@@ -7,26 +7,35 @@
 // XXH64 of every tensor's [T, H] bytes in the output dtype and the token-id
 // hash. In summary mode: the Header, one Summary (per tensor mean, std, min,
 // max over the dtype-rounded values and the first values of row 0) and the
-// same Trailer. Encoding is lazy: Next() converts only the rows of the message
-// it returns, so the encoder holds the float32 states plus nothing but the
-// checksum state of the tensor in progress.
+// same Trailer.
 //
-// A sample that fails verification never gets a Trailer: Next() returns an
-// INTERNAL error instead when a tensor holds a non-finite value, a value the
-// output dtype cannot represent (fp16 overflow), or only zeros.
+// Encoding happens once, in Create: every tensor is converted to the output
+// dtype, checked and hashed in one pass (EncodeTensor) into one buffer from
+// `allocate` (the server's pool), and the views of the batch's rows are released. Next() then only
+// frames: a Chunk is a few bytes of hand-encoded protobuf framing plus a
+// slice aliasing its rows in that buffer (response_framing.h), so the bytes
+// the socket sends are the bytes encoded, never copied again. The buffer
+// returns to the pool when the encoder and the last slice gRPC holds are gone.
+//
+// A sample that fails verification gets no message at all: Create returns
+// INTERNAL when a tensor holds a non-finite value, a value the output dtype
+// cannot represent (fp16 overflow), or only zeros.
 #ifndef HSX_FORMAT_RESPONSE_ENCODER_H_
 #define HSX_FORMAT_RESPONSE_ENCODER_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include <xxhash.h>
+#include <grpcpp/support/byte_buffer.h>
 
 #include "absl/status/statusor.h"
 #include "format/encoding.h"
-#include "format/sample_states.h"
+#include "format/sample_view.h"
 #include "hsx/v1/hsx.pb.h"
+#include "kernels/backend.h"
 
 namespace hsx {
 
@@ -46,38 +55,45 @@ struct EncoderOptions {
 
 class ResponseEncoder {
  public:
-  // `states` must hold exactly the tensors asked for (SelectCaptures did this).
-  ResponseEncoder(SampleStates states, EncoderOptions options);
-  ~ResponseEncoder();
+  using Allocator = std::function<absl::StatusOr<std::unique_ptr<HostBuffer>>(size_t bytes)>;
+
+  // `view` must hold exactly the tensors asked for (SelectCaptures did this);
+  // it is released before Create returns. `allocate` gives the encoded buffer.
+  static absl::StatusOr<std::unique_ptr<ResponseEncoder>> Create(SampleView view, EncoderOptions options,
+                                                                 const Allocator& allocate);
   ResponseEncoder(const ResponseEncoder&) = delete;
   ResponseEncoder& operator=(const ResponseEncoder&) = delete;
 
-  // Fills `out` with the next message: true, or false once the Trailer has
-  // been produced (out untouched). An error ends the stream (see above).
-  absl::StatusOr<bool> Next(v1::ExtractResponse* out);
+  // Sets `out` to the next message: true, or false once the Trailer has been
+  // produced (out untouched).
+  bool Next(grpc::ByteBuffer* out);
 
-  // Bytes of float32 states held.
-  int64_t state_bytes() const;
+  // Bytes of encoded states held (the whole sample in the output dtype).
+  int64_t held_bytes() const;
 
  private:
   enum class Stage { kHeader, kSummary, kBody, kTrailer, kDone };
 
-  int num_tensors() const;
+  ResponseEncoder(EncoderOptions options, std::vector<int> capture_ids, bool final_norm, int64_t tokens,
+                  int64_t hidden);
+  absl::Status EncodeAll(const SampleView& view, const Allocator& allocate);
+  int num_tensors() const { return static_cast<int>(checksums_.size()); }
   int capture_id(int tensor) const;
-  const float* row(int tensor, int64_t t) const;
-  absl::Status EncodeRows(int tensor, int64_t first, int64_t count, std::string* out);
-  absl::Status FinishTensor(int tensor);
-  absl::Status FillSummary(v1::Summary* summary);
+  int64_t tensor_bytes() const;
+  const char* tensor_data(int tensor) const;
+  void FillSummary(v1::Summary* summary) const;
 
-  SampleStates states_;
-  EncoderOptions options_;
+  const EncoderOptions options_;
+  const std::vector<int> capture_ids_;
+  const bool final_norm_;
+  const int64_t tokens_;
+  const int64_t hidden_;
   int64_t rows_per_chunk_ = 1;
+  std::shared_ptr<HostBuffer> encoded_;  // [tensors][tokens][hidden] in the output dtype
+  std::vector<uint64_t> checksums_;      // per tensor
   Stage stage_ = Stage::kHeader;
   int tensor_ = 0;        // body: the tensor in progress
   int64_t next_row_ = 0;  // body: its next row
-  XXH64_state_t* hash_ = nullptr;  // the tensor in progress
-  bool tensor_nonzero_ = false;
-  std::vector<uint64_t> checksums_;
 };
 
 }  // namespace hsx

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "format/safetensors_writer.h"
+#include "format/tensor_encoding.h"
 
 namespace hsx {
 namespace {
@@ -20,21 +21,6 @@ std::span<const uint8_t> AsBytes(const std::string& s) {
 
 std::span<const uint8_t> AsBytes(const std::vector<int64_t>& v) {
   return {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(int64_t)};
-}
-
-// Bits of one value: exponent all ones = non-finite; magnitude bits zero = +-0.
-struct ValueBits {
-  uint32_t exponent_mask;
-  uint32_t magnitude_mask;
-};
-
-ValueBits BitsOf(OutputDType dtype) {
-  switch (dtype) {
-    case OutputDType::kBf16: return {0x7f80u, 0x7fffu};
-    case OutputDType::kFp16: return {0x7c00u, 0x7fffu};
-    case OutputDType::kFp32: return {0x7f800000u, 0x7fffffffu};
-  }
-  return {0, 0};
 }
 
 }  // namespace
@@ -65,29 +51,17 @@ absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtyp
     return absl::DataLossError(absl::StrCat(bytes.size(), " bytes for [", tokens, ", ", layers, ", ",
                                             hidden, "] values of ", OutputDTypeName(dtype)));
   }
-  const ValueBits bits = BitsOf(dtype);
   std::vector<char> nonzero(static_cast<size_t>(layers), 0);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t l = 0; l < layers; ++l) {
       const uint8_t* row = bytes.data() + ((t * layers + l) * hidden) * size;
-      uint32_t any = 0;
-      for (int64_t i = 0; i < hidden; ++i) {
-        uint32_t v;
-        if (size == 2) {
-          uint16_t h;
-          std::memcpy(&h, row + 2 * i, 2);
-          v = h;
-        } else {
-          std::memcpy(&v, row + 4 * i, 4);
-        }
-        if ((v & bits.exponent_mask) == bits.exponent_mask) {
-          const float value = DecodeValues(std::span<const uint8_t>(row + size * i, size), dtype)[0];
-          return absl::DataLossError(absl::StrCat("non-finite value (", value, ") in ",
-                                                  names[l], " row ", t, " column ", i));
-        }
-        any |= v & bits.magnitude_mask;
+      bool any = false;
+      if (const int64_t i = CheckEncoded(row, hidden, dtype, &any); i >= 0) {
+        const float value = DecodeValues(std::span<const uint8_t>(row + size * i, size), dtype)[0];
+        return absl::DataLossError(absl::StrCat("non-finite value (", value, ") in ", names[l], " row ", t,
+                                                " column ", i));
       }
-      nonzero[l] |= any != 0;
+      nonzero[l] |= any;
     }
   }
   for (int64_t l = 0; l < layers; ++l) {

@@ -1,6 +1,8 @@
 // stream_assembler.cc: the checks and the reassembly of one response stream.
 #include "format/stream_assembler.h"
 
+#include <google/protobuf/io/coded_stream.h>
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -102,45 +104,65 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
 }
 
 absl::Status StreamAssembler::OnChunk(const v1::Chunk& c) {
+  return OnChunkData(c.capture_id(), c.first_row(), c.num_rows(), {{c.data().data(), c.data().size()}});
+}
+
+absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row, int64_t num_rows,
+                                          const Pieces& data) {
+  if (trailer_) return absl::DataLossError("a message after the trailer");
   if (!header_) return absl::DataLossError("a chunk before the header");
   if (current_ >= tensors_.size()) {
-    return absl::DataLossError(absl::StrCat("a chunk of ", TensorName(c.capture_id()),
+    return absl::DataLossError(absl::StrCat("a chunk of ", TensorName(capture_id),
                                             " after every tensor was complete"));
   }
   const int want = tensors_[current_];
   const int64_t tokens = sample_.tokens;
-  if (c.capture_id() != want) {
+  if (capture_id != want) {
     return absl::DataLossError(absl::StrCat(
-        "a chunk of ", TensorName(c.capture_id()), " while ", TensorName(want), " has ", rows_, " of ", tokens,
+        "a chunk of ", TensorName(capture_id), " while ", TensorName(want), " has ", rows_, " of ", tokens,
         " rows (expected layer after layer: capture ids ascending, then the final norm)"));
   }
-  if (c.first_row() != rows_) {
-    return absl::DataLossError(absl::StrCat("chunk rows [", c.first_row(), ", ", c.first_row() + c.num_rows(),
+  if (first_row != rows_) {
+    return absl::DataLossError(absl::StrCat("chunk rows [", first_row, ", ", first_row + num_rows,
                                             ") of ", TensorName(want), ": expected first row ", rows_,
-                                            c.first_row() > rows_ ? " (a gap)" : " (an overlap)"));
+                                            first_row > rows_ ? " (a gap)" : " (an overlap)"));
   }
-  if (c.num_rows() < 1 || c.num_rows() > tokens - rows_) {
-    return absl::DataLossError(absl::StrCat("chunk rows [", c.first_row(), ", ", c.first_row() + c.num_rows(),
+  if (num_rows < 1 || num_rows > tokens - rows_) {
+    return absl::DataLossError(absl::StrCat("chunk rows [", first_row, ", ", first_row + num_rows,
                                             ") of ", TensorName(want), " are outside [0, ", tokens, ")"));
   }
-  const std::string& data = c.data();
-  if (static_cast<int64_t>(data.size()) != c.num_rows() * row_bytes_) {
-    return absl::DataLossError(absl::StrCat("a chunk of ", c.num_rows(), " rows of ", TensorName(want), " holds ",
-                                            data.size(), " bytes, expected ", c.num_rows() * row_bytes_,
+  size_t size = 0;
+  for (const auto& piece : data) size += piece.second;
+  if (static_cast<int64_t>(size) != num_rows * row_bytes_) {
+    return absl::DataLossError(absl::StrCat("a chunk of ", num_rows, " rows of ", TensorName(want), " holds ",
+                                            size, " bytes, expected ", num_rows * row_bytes_,
                                             " (whole rows of ", sample_.hidden, " values)"));
   }
-  if (want < 0) {
-    std::memcpy(sample_.final_norm.data() + rows_ * row_bytes_, data.data(), data.size());
-  } else {
-    const int64_t layers = static_cast<int64_t>(sample_.capture_ids.size());
-    const int64_t layer = static_cast<int64_t>(current_);
-    for (int64_t r = 0; r < c.num_rows(); ++r) {
-      std::memcpy(sample_.hidden_states.data() + ((rows_ + r) * layers + layer) * row_bytes_,
-                  data.data() + r * row_bytes_, static_cast<size_t>(row_bytes_));
+  // Where byte `offset` of this chunk goes: rows of one tensor are contiguous
+  // in the final norm, interleaved with the other layers in hidden_states.
+  const int64_t layers = static_cast<int64_t>(sample_.capture_ids.size());
+  const int64_t layer = static_cast<int64_t>(current_);
+  auto destination = [&](int64_t offset) -> char* {
+    const int64_t row = rows_ + offset / row_bytes_;
+    char* base = want < 0 ? reinterpret_cast<char*>(sample_.final_norm.data()) + row * row_bytes_
+                          : reinterpret_cast<char*>(sample_.hidden_states.data()) + (row * layers + layer) * row_bytes_;
+    return base + offset % row_bytes_;
+  };
+  const bool contiguous = want < 0 || layers == 1;
+  int64_t offset = 0;
+  for (const auto& [bytes, length] : data) {
+    // Copy the piece (row by row where rows interleave), then hash it while it is in cache.
+    for (size_t done = 0; done < length;) {
+      const int64_t at = offset + static_cast<int64_t>(done);
+      const size_t n = contiguous ? length - done
+                                  : std::min<size_t>(length - done, static_cast<size_t>(row_bytes_ - at % row_bytes_));
+      std::memcpy(destination(at), bytes + done, n);
+      done += n;
     }
+    XXH64_update(hash_, bytes, length);
+    offset += static_cast<int64_t>(length);
   }
-  XXH64_update(hash_, data.data(), data.size());
-  rows_ += c.num_rows();
+  rows_ += num_rows;
   if (rows_ == tokens) {
     digests_.push_back(XXH64_digest(hash_));
     XXH64_reset(hash_, 0);
@@ -148,6 +170,98 @@ absl::Status StreamAssembler::OnChunk(const v1::Chunk& c) {
     rows_ = 0;
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// Reads protobuf wire data across received slices without copying them.
+class SliceReader {
+ public:
+  explicit SliceReader(const std::vector<grpc::Slice>& slices) : slices_(slices) { Skip(); }
+  bool done() const { return index_ == slices_.size(); }
+  bool Byte(uint8_t* out) {
+    if (done()) return false;
+    *out = slices_[index_].begin()[at_++];
+    Skip();
+    return true;
+  }
+  bool Varint(uint64_t* out) {
+    *out = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t b;
+      if (!Byte(&b)) return false;
+      *out |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  // The next `length` bytes as pieces of the slices.
+  bool Take(uint64_t length, std::vector<std::pair<const char*, size_t>>* pieces) {
+    while (length > 0) {
+      if (done()) return false;
+      const grpc::Slice& slice = slices_[index_];
+      const size_t n = std::min<uint64_t>(length, slice.size() - at_);
+      pieces->emplace_back(reinterpret_cast<const char*>(slice.begin()) + at_, n);
+      at_ += n;
+      length -= n;
+      Skip();
+    }
+    return true;
+  }
+
+ private:
+  void Skip() {
+    while (index_ < slices_.size() && at_ == slices_[index_].size()) {
+      ++index_;
+      at_ = 0;
+    }
+  }
+  const std::vector<grpc::Slice>& slices_;
+  size_t index_ = 0;
+  size_t at_ = 0;
+};
+
+}  // namespace
+
+absl::Status StreamAssembler::Consume(const grpc::ByteBuffer& message) {
+  if (!error_.ok()) return error_;
+  std::vector<grpc::Slice> slices;
+  if (!message.Dump(&slices).ok()) return error_ = absl::DataLossError("an unreadable response message");
+  // The fast path: exactly ExtractResponse{chunk: {fields 1-4}}.
+  SliceReader reader(slices);
+  uint8_t tag = 0;
+  uint64_t length = 0;
+  if (reader.Byte(&tag) && tag == ((2 << 3) | 2) && reader.Varint(&length) && length == message.Length() -
+      (1 + google::protobuf::io::CodedOutputStream::VarintSize64(length))) {
+    uint64_t fields[4] = {0, 0, 0, 0};
+    Pieces data;
+    bool known = true;
+    while (known && !reader.done()) {
+      uint64_t key;
+      if (!reader.Varint(&key)) return error_ = absl::DataLossError("a truncated chunk message");
+      const uint64_t field = key >> 3, wire = key & 7;
+      if (field >= 1 && field <= 3 && wire == 0) {
+        if (!reader.Varint(&fields[field])) return error_ = absl::DataLossError("a truncated chunk message");
+      } else if (field == 4 && wire == 2 && data.empty()) {
+        uint64_t size;
+        if (!reader.Varint(&size) || !reader.Take(size, &data)) {
+          return error_ = absl::DataLossError("a truncated chunk message");
+        }
+      } else {
+        known = false;  // something else: let the generated parser decide
+      }
+    }
+    if (known) {
+      error_ = OnChunkData(static_cast<int32_t>(fields[1]), static_cast<int64_t>(fields[2]),
+                           static_cast<int64_t>(fields[3]), data);
+      return error_;
+    }
+  }
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  v1::ExtractResponse response;
+  if (!response.ParseFromString(bytes)) return error_ = absl::DataLossError("a response message that does not parse");
+  return Consume(response);
 }
 
 absl::Status StreamAssembler::OnTrailer(const v1::Trailer& t) {

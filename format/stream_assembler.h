@@ -14,6 +14,10 @@
 #ifndef HSX_FORMAT_STREAM_ASSEMBLER_H_
 #define HSX_FORMAT_STREAM_ASSEMBLER_H_
 
+#include <utility>
+
+#include <grpcpp/support/byte_buffer.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -51,6 +55,12 @@ class StreamAssembler {
 
   // Takes the next message of the stream.
   absl::Status Consume(const v1::ExtractResponse& response);
+  // The same, from the message's bytes as gRPC received them: a Chunk's
+  // framing is read by hand and its data copied from the received slices
+  // straight into the sample, hashed in the same pass (no protobuf string in
+  // between); other messages (and a Chunk with fields this code does not
+  // know) go through the generated parser.
+  absl::Status Consume(const grpc::ByteBuffer& message);
   // True once a valid trailer arrived: the sample is whole and verified.
   bool complete() const { return trailer_; }
   // The assembled sample; call once, after complete().
@@ -63,6 +73,9 @@ class StreamAssembler {
   absl::Status Dispatch(const v1::ExtractResponse& response);
   absl::Status OnHeader(const v1::Header& h);
   absl::Status OnChunk(const v1::Chunk& c);
+  // Pieces of a chunk's data, in order (received slices, or one string).
+  using Pieces = std::vector<std::pair<const char*, size_t>>;
+  absl::Status OnChunkData(int32_t capture_id, int64_t first_row, int64_t num_rows, const Pieces& data);
   absl::Status OnTrailer(const v1::Trailer& t);
 
   const StreamExpectation expect_;

@@ -5,6 +5,7 @@
 #include "format/stream_assembler.h"
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,13 +60,44 @@ std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm) {
   o.model_name = "tiny";
   o.num_layers = 7;
   o.layer_convention = kLayerConvention;
-  ResponseEncoder encoder(MakeStates(final_norm), o);
+  // The states as the engine holds them: each tensor's [T, H] rows contiguous.
+  const SampleStates states = MakeStates(final_norm);
+  auto tensors = std::make_shared<std::vector<std::vector<float>>>();
+  for (size_t l = 0; l < kIds.size(); ++l) {
+    tensors->emplace_back();
+    for (int64_t t = 0; t < kTokens; ++t) {
+      const float* row = &states.hidden_states[(t * kIds.size() + l) * kHidden];
+      tensors->back().insert(tensors->back().end(), row, row + kHidden);
+    }
+  }
+  SampleView view;
+  view.capture_ids = kIds;
+  view.tokens = kTokens;
+  view.hidden = kHidden;
+  for (const std::vector<float>& rows : *tensors) view.layers.push_back(rows.data());
+  if (final_norm) view.final_norm = states.final_norm.data();
+  view.owner = tensors;
+  absl::StatusOr<std::unique_ptr<ResponseEncoder>> encoder = ResponseEncoder::Create(
+      view, o, [](size_t bytes) -> absl::StatusOr<std::unique_ptr<HostBuffer>> {
+        struct Heap : HostBuffer {
+          explicit Heap(size_t n) : bytes_(n, '\0') {}
+          void* data() const override { return const_cast<char*>(bytes_.data()); }
+          size_t bytes() const override { return bytes_.size(); }
+          std::string bytes_;
+        };
+        return std::unique_ptr<HostBuffer>(new Heap(bytes));
+      });
+  EXPECT_TRUE(encoder.ok()) << encoder.status();
   std::vector<v1::ExtractResponse> out;
-  for (;;) {
+  if (!encoder.ok()) return out;
+  grpc::ByteBuffer message;
+  while ((*encoder)->Next(&message)) {
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(message.Dump(&slices).ok());
+    std::string bytes;
+    for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
     v1::ExtractResponse r;
-    absl::StatusOr<bool> more = encoder.Next(&r);
-    EXPECT_TRUE(more.ok()) << more.status();
-    if (!more.ok() || !*more) break;
+    EXPECT_TRUE(r.ParseFromString(bytes));
     out.push_back(std::move(r));
   }
   return out;

@@ -118,6 +118,7 @@ class RemoteExtractor::Impl {
     std::string address;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::HiddenStates::Stub> stub;
+    std::unique_ptr<grpc::internal::RpcMethod> extract;  // Extract, read as raw byte buffers
   };
 
   explicit Impl(const RemoteOptions& options) : options_(options), rng_(std::random_device()()) {
@@ -190,10 +191,13 @@ class RemoteExtractor::Impl {
 };
 
 // One attempt of one sample: an Extract call and the reassembly of its stream.
+// The responses are read as raw byte buffers (the generated method's path,
+// with ByteBuffer as the response type): the assembler copies a chunk's rows
+// from the received slices straight into the sample (stream_assembler.h).
 // Owned by shared pointers: its own (self_, from Start to the end of OnDone)
 // and, briefly, CancelAll's; so gRPC's last reaction and a concurrent cancel
 // never see it freed.
-class Attempt : public grpc::ClientReadReactor<v1::ExtractResponse> {
+class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
  public:
   Attempt(RemoteExtractor::Impl* impl, std::shared_ptr<SampleCall> call, size_t server)
       : impl_(impl), call_(std::move(call)), server_(server), assembler_(Expectation(*impl_, *call_)) {}
@@ -205,7 +209,9 @@ class Attempt : public grpc::ClientReadReactor<v1::ExtractResponse> {
                               std::chrono::duration<double>(impl_->options().deadline_seconds));
     context_.set_deadline(deadline);
     impl_->AddAuth(&context_);
-    impl_->server(server_).stub->async()->Extract(&context_, &call_->request, this);
+    const auto& server = impl_->server(server_);
+    grpc::internal::ClientCallbackReaderFactory<grpc::ByteBuffer>::Create(server.channel.get(), *server.extract,
+                                                                          &context_, &call_->request, this);
     StartRead(&response_);
     StartCall();  // may finish (and release self_) before returning: nothing after it
   }
@@ -231,6 +237,7 @@ class Attempt : public grpc::ClientReadReactor<v1::ExtractResponse> {
     if (!ok) return;  // the stream ended: OnDone follows
     if (error_.ok()) {
       error_ = assembler_.Consume(response_);
+      response_.Clear();  // the received slices go back to gRPC
       if (!error_.ok()) context_.TryCancel();
     }
     StartRead(&response_);  // after a cancel this completes with ok = false
@@ -268,7 +275,7 @@ class Attempt : public grpc::ClientReadReactor<v1::ExtractResponse> {
   std::shared_ptr<SampleCall> call_;
   size_t server_;
   grpc::ClientContext context_;
-  v1::ExtractResponse response_;
+  grpc::ByteBuffer response_;
   absl::Status error_;
   StreamAssembler assembler_;
 };
@@ -306,6 +313,8 @@ absl::Status RemoteExtractor::Impl::Connect() {
     server.address = address;
     server.channel = grpc::CreateCustomChannel(address, credentials, args);
     server.stub = v1::HiddenStates::NewStub(server.channel);
+    server.extract = std::make_unique<grpc::internal::RpcMethod>(
+        "/hsx.v1.HiddenStates/Extract", grpc::internal::RpcMethod::SERVER_STREAMING, server.channel);
     servers_.push_back(std::move(server));
   }
   joined_ = std::vector<std::atomic<bool>>(servers_.size());

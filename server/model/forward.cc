@@ -15,6 +15,9 @@
 namespace hsx {
 namespace {
 
+// Idle capture buffers the model keeps beyond the one always kept.
+constexpr size_t kIdleCaptureBytes = size_t{1} << 30;
+
 // HF's yarn_get_mscale.
 double YarnMscale(double scale, double mscale) {
   return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
@@ -128,7 +131,9 @@ Model::Model(const ModelConfig& config, const ModelWeights& weights, Backend& ba
       weights_(weights),
       backend_(backend),
       communicator_(communicator),
-      softmax_scale_(SoftmaxScale(config)) {}
+      softmax_scale_(SoftmaxScale(config)),
+      host_pool_(std::make_unique<HostBufferPool>([&backend](size_t bytes) { return backend.AllocateHost(bytes); },
+                                                  kIdleCaptureBytes)) {}
 
 absl::StatusOr<Matrix> Model::Scratch(int64_t rows, int64_t cols) {
   return Scratch(rows, cols, backend_.activation_type());
@@ -287,7 +292,7 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   result.type = backend_.activation_type();
   const size_t layer_bytes = static_cast<size_t>(tokens * hidden) * ElementSize(result.type);
   if (captures_here) {
-    HSX_ASSIGN_OR_RETURN(result.layers, backend_.AllocateHost(capture.ids.size() * layer_bytes));
+    HSX_ASSIGN_OR_RETURN(result.layers, host_pool_->Get(capture.ids.size() * layer_bytes));
   }
   const int64_t last_layer = capture.final_norm ? c.num_hidden_layers : (capture.ids.empty() ? 0 : capture.ids.back());
 
@@ -308,7 +313,7 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   std::unique_ptr<Buffer> normed;
   if (capture.final_norm && captures_here) {
     HSX_ASSIGN_OR_RETURN(normed, backend_.Allocate(tokens, hidden, result.type));
-    HSX_ASSIGN_OR_RETURN(result.final_norm, backend_.AllocateHost(layer_bytes));
+    HSX_ASSIGN_OR_RETURN(result.final_norm, host_pool_->Get(layer_bytes));
     backend_.RmsNorm(h, weights_.final_norm, static_cast<float>(c.rms_norm_eps), normed->matrix());
     backend_.CopyToHost(normed->matrix(), result.final_norm->data());
   }

@@ -21,6 +21,7 @@
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "server/model/config.h"
+#include "server/model/host_buffer_pool.h"
 #include "server/model/model_weights.h"
 
 namespace hsx {
@@ -41,7 +42,7 @@ struct Batch {
 };
 
 // Captured states of one batch in host memory the backend allocated (pinned
-// on CUDA), in the activation element type (bf16 in BF16 mode: exactly the
+// on CUDA, from the model's pool), in the activation element type (bf16 in BF16 mode: exactly the
 // values the model computed, half the bytes of float32). Must be released
 // before the engine that produced it.
 struct Captures {
@@ -113,6 +114,9 @@ class Model {
   std::unique_ptr<RopeTable> rope_;
   float softmax_scale_;
   std::vector<std::unique_ptr<Buffer>> scratch_;  // released after each layer, in stream order
+  // Capture buffers (pinned on CUDA), reused from batch to batch: a fresh
+  // buffer per batch costs a page fault per 4 KiB. Captures hold leases.
+  std::unique_ptr<HostBufferPool> host_pool_;
 };
 
 }  // namespace hsx

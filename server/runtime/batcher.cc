@@ -146,7 +146,7 @@ void Batcher::Loop() {
         }
       }
     }
-    for (WorkItem& item : dropped) item.done(absl::CancelledError("the request was cancelled before it ran"));
+    for (WorkItem& item : dropped) Fail(item, absl::CancelledError("the request was cancelled before it ran"));
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (queue_.empty()) continue;
@@ -185,12 +185,27 @@ void Batcher::RunBatch(std::vector<WorkItem> items) {
     tokens_run_ += static_cast<int64_t>(batch.tokens.size());
   }
   if (!captures.ok()) {
-    for (WorkItem& item : items) item.done(captures.status());
+    for (WorkItem& item : items) Fail(item, captures.status());
     return;
   }
-  std::vector<SampleStates> states = SplitBySample(*captures, batch.cu_seqlens);
+  std::vector<SampleView> views =
+      ViewBySample(std::make_shared<const Captures>(*std::move(captures)), batch.cu_seqlens);
   for (size_t i = 0; i < items.size(); ++i) {
-    items[i].done(SelectCaptures(std::move(states[i]), items[i].capture));
+    SampleView view = SelectCaptures(std::move(views[i]), items[i].capture);
+    views[i] = SampleView();  // the batch's buffers go back when the consumers let go
+    if (items[i].deliver) {
+      items[i].deliver(std::move(view));
+    } else {
+      items[i].done(view.ToStates());
+    }
+  }
+}
+
+void Batcher::Fail(WorkItem& item, const absl::Status& status) {
+  if (item.deliver) {
+    item.deliver(status);
+  } else {
+    item.done(status);
   }
 }
 

@@ -7,7 +7,10 @@
 // estimate within max_batch_bytes (when set). Nothing waits for a batch to
 // fill: the engine being busy is what lets the queue grow. The batch captures
 // the union of what its samples asked for; each sample's consumer receives
-// exactly its own rows (split by cu_seqlens) and its own capture ids.
+// exactly its own rows (by cu_seqlens) and its own capture ids: as views of
+// the batch's pooled host buffers (`deliver`, no copy: the buffers go back to
+// the engine's pool when the last view is released) or as a float32 copy
+// (`done`, for tests and tools).
 #ifndef HSX_SERVER_RUNTIME_BATCHER_H_
 #define HSX_SERVER_RUNTIME_BATCHER_H_
 
@@ -21,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/model/sample_states.h"
+#include "server/model/capture_views.h"
 #include "server/runtime/engine.h"
 
 namespace hsx {
@@ -29,12 +33,16 @@ namespace hsx {
 struct WorkItem {
   std::vector<int32_t> tokens;
   CaptureSpec capture;
-  // Called exactly once, on the batcher's thread, with the sample's states or
-  // the error that stopped its batch (Cancelled when `abandoned` said so).
+  // Exactly one of these is called exactly once, on the batcher's thread,
+  // with the sample's rows or the error that stopped its batch (Cancelled
+  // when `abandoned` said so): `deliver` when set, else `done`. A consumer
+  // that keeps a view keeps the whole batch's capture buffers: release it
+  // (e.g. after encoding) before returning when you can.
   std::function<void(absl::StatusOr<SampleStates>)> done;
   // Optional: asked before the sample is packed into a batch; true means its
   // consumer has gone (a cancelled RPC), so it is dropped, not computed.
   std::function<bool()> abandoned;
+  std::function<void(absl::StatusOr<SampleView>)> deliver;  // see `done`
 };
 
 struct BatcherOptions {
@@ -79,6 +87,7 @@ class Batcher {
  private:
   void Loop();
   void RunBatch(std::vector<WorkItem> items);
+  static void Fail(WorkItem& item, const absl::Status& status);
 
   Engine& engine_;
   BatcherOptions options_;

@@ -18,46 +18,61 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 std::shared_ptr<ExtractReactor> ExtractReactor::Create(EncoderOptions encoder_options, CaptureSpec capture,
-                                                       int64_t tokens, Metrics* metrics,
+                                                       int64_t tokens, HostBufferPool* pool, Metrics* metrics,
                                                        std::function<void(const StreamResult&)> on_done) {
-  std::shared_ptr<ExtractReactor> reactor(
-      new ExtractReactor(std::move(encoder_options), std::move(capture), tokens, metrics, std::move(on_done)));
+  std::shared_ptr<ExtractReactor> reactor(new ExtractReactor(std::move(encoder_options), std::move(capture), tokens,
+                                                             pool, metrics, std::move(on_done)));
   reactor->self_ = reactor;
   return reactor;
 }
 
 ExtractReactor::ExtractReactor(EncoderOptions encoder_options, CaptureSpec capture, int64_t tokens,
-                               Metrics* metrics, std::function<void(const StreamResult&)> on_done)
+                               HostBufferPool* pool, Metrics* metrics,
+                               std::function<void(const StreamResult&)> on_done)
     : encoder_options_(std::move(encoder_options)),
       capture_(std::move(capture)),
       tokens_(tokens),
+      pool_(pool),
       metrics_(metrics),
       on_done_(std::move(on_done)),
       start_(absl::Now()) {}
 
-absl::Status ExtractReactor::CheckStates(const SampleStates& s) const {
+absl::Status ExtractReactor::CheckView(const SampleView& s) const {
   const size_t layers = s.capture_ids.size();
-  const bool shapes_ok = s.tokens == tokens_ && s.capture_ids == capture_.ids &&
-                         s.hidden_states.size() == static_cast<size_t>(s.tokens) * layers * s.hidden &&
-                         s.final_norm.size() == (capture_.final_norm ? static_cast<size_t>(s.tokens * s.hidden) : 0);
+  const bool shapes_ok = s.tokens == tokens_ && s.capture_ids == capture_.ids && s.layers.size() == layers &&
+                         (s.final_norm != nullptr) == capture_.final_norm &&
+                         (s.type == ElementType::kF32 || s.type == ElementType::kBf16);
   if (shapes_ok) return absl::OkStatus();
   return absl::InternalError(absl::StrCat("the batcher returned states of ", s.tokens, " tokens and ", layers,
                                           " layers for a request of ", tokens_, " tokens and ",
                                           capture_.ids.size(), " layers"));
 }
 
-void ExtractReactor::Deliver(absl::StatusOr<SampleStates> states) {
+void ExtractReactor::Deliver(absl::StatusOr<SampleView> view) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finish_called_ || cancelled_) return;  // the client went away; the rows are dropped
+  }
+  absl::Status status = view.status();
+  if (status.ok()) status = CheckView(*view);
+  // Encoding (the sample's one pass over its rows) runs outside the lock: a
+  // cancellation meanwhile is seen below.
+  absl::StatusOr<std::unique_ptr<ResponseEncoder>> encoder =
+      status.ok() ? ResponseEncoder::Create(*std::move(view), encoder_options_,
+                                                      [this](size_t bytes) { return pool_->Get(bytes); })
+                  : absl::StatusOr<std::unique_ptr<ResponseEncoder>>(status);
+  view = absl::CancelledError("released");  // the batch's buffers may go back to their pool
   Action action;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (finish_called_ || cancelled_) return;  // the client went away; the states are dropped
-    absl::Status status = states.status();
-    if (status.ok()) status = CheckStates(*states);
-    if (!status.ok()) {
-      action = FinishLocked(ToGrpcStatus(status));
+    if (finish_called_) return;
+    if (!encoder.ok()) {
+      action = FinishLocked(ToGrpcStatus(encoder.status()));
+    } else if (cancelled_) {
+      action = FinishLocked({grpc::StatusCode::CANCELLED, "cancelled by the client (or its deadline passed)"});
     } else {
-      encoder_ = std::make_unique<ResponseEncoder>(*std::move(states), encoder_options_);
-      held_state_bytes_ = encoder_->state_bytes();
+      encoder_ = *std::move(encoder);
+      held_state_bytes_ = encoder_->held_bytes();
       metrics_->AddHeldStates(static_cast<double>(held_state_bytes_));
       action = NextWriteLocked();
     }
@@ -163,12 +178,10 @@ void ExtractReactor::OnDone() {
 }
 
 ExtractReactor::Action ExtractReactor::NextWriteLocked() {
-  absl::StatusOr<bool> more = encoder_->Next(&message_);
-  if (!more.ok()) return FinishLocked(ToGrpcStatus(more.status()));
-  if (!*more) return FinishLocked(grpc::Status::OK);
+  if (!encoder_->Next(&message_)) return FinishLocked(grpc::Status::OK);
   write_in_flight_ = true;
   write_started_ = absl::Now();
-  message_bytes_ = static_cast<int64_t>(message_.ByteSizeLong());
+  message_bytes_ = static_cast<int64_t>(message_.Length());
   metrics_->AddBuffered(static_cast<double>(message_bytes_));
   return {Action::kWrite, grpc::Status::OK};
 }

@@ -2,13 +2,17 @@
 // last message.
 //
 // Life cycle. The service creates the reactor and queues the sample; the
-// batcher later calls Deliver() on its own thread. Deliver() only stores the
-// states and starts the first write (the Header): it never blocks and never
-// encodes rows. Each following message is encoded in OnWriteDone, when the
-// previous one has been taken by gRPC, so at most one message is in flight
-// and one encoded chunk exists per stream: a client that stops reading stalls
-// HTTP/2 flow control, OnWriteDone stops coming, and the stream stops
-// encoding. The float32 states are held until the stream ends.
+// batcher later calls Deliver() on its own thread with views of the batch's
+// captured rows. Deliver() encodes the whole sample at once into the output
+// dtype (checks and checksums in the same pass, see ResponseEncoder), lets go
+// of the views (so the batch's capture buffers go back to their pool as soon
+// as every sample of the batch is delivered) and starts the first write (the
+// Header); it never blocks. Each following message is built in OnWriteDone,
+// when the previous one has been taken by gRPC: a chunk is a few bytes of
+// framing plus a slice aliasing the encoded rows (no copy), so at most one
+// message is in flight per stream. A client that stops reading stalls HTTP/2
+// flow control, OnWriteDone stops coming, and the stream holds its sample
+// encoded (half the float32 size for bf16 and fp16) until it ends.
 //
 // Guarantees:
 //  - Finish is called exactly once: after the Trailer with OK, or earlier
@@ -27,14 +31,16 @@
 #include <memory>
 #include <mutex>
 
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "format/capture_spec.h"
 #include "format/response_encoder.h"
-#include "format/sample_states.h"
+#include "format/sample_view.h"
 #include "hsx/v1/hsx.pb.h"
+#include "server/model/host_buffer_pool.h"
 #include "server/service/metrics.h"
 
 namespace hsx {
@@ -47,16 +53,17 @@ struct StreamResult {
   absl::Duration elapsed;
 };
 
-class ExtractReactor : public grpc::ServerWriteReactor<v1::ExtractResponse>,
+class ExtractReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                        public std::enable_shared_from_this<ExtractReactor> {
  public:
   // The reactor keeps itself alive until OnDone; hand reactor.get() to gRPC.
+  // `pool` gives the buffer of the encoded sample; it must outlive the reactor.
   static std::shared_ptr<ExtractReactor> Create(EncoderOptions encoder_options, CaptureSpec capture,
-                                                int64_t tokens, Metrics* metrics,
+                                                int64_t tokens, HostBufferPool* pool, Metrics* metrics,
                                                 std::function<void(const StreamResult&)> on_done);
 
-  // The sample's states, or the error that stopped its batch. Any thread.
-  void Deliver(absl::StatusOr<SampleStates> states);
+  // The sample's rows, or the error that stopped its batch. Any thread.
+  void Deliver(absl::StatusOr<SampleView> view);
   // Ends the stream with `status` before anything was delivered.
   void Fail(grpc::Status status);
   // True once the client cancelled or the stream finished: the batcher then
@@ -81,9 +88,9 @@ class ExtractReactor : public grpc::ServerWriteReactor<v1::ExtractResponse>,
     grpc::Status status;
   };
 
-  ExtractReactor(EncoderOptions encoder_options, CaptureSpec capture, int64_t tokens, Metrics* metrics,
-                 std::function<void(const StreamResult&)> on_done);
-  absl::Status CheckStates(const SampleStates& states) const;
+  ExtractReactor(EncoderOptions encoder_options, CaptureSpec capture, int64_t tokens, HostBufferPool* pool,
+                 Metrics* metrics, std::function<void(const StreamResult&)> on_done);
+  absl::Status CheckView(const SampleView& view) const;
   Action NextWriteLocked();
   Action FinishLocked(grpc::Status status);
   grpc::Status StalledStatus() const;
@@ -92,6 +99,7 @@ class ExtractReactor : public grpc::ServerWriteReactor<v1::ExtractResponse>,
   const EncoderOptions encoder_options_;
   const CaptureSpec capture_;
   const int64_t tokens_;
+  HostBufferPool* const pool_;
   Metrics* const metrics_;
   const std::function<void(const StreamResult&)> on_done_;
   const absl::Time start_;
@@ -100,7 +108,7 @@ class ExtractReactor : public grpc::ServerWriteReactor<v1::ExtractResponse>,
   std::shared_ptr<ExtractReactor> self_;      // released in OnDone
   std::unique_ptr<ResponseEncoder> encoder_;  // set by Deliver, released at Finish
   int64_t held_state_bytes_ = 0;
-  v1::ExtractResponse message_;               // the message in flight
+  grpc::ByteBuffer message_;                  // the message in flight
   int64_t message_bytes_ = 0;
   int64_t messages_sent_ = 0;
   bool write_in_flight_ = false;

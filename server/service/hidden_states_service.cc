@@ -4,6 +4,8 @@
 #include <span>
 #include <vector>
 
+#include <grpcpp/support/proto_buffer_reader.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -16,11 +18,22 @@ namespace hsx {
 namespace {
 
 // An Extract that fails before anything is queued.
-class RejectedExtract : public grpc::ServerWriteReactor<v1::ExtractResponse> {
+class RejectedExtract : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit RejectedExtract(grpc::Status status) { Finish(std::move(status)); }
   void OnDone() override { delete this; }
 };
+
+// Idle encoded-sample buffers kept for reuse (beyond the one always kept):
+// part of the server's memory bound (docs/api.md).
+constexpr size_t kIdleEncodedBytes = size_t{256} << 20;
+
+// The raw request as an ExtractRequest; false when its bytes are not one.
+bool ParseRequest(const grpc::ByteBuffer& raw, v1::ExtractRequest* request) {
+  grpc::ByteBuffer copy(raw);  // ProtoBufferReader wants a mutable buffer; this shares the slices
+  grpc::ProtoBufferReader reader(&copy);
+  return request->ParseFromZeroCopyStream(&reader);
+}
 
 RequestLimits LimitsOf(const ServiceOptions& options, const v1::ModelInfo& info) {
   RequestLimits limits;
@@ -48,6 +61,7 @@ void LogFailure(const char* method, const std::string& sample_id, const std::str
 HiddenStatesService::HiddenStatesService(const ServiceOptions& options, v1::ModelInfo info, Metrics* metrics,
                                          const TokenAuth* auth)
     : options_(options), info_(std::move(info)), limits_(LimitsOf(options_, info_)), metrics_(metrics), auth_(auth),
+      encoded_pool_(HostBufferPool::HeapAllocator(), kIdleEncodedBytes),
       watchdog_(options_.stream_stall_timeout) {}
 
 void HiddenStatesService::SetBatcher(Batcher* batcher) { batcher_.store(batcher); }
@@ -91,19 +105,56 @@ grpc::ServerUnaryReactor* HiddenStatesService::GetModelInfo(grpc::CallbackServer
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::ExtractResponse>* HiddenStatesService::Reject(grpc::CallbackServerContext* context,
-                                                                           const v1::ExtractRequest& request,
-                                                                           grpc::Status status) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Reject(grpc::CallbackServerContext* context,
+                                                                        const v1::ExtractRequest& request,
+                                                                        grpc::Status status) {
   metrics_->Error(status.error_code());
   LogFailure("Extract", request.sample_id(), context->peer(), request.token_ids_size(), status);
   return new RejectedExtract(std::move(status));
 }
 
-grpc::ServerWriteReactor<v1::ExtractResponse>* HiddenStatesService::Extract(grpc::CallbackServerContext* context,
-                                                                            const v1::ExtractRequest* request) {
-  if (auth_ != nullptr) {
-    if (grpc::Status status = auth_->Check(*context); !status.ok()) return Reject(context, *request, status);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Extract(grpc::CallbackServerContext* context,
+                                                                         const grpc::ByteBuffer* raw) {
+  // The bytes are parsed before the token is checked, so that every log
+  // line (an authentication failure's too) names the sample_id, and an
+  // undecodable request is counted whoever sent it; but a client without the
+  // token gets UNAUTHENTICATED whatever it sent, and learns nothing more.
+  v1::ExtractRequest request;
+  const size_t size = raw->Length();
+  const bool oversized = static_cast<int64_t>(size) > options_.max_request_bytes;
+  if (oversized) metrics_->OversizedRequest();
+  const bool parsed = !oversized && ParseRequest(*raw, &request);
+  if (!oversized && !parsed) {
+    metrics_->UndecodableRequest();
+    request.Clear();  // what a failed parse left is not the client's sample_id
   }
+  auto undecodable = [raw] {
+    return absl::StrCat("the request (", raw->Length(), " bytes) could not be parsed as an hsx.v1.ExtractRequest: "
+                        "is the client built from hsx/v1/hsx.proto?");
+  };
+  if (auth_ != nullptr) {
+    if (grpc::Status status = auth_->Check(*context); !status.ok()) {
+      if (!parsed) {
+        LogLine(LogLevel::kInfo, absl::StrCat("Extract from ", context->peer(), ": ",
+                                              oversized ? absl::StrCat("a request of ", size, " bytes, over the limit")
+                                                        : undecodable()));
+      }
+      return Reject(context, request, status);
+    }
+  }
+  if (oversized) {
+    return Reject(context, request,
+                  {grpc::StatusCode::RESOURCE_EXHAUSTED,
+                   absl::StrCat("request larger than max (", size, " vs. ", options_.max_request_bytes,
+                                " bytes, --max-request-bytes; a valid request of max-tokens-per-sample ids fits)")});
+  }
+  if (!parsed) return Reject(context, request, {grpc::StatusCode::INVALID_ARGUMENT, undecodable()});
+  return Accept(context, request);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Accept(grpc::CallbackServerContext* context,
+                                                                        const v1::ExtractRequest& parsed) {
+  const v1::ExtractRequest* request = &parsed;
   Batcher* batcher = batcher_.load();
   if (batcher == nullptr) {
     return Reject(context, *request,
@@ -143,7 +194,7 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* HiddenStatesService::Extract(grpc
   const std::string peer = context->peer();
   const std::string sample_id = request->sample_id();
   std::shared_ptr<ExtractReactor> reactor = ExtractReactor::Create(
-      std::move(encoder), valid->capture, static_cast<int64_t>(tokens.size()), metrics_,
+      std::move(encoder), valid->capture, static_cast<int64_t>(tokens.size()), &encoded_pool_, metrics_,
       [this, peer, sample_id](const StreamResult& result) {
         if (result.status.ok()) {
           metrics_->SampleDone(result.tokens, absl::ToDoubleSeconds(result.elapsed));
@@ -167,8 +218,8 @@ grpc::ServerWriteReactor<v1::ExtractResponse>* HiddenStatesService::Extract(grpc
   item.tokens = std::move(tokens);
   item.capture = valid->capture;
   item.abandoned = [reactor] { return reactor->Abandoned(); };
-  item.done = [this, reactor](absl::StatusOr<SampleStates> states) {
-    reactor->Deliver(std::move(states));
+  item.deliver = [this, reactor](absl::StatusOr<SampleView> view) {
+    reactor->Deliver(std::move(view));
     samples_in_batcher_.fetch_sub(1);
     Notify();
   };

@@ -1,7 +1,12 @@
 // hidden_states_service.h: hsx.v1.HiddenStates on the gRPC callback API.
 //
-// GetModelInfo answers from the ModelInfo built at start-up. Extract checks,
-// in order: the bearer token (when configured), that the model is ready
+// GetModelInfo answers from the ModelInfo built at start-up. Extract parses
+// the request's bytes first (so that every log line names the sample_id, and
+// undecodable bytes are counted in hsx_undecodable_requests_total even from
+// a client without the token), then checks, in order: the bearer token (when
+// configured: UNAUTHENTICATED whatever the bytes were, so a client without
+// the token learns nothing more), that the bytes parsed (INVALID_ARGUMENT
+// "could not be parsed", with their size), that the model is ready
 // (UNAVAILABLE "loading" before SetBatcher), that the server is not draining
 // (UNAVAILABLE "draining"), the request itself (INVALID_ARGUMENT naming the
 // field, see request_validator.h) and the concurrency limit
@@ -23,6 +28,7 @@
 
 #include "absl/time/time.h"
 #include "hsx/v1/hsx.grpc.pb.h"
+#include "server/model/host_buffer_pool.h"
 #include "server/runtime/batcher.h"
 #include "server/service/auth.h"
 #include "server/service/metrics.h"
@@ -32,7 +38,14 @@
 
 namespace hsx {
 
-class HiddenStatesService final : public v1::HiddenStates::CallbackService {
+// Extract is registered as a raw method (WithRawCallbackMethod_Extract): the
+// request arrives as bytes and is parsed here, so that an undecodable one
+// gets a precise INVALID_ARGUMENT (and a log line and a metric) instead of
+// gRPC's bare UNIMPLEMENTED; responses go out as hand-framed byte buffers
+// whose chunk data aliases the encoded rows (response_framing.h). The wire
+// format is the generated one; reflection still lists the method.
+class HiddenStatesService final
+    : public v1::HiddenStates::WithRawCallbackMethod_Extract<v1::HiddenStates::CallbackService> {
  public:
   // `auth` may be null (no token required); `metrics` and `auth` must outlive
   // the service.
@@ -55,12 +68,14 @@ class HiddenStatesService final : public v1::HiddenStates::CallbackService {
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context, const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
-  grpc::ServerWriteReactor<v1::ExtractResponse>* Extract(grpc::CallbackServerContext* context,
-                                                         const v1::ExtractRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Extract(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request) override;
 
  private:
-  grpc::ServerWriteReactor<v1::ExtractResponse>* Reject(grpc::CallbackServerContext* context,
-                                                        const v1::ExtractRequest& request, grpc::Status status);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Reject(grpc::CallbackServerContext* context,
+                                                     const v1::ExtractRequest& request, grpc::Status status);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Accept(grpc::CallbackServerContext* context,
+                                                     const v1::ExtractRequest& request);
   void Notify();
 
   const ServiceOptions options_;
@@ -78,6 +93,8 @@ class HiddenStatesService final : public v1::HiddenStates::CallbackService {
   std::mutex idle_mutex_;
   std::condition_variable idle_;
   bool interrupted_ = false;
+  // Encoded samples, reused from stream to stream (no page faults per sample).
+  HostBufferPool encoded_pool_;
   StallWatchdog watchdog_;  // last: its thread stops before the rest goes
 };
 

@@ -64,7 +64,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   inflight_ = &BuildGauge().Name("hsx_inflight_requests").Help("Extract RPCs in progress.").Register(r).Add({});
   fill_ = &BuildGauge().Name("hsx_batch_fill").Help("Real tokens over the token budget, summed over all batches run.").Register(r).Add({});
   buffered_ = &BuildGauge().Name("hsx_buffered_bytes").Help("Encoded-but-unsent response bytes, all streams.").Register(r).Add({});
-  held_states_ = &BuildGauge().Name("hsx_held_state_bytes").Help("Float32 hidden states held by streams until they finish.").Register(r).Add({});
+  held_states_ = &BuildGauge().Name("hsx_held_state_bytes").Help("Hidden states held by streams until they finish, encoded in the output dtype.").Register(r).Add({});
+  undecodable_ = &BuildCounter().Name("hsx_undecodable_requests_total").Help("Extract requests whose bytes could not be parsed as an ExtractRequest (answered INVALID_ARGUMENT).").Register(r).Add({});
+  oversized_ = &BuildCounter().Name("hsx_oversized_requests_total").Help("Extract requests over --max-request-bytes (answered RESOURCE_EXHAUSTED).").Register(r).Add({});
   latency_ = &BuildHistogram()
                   .Name("hsx_extract_latency_seconds")
                   .Help("Extract latency, from accepting the request to sending the trailer.")

@@ -9,7 +9,9 @@
 //   hsx_inflight_requests             gauge    Extract RPCs in progress
 //   hsx_batch_fill                    gauge    real tokens / token budget over all batches run
 //   hsx_buffered_bytes                gauge    encoded-but-unsent response bytes, all streams
-//   hsx_held_state_bytes              gauge    float32 states held by streams, all streams
+//   hsx_held_state_bytes              gauge    encoded states held by streams, all streams
+//   hsx_undecodable_requests_total    counter  Extract requests whose bytes are not an ExtractRequest
+//   hsx_oversized_requests_total      counter  Extract requests over --max-request-bytes
 //   hsx_extract_latency_seconds       histogram  accept to trailer, per successful Extract
 //
 // The recording methods are thread-safe and cheap (atomics, plus a short
@@ -61,6 +63,8 @@ class Metrics {
   void SampleDone(int64_t tokens, double seconds);
   void BytesSent(int64_t bytes);
   void Error(grpc::StatusCode code);
+  void UndecodableRequest() { undecodable_->Increment(); }
+  void OversizedRequest() { oversized_->Increment(); }
   void AddInflight(double delta) { inflight_->Increment(delta); }
   void AddBuffered(double delta) { buffered_->Increment(delta); }
   void AddHeldStates(double delta) { held_states_->Increment(delta); }
@@ -82,6 +86,8 @@ class Metrics {
   prometheus::Gauge* fill_;
   prometheus::Gauge* buffered_;
   prometheus::Gauge* held_states_;
+  prometheus::Counter* undecodable_;
+  prometheus::Counter* oversized_;
   prometheus::Histogram* latency_;
 };
 

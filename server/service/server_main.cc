@@ -140,7 +140,7 @@ absl::Status Serve() {
   builder.AddListeningPort(options.listen, *credentials, &port);
   builder.RegisterService(&service);
   builder.RegisterService(&health_service);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(TransportRequestLimit(options.max_request_bytes)));
   builder.SetMaxSendMessageSize(static_cast<int>(std::max<int64_t>(4 << 20, options.max_chunk_bytes + (64 << 10))));
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second server on the port is an error
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

@@ -10,6 +10,7 @@
 #ifndef HSX_SERVER_SERVICE_SERVICE_OPTIONS_H_
 #define HSX_SERVER_SERVICE_SERVICE_OPTIONS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -32,6 +33,14 @@ inline constexpr int64_t kMaxSampleIdBytes = 1024;
 inline constexpr int kMaxThreads = 1024;
 inline constexpr int64_t kMaxBatchTokens = 1LL << 24;
 inline constexpr int64_t kMinRequestBytes = 256;
+
+// What gRPC itself accepts: 4 x --max-request-bytes + 64 KiB (at most 2 GiB).
+// The service enforces --max-request-bytes on what arrives, so that an
+// oversized request is answered, logged and counted (gRPC's own refusal of
+// a larger one happens before any handler and is none of these).
+inline int64_t TransportRequestLimit(int64_t max_request_bytes) {
+  return std::min<int64_t>(4 * max_request_bytes + (64 << 10), INT32_MAX);
+}
 
 struct ServiceOptions {
   std::string model_dir;

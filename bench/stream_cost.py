@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""CPU cost of streaming hidden states (issue 13): CPU-nanoseconds per streamed byte.
+
+Set-up: a model of hidden size 7168 and vocabulary 32000 served with `--capture 0`, so no
+decoder layer runs (the engine is out of the picture: capture id 0 is the embedding output);
+64 samples of 512-2048 tokens; clients ask for capture 0 in bf16 (and fp16, fp32).
+
+Per dtype, one hsx-server, then the sides run interleaved, --repeats times, the order rotating:
+  socket      a plain loopback TCP sender process and receiver process moving the same bytes
+              (1 MiB sendall / recv_into): the baseline
+  discard     hsx-dump --discard --concurrency 4 (verified, not written)
+  disk        hsx-dump --concurrency 4 writing the files
+  python      hsx.Client.extract_many(concurrency=4) in a child process
+CPU is the processes' own accounting: the server's /proc/PID/stat utime+stime before and after
+each client run; hsx-dump's rusage from wait4 (its whole life); the Python children's
+getrusage(RUSAGE_SELF) around the transfer alone (so the interpreter's start and imports,
+about 0.3 CPU-s, are left out). The socket side's
+"server" column is its sender, its "client" column its receiver. Rows give median [min-max]
+CPU-ns per byte over the repeats, and ratios of medians: server / socket sender, client /
+socket receiver, python / hsx-dump --discard. The server's peak RSS (VmHWM) is printed per dtype.
+
+    ~/.cache/hsx/venv/bin/python bench/stream_cost.py [--bin-dir build/bin] [--repeats 3]
+        [--dtypes bf16,fp16,fp32] [--server-flag=--some-flag ...]
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "python"))
+from hsx_server import HsxServer  # noqa: E402
+
+SUMMARY = re.compile(r"(\d+) tokens, (\d+) bytes")
+TICK = os.sysconf("SC_CLK_TCK")
+CHUNK = 1 << 20
+
+
+def run(cmd):
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(map(str, cmd))}\n{proc.stderr}")
+    return proc.stdout
+
+
+def child(cmd, **kwargs):
+    """Runs cmd to completion; returns (stdout, CPU seconds of the child from wait4)."""
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    # communicate() would reap the child through waitpid: read the pipes, then wait4 here.
+    # (stderr is read after stdout: the children write little to it.)
+    out = proc.stdout.read()
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{err}")
+    return out, usage.ru_utime + usage.ru_stime
+
+
+def proc_cpu(pid):
+    """utime + stime of a running process, in seconds (/proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def vm_hwm(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def make_model(bin_dir, work):
+    run([bin_dir / "hsx-make-model", "--preset", "tiny", "--out", work / "tiny_for_config"])
+    config = json.loads((work / "tiny_for_config" / "config.json").read_text())
+    config.update({"hidden_size": 7168, "vocab_size": 32000, "num_hidden_layers": 1, "intermediate_size": 32,
+                   "num_attention_heads": 1, "num_key_value_heads": 1, "q_lora_rank": 64, "kv_lora_rank": 32,
+                   "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 0,
+                   "first_k_dense_replace": 1})
+    (work / "wide.json").write_text(json.dumps(config))
+    run([bin_dir / "hsx-make-model", "--config", work / "wide.json", "--out", work / "wide"])
+    shutil.rmtree(work / "tiny_for_config")
+    return work / "wide"
+
+
+def write_samples(path, count, vocab, lo, hi, seed=0):
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for i in range(count):
+            n = rng.randint(lo, hi)
+            f.write(json.dumps({"id": str(i), "input_ids": [rng.randrange(vocab) for _ in range(n)]}) + "\n")
+    return path
+
+
+# --- the socket baseline: two child processes -------------------------------------------------
+
+def own_cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def socket_sender(port, total):
+    payload = memoryview(os.urandom(CHUNK))
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        start = own_cpu()
+        sent = 0
+        while sent < total:
+            n = min(CHUNK, total - sent)
+            s.sendall(payload[:n])
+            sent += n
+    print(sent, own_cpu() - start)
+
+
+def socket_receiver(port_file, total):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        Path(port_file).write_text(str(server.getsockname()[1]))
+        conn, _ = server.accept()
+        view = memoryview(bytearray(CHUNK))
+        start = own_cpu()
+        received = 0
+        while received < total:
+            n = conn.recv_into(view)
+            if n == 0:
+                break
+            received += n
+        conn.close()
+    print(received, own_cpu() - start)
+
+
+def socket_side(work, total):
+    """(server CPU, client CPU, bytes): the sender's and the receiver's CPU seconds."""
+    port_file = work / "port"
+    port_file.unlink(missing_ok=True)
+    me = [sys.executable, __file__]
+    receiver = subprocess.Popen([*me, "--role", "recv", "--port-file", port_file, "--bytes", str(total)],
+                                stdout=subprocess.PIPE, text=True)
+    while not port_file.exists() or not port_file.read_text():
+        time.sleep(0.01)
+    sent, _ = child([*me, "--role", "send", "--port", port_file.read_text(), "--bytes", str(total)])
+    received = receiver.stdout.read()
+    if receiver.wait() != 0 or int(received.split()[0]) != total:
+        raise SystemExit(f"the socket receiver got {received} of {total} bytes")
+    return float(sent.split()[1]), float(received.split()[1]), total
+
+
+# --- the Python client, in a child so that its CPU is its own -----------------------------------
+
+def python_client(address, samples_path, dtype, concurrency):
+    import hsx
+    samples = [json.loads(line) for line in open(samples_path)]
+    client = hsx.Client(address)
+    start = own_cpu()
+    total = 0
+    for _, sample in client.extract_many(samples, concurrency=concurrency, capture=[0], dtype=dtype):
+        total += sample["hidden_states"].nbytes
+    client.close()
+    print(total, own_cpu() - start)
+
+
+# --- the sides ---------------------------------------------------------------------------------
+
+def hsx_side(server, cmd):
+    def fn():
+        before = proc_cpu(server.proc.pid)
+        out, client_cpu = cmd()
+        server_cpu = proc_cpu(server.proc.pid) - before
+        return server_cpu, client_cpu, out
+    return fn
+
+
+def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags):
+    flags = ["--capture", "0", "--dtype", dtype, "--concurrency", "4"]
+
+    def dump(discard):
+        out_dir = work / "out"
+        shutil.rmtree(out_dir, ignore_errors=True)
+        stdout, cpu = child([bin_dir / "hsx-dump", "--server", server.address, "--input", samples, "--out", out_dir,
+                             *(["--discard"] if discard else []), *flags])
+        shutil.rmtree(out_dir, ignore_errors=True)
+        m = SUMMARY.search(stdout)
+        if not m:
+            raise SystemExit(f"no summary in hsx-dump's output:\n{stdout}")
+        return int(m.group(2)), cpu
+
+    def python():
+        stdout, _ = child([sys.executable, __file__, "--role", "python", "--address", server.address,
+                           "--samples-path", samples, "--dtype", dtype])
+        return int(stdout.split()[0]), float(stdout.split()[1])
+
+    with HsxServer(bin_dir, model, "--capture", "0", "--max-batch-tokens", "8192", *server_flags) as server:
+        sides = {
+            "discard": hsx_side(server, lambda: dump(True)),
+            "disk": hsx_side(server, lambda: dump(False)),
+            "python": hsx_side(server, python),
+        }
+        # Warm-up (one pass each) and the byte count the socket pair moves.
+        total = None
+        for fn in sides.values():
+            server_cpu, client_cpu, nbytes = fn()
+            total = total or nbytes
+        sides["socket"] = lambda: socket_side(work, total)
+        names = ["socket", "discard", "disk", "python"]
+        runs = {name: [] for name in names}
+        for r in range(repeats):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                server_cpu, client_cpu, nbytes = sides[name]()
+                # hsx-dump's count to disk includes the files' headers: a little more.
+                if not total <= nbytes < total * 1.01:
+                    raise SystemExit(f"{name}: {nbytes} bytes, expected {total}")
+                runs[name].append((server_cpu * 1e9 / total, client_cpu * 1e9 / total))
+        hwm = vm_hwm(server.proc.pid)
+    return total, runs, hwm
+
+
+def fmt(values):
+    return f"{statistics.median(values):6.3f} [{min(values):.3f}-{max(values):.3f}]"
+
+
+def report(dtype, total, runs, hwm):
+    sock_send = [s for s, _ in runs["socket"]]
+    sock_recv = [c for _, c in runs["socket"]]
+    discard_client = [c for _, c in runs["discard"]]
+    print(f"\n{dtype}: {total / 1e9:.3f} GB per run; server peak RSS (VmHWM) {hwm / 2**20:.0f} MiB")
+    print(f"{'side':10} {'server ns/B':>24} {'client ns/B':>24} {'server/sock send':>17} {'client/sock recv':>17}"
+          f" {'client/discard':>15}")
+    for name in ["socket", "discard", "disk", "python"]:
+        server = [s for s, _ in runs[name]]
+        client = [c for _, c in runs[name]]
+        print(f"{name:10} {fmt(server):>24} {fmt(client):>24} "
+              f"{statistics.median(server) / statistics.median(sock_send):17.2f} "
+              f"{statistics.median(client) / statistics.median(sock_recv):17.2f} "
+              f"{statistics.median(client) / statistics.median(discard_client):15.2f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bin-dir", default=str(REPO / "build" / "bin"))
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats per side (at least 3)")
+    parser.add_argument("--dtypes", default="bf16,fp16,fp32")
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--server-flag", action="append", default=[], help="extra hsx-server flag (repeatable)")
+    # Internal: the child processes' roles.
+    parser.add_argument("--role", choices=["send", "recv", "python"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port-file", help=argparse.SUPPRESS)
+    parser.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", help=argparse.SUPPRESS)
+    parser.add_argument("--samples-path", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "send":
+        return socket_sender(args.port, args.bytes)
+    if args.role == "recv":
+        return socket_receiver(args.port_file, args.bytes)
+    if args.role == "python":
+        return python_client(args.address, args.samples_path, args.dtype, 4)
+    if args.repeats < 3:
+        parser.error("--repeats must be at least 3 (a median and a range need them)")
+    bin_dir = Path(args.bin_dir)
+    work = Path(tempfile.mkdtemp(prefix="hsx-stream-cost-", dir=os.environ.get("HSX_BENCH_DIR")))
+    try:
+        model = make_model(bin_dir, work)
+        samples = write_samples(work / "samples.jsonl", args.samples, 32000, 512, 2048)
+        print(f"stream_cost: hidden 7168, vocab 32000, --capture 0, {args.samples} samples of 512-2048 tokens, "
+              f"concurrency 4, {args.repeats} interleaved repeats; value = median [min-max] CPU-ns per byte; "
+              f"ratios of medians")
+        for dtype in args.dtypes.split(","):
+            total, runs, hwm = bench_dtype(bin_dir, work, model, samples, dtype, args.repeats, args.server_flag)
+            report(dtype, total, runs, hwm)
+            sys.stdout.flush()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

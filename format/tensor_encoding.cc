@@ -1,0 +1,216 @@
+// tensor_encoding.cc: the block loops. Each loop accumulates its checks as
+// integer ORs (no early exit), which is what lets it vectorise; a block that
+// failed is rescanned to find the first bad value.
+#include "format/tensor_encoding.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <xxhash.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
+#include "kernels/fp16.h"
+
+// The loops are built for AVX2 as well as the baseline, picked at load time
+// (GCC function multiversioning): twice the vector width where the CPU has it.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HSX_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define HSX_VECTOR_CLONES
+#endif
+
+namespace hsx {
+namespace {
+
+constexpr uint32_t kF32Inf = 0x7f800000u;   // |bits| at or above: inf or NaN
+constexpr uint32_t kFp16Limit = 0x477ff000u;  // 65520.0f: rounds to fp16 inf
+
+// float32 bits -> bf16, round to nearest even (FloatToBf16 for every non-NaN).
+// Returns the OR of "bad" flags; ORs |bits| into *nonzero.
+HSX_VECTOR_CLONES uint32_t F32ToBf16(const uint32_t* in, int64_t n, uint16_t* out, uint32_t limit, uint32_t* nonzero) {
+  uint32_t bad = 0, nz = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = in[i];
+    const uint32_t a = u & 0x7fffffffu;
+    bad |= a >= limit;
+    nz |= a;
+    out[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  *nonzero |= nz;
+  return bad;
+}
+
+HSX_VECTOR_CLONES uint32_t CheckF32(const uint32_t* in, int64_t n, uint32_t limit, uint32_t* nonzero) {
+  uint32_t bad = 0, nz = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = in[i] & 0x7fffffffu;
+    bad |= a >= limit;
+    nz |= a;
+  }
+  *nonzero |= nz;
+  return bad;
+}
+
+// bf16 -> bf16 is the identity (a bf16 value rounds to itself): copy and check.
+HSX_VECTOR_CLONES uint32_t CopyBf16(const uint16_t* in, int64_t n, uint16_t* out, uint32_t* nonzero) {
+  uint16_t bad = 0, nz = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = in[i];
+    const uint16_t a = h & 0x7fffu;
+    bad |= a >= 0x7f80u;
+    nz |= a;
+    out[i] = h;
+  }
+  *nonzero |= nz;
+  return bad;
+}
+
+HSX_VECTOR_CLONES void WidenBf16(const uint16_t* in, int64_t n, uint32_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(in[i]) << 16;
+}
+
+void F32ToFp16Scalar(const uint32_t* in, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, &in[i], sizeof(v));
+    out[i] = FloatToHalf(v);
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// F16C's conversion rounds to nearest even, subnormal results included, as
+// FloatToHalf does; the values reaching here are finite and below 65520
+// (checked first), where the two agree bit for bit (the tests compare them).
+__attribute__((target("avx,f16c"))) void F32ToFp16F16c(const uint32_t* in, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(reinterpret_cast<const float*>(in + i));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  F32ToFp16Scalar(in + i, n - i, out + i);
+}
+
+void F32ToFp16(const uint32_t* in, int64_t n, uint16_t* out) {
+  static const bool f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  if (f16c) {
+    F32ToFp16F16c(in, n, out);
+  } else {
+    F32ToFp16Scalar(in, n, out);
+  }
+}
+#else
+void F32ToFp16(const uint32_t* in, int64_t n, uint16_t* out) { F32ToFp16Scalar(in, n, out); }
+#endif
+
+// Encoded 16-bit values (bf16: exponent 0x7f80; fp16: 0x7c00).
+HSX_VECTOR_CLONES uint32_t CheckHalfBits(const uint16_t* in, int64_t n, uint16_t exponent, uint32_t* nonzero) {
+  uint16_t bad = 0, nz = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    bad |= (in[i] & exponent) == exponent;
+    nz |= in[i] & 0x7fffu;
+  }
+  *nonzero |= nz;
+  return bad;
+}
+
+HSX_VECTOR_CLONES uint32_t CheckFloatBits(const uint32_t* in, int64_t n, uint32_t* nonzero) {
+  uint32_t bad = 0, nz = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    bad |= (in[i] & 0x7f800000u) == 0x7f800000u;
+    nz |= in[i] & 0x7fffffffu;
+  }
+  *nonzero |= nz;
+  return bad;
+}
+
+}  // namespace
+
+int64_t CheckEncoded(const void* bytes, int64_t count, OutputDType dtype, bool* nonzero) {
+  uint32_t nz = 0;
+  uint32_t bad;
+  const uint16_t exponent = dtype == OutputDType::kBf16 ? 0x7f80u : 0x7c00u;
+  // The common case (all fine) takes one vectorised pass; a bad value is then located.
+  if (dtype == OutputDType::kFp32) {
+    bad = CheckFloatBits(static_cast<const uint32_t*>(bytes), count, &nz);
+  } else {
+    bad = CheckHalfBits(static_cast<const uint16_t*>(bytes), count, exponent, &nz);
+  }
+  *nonzero = *nonzero || nz != 0;
+  if (!bad) return -1;
+  for (int64_t i = 0; i < count; ++i) {
+    if (dtype == OutputDType::kFp32) {
+      if ((static_cast<const uint32_t*>(bytes)[i] & 0x7f800000u) == 0x7f800000u) return i;
+    } else if ((static_cast<const uint16_t*>(bytes)[i] & exponent) == exponent) {
+      return i;
+    }
+  }
+  return -1;
+}
+
+TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst) {
+  TensorEncoding result;
+  XXH64_state_t* hash = XXH64_createState();
+  XXH64_reset(hash, 0);
+  const uint32_t limit = dtype == OutputDType::kFp16 ? kFp16Limit : kF32Inf;
+  const int64_t out_size = OutputDTypeSize(dtype);
+  alignas(64) uint32_t wide[kEncodeBlock];
+  uint32_t nonzero = 0;
+  for (int64_t begin = 0; begin < count; begin += kEncodeBlock) {
+    const int64_t n = std::min(kEncodeBlock, count - begin);
+    char* out = dst + begin * out_size;
+    // The block as float32 bits: in place for f32 input, widened for bf16.
+    const uint32_t* bits = wide;
+    uint32_t bad = 0;
+    if (type == ElementType::kBf16) {
+      const uint16_t* in = static_cast<const uint16_t*>(src) + begin;
+      if (dtype == OutputDType::kBf16) {
+        bad = CopyBf16(in, n, reinterpret_cast<uint16_t*>(out), &nonzero);
+      } else {
+        WidenBf16(in, n, wide);
+      }
+    } else {
+      bits = static_cast<const uint32_t*>(src) + begin;
+    }
+    if (!(type == ElementType::kBf16 && dtype == OutputDType::kBf16)) {
+      switch (dtype) {
+        case OutputDType::kBf16:
+          bad = F32ToBf16(bits, n, reinterpret_cast<uint16_t*>(out), limit, &nonzero);
+          break;
+        case OutputDType::kFp16:
+          bad = CheckF32(bits, n, limit, &nonzero);
+          if (!bad) F32ToFp16(bits, n, reinterpret_cast<uint16_t*>(out));
+          break;
+        case OutputDType::kFp32:
+          bad = CheckF32(bits, n, limit, &nonzero);
+          std::memcpy(out, bits, n * 4);
+          break;
+      }
+    }
+    if (bad) {
+      // Find the first bad value of the block (rare: the stream fails).
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t u;
+        if (type == ElementType::kBf16) {
+          u = static_cast<uint32_t>(static_cast<const uint16_t*>(src)[begin + i]) << 16;
+        } else {
+          u = bits[i];
+        }
+        if ((u & 0x7fffffffu) >= limit) {
+          result.bad_index = begin + i;
+          std::memcpy(&result.bad_value, &u, sizeof(u));
+          break;
+        }
+      }
+      break;
+    }
+    XXH64_update(hash, out, n * out_size);
+  }
+  result.nonzero = nonzero != 0;
+  result.xxh64 = XXH64_digest(hash);
+  XXH64_freeState(hash);
+  return result;
+}
+
+}  // namespace hsx

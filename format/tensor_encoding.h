@@ -1,0 +1,44 @@
+// tensor_encoding.h: one captured tensor converted to the output dtype,
+// checked and hashed in a single pass.
+//
+// The values go through the cache in blocks of kEncodeBlock: each block is
+// converted (bf16 round-to-nearest-even, IEEE fp16, or fp32, exactly as
+// AppendEncoded in encoding.h does, bit for bit), checked (every value finite
+// and, for fp16, representable; whether any is non-zero) and fed to XXH64
+// while it is still in L1. The conversion loops are plain loops over
+// uint32_t that the compiler vectorises (the file is built with -O3; see
+// server/CMakeLists.txt). fp16 stays scalar: only bf16 is on the hot path.
+#ifndef HSX_FORMAT_TENSOR_ENCODING_H_
+#define HSX_FORMAT_TENSOR_ENCODING_H_
+
+#include <cstdint>
+
+#include "kernels/backend.h"
+#include "format/encoding.h"
+
+namespace hsx {
+
+inline constexpr int64_t kEncodeBlock = 4096;  // values per block
+
+struct TensorEncoding {
+  uint64_t xxh64 = 0;   // of the encoded bytes, seed 0
+  bool nonzero = false;  // some value is neither +0 nor -0
+  // The first value that cannot be sent (non-finite, or over fp16's range),
+  // or -1; encoding stops there and xxh64 is then meaningless.
+  int64_t bad_index = -1;
+  float bad_value = 0;
+};
+
+// Encodes `count` values at `src` (activation type kF32 or kBf16) into
+// `dst`, which holds count * OutputDTypeSize(dtype) bytes.
+TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst);
+
+// The receiving side's check of values already encoded: the index of the
+// first of `count` values at `bytes` (little-endian `dtype`) that is not
+// finite in its own dtype (all exponent bits set), or -1. ORs into *nonzero
+// whether any value is neither +0 nor -0. Vectorised like EncodeTensor.
+int64_t CheckEncoded(const void* bytes, int64_t count, OutputDType dtype, bool* nonzero);
+
+}  // namespace hsx
+
+#endif  // HSX_FORMAT_TENSOR_ENCODING_H_

@@ -1,0 +1,399 @@
+// response_stream_test.cc: the server's zero-copy response path against the
+// generated protobuf code and today's encoding (issue 13): hand-framed chunks
+// parse as the generated ExtractResponse, field by field and byte for byte;
+// one-pass encoding is bit-identical to AppendEncoded and its checksums to
+// XXH64 of those bytes; bad values are found where they are; pooled buffers
+// are reused and released when the last slice goes.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/byte_buffer.h>
+#include <gtest/gtest.h>
+
+#include "format/encoding.h"
+#include "format/response_encoder.h"
+#include "format/response_framing.h"
+#include "format/sample_file.h"
+#include "format/stream_assembler.h"
+#include "format/tensor_encoding.h"
+#include "kernels/bf16.h"
+#include "server/model/host_buffer_pool.h"
+#include "format/sample_view.h"
+#include "server/model/capture_views.h"
+
+namespace hsx {
+namespace {
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+// Values that exercise rounding: ties, subnormals, signed zeros, large ones.
+std::vector<float> TrickyValues(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    switch (i % 8) {
+      case 0: {  // a bf16 tie: low half exactly 0x8000
+        uint32_t bits = (rng() & 0x3fff0000u) | 0x8000u;
+        std::memcpy(&v[i], &bits, 4);
+        break;
+      }
+      case 1: v[i] = (i % 16 == 1) ? -0.0f : 0.0f; break;
+      case 2: v[i] = std::ldexp(normal(rng), -130); break;  // float subnormal
+      case 3: v[i] = std::ldexp(normal(rng), -20); break;   // fp16 subnormal range
+      case 4: v[i] = 60000.0f + normal(rng); break;         // near fp16's top
+      case 5: {  // an fp16 tie: the 13 bits fp16 drops are exactly half
+        uint32_t bits = ((0x38800000u + rng() % 0x0e000000u) & ~0x1fffu) | 0x1000u | (rng() & 0x80000000u);
+        std::memcpy(&v[i], &bits, 4);
+        break;
+      }
+      default: v[i] = normal(rng); break;
+    }
+  }
+  return v;
+}
+
+std::string Encoded(const std::vector<float>& values, OutputDType dtype) {
+  std::string out;
+  AppendEncoded(values, dtype, &out);
+  return out;
+}
+
+TEST(TensorEncodingTest, BitIdenticalToAppendEncodedWithChecksum) {
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+    for (size_t n : {size_t{1}, size_t{7}, size_t{4096}, size_t{4097}, size_t{3 * 4096 + 5}}) {
+      const std::vector<float> values = TrickyValues(n, static_cast<uint32_t>(n));
+      const std::string want = Encoded(values, dtype);
+      std::string got(want.size(), '\0');
+      const TensorEncoding e = EncodeTensor(values.data(), ElementType::kF32, static_cast<int64_t>(n), dtype, got.data());
+      ASSERT_EQ(e.bad_index, -1) << OutputDTypeName(dtype) << " n=" << n << " value " << e.bad_value;
+      EXPECT_EQ(got, want) << OutputDTypeName(dtype) << " n=" << n;
+      EXPECT_EQ(e.xxh64, Xxh64(want.data(), want.size()));
+      EXPECT_TRUE(e.nonzero);
+    }
+  }
+}
+
+TEST(TensorEncodingTest, Bf16SourceMatchesItsFloatValues) {
+  // A bf16 capture (the BF16 engine's) encodes as its exact float32 values do.
+  const std::vector<float> wide = TrickyValues(5000, 9);
+  std::vector<uint16_t> bf16(wide.size());
+  std::vector<float> exact(wide.size());
+  for (size_t i = 0; i < wide.size(); ++i) {
+    bf16[i] = FloatToBf16(wide[i]);
+    exact[i] = Bf16ToFloat(bf16[i]);
+  }
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+    const std::string want = Encoded(exact, dtype);
+    std::string got(want.size(), '\0');
+    const TensorEncoding e = EncodeTensor(bf16.data(), ElementType::kBf16, 5000, dtype, got.data());
+    ASSERT_EQ(e.bad_index, -1);
+    EXPECT_EQ(got, want) << OutputDTypeName(dtype);
+    EXPECT_EQ(e.xxh64, Xxh64(want.data(), want.size()));
+  }
+}
+
+TEST(TensorEncodingTest, FindsTheFirstBadValue) {
+  std::vector<float> values(10000, 1.0f);
+  std::string out(values.size() * 4, '\0');
+  values[9000] = std::numeric_limits<float>::infinity();
+  values[6001] = std::nanf("");
+  TensorEncoding e = EncodeTensor(values.data(), ElementType::kF32, 10000, OutputDType::kBf16, out.data());
+  EXPECT_EQ(e.bad_index, 6001);
+  EXPECT_TRUE(std::isnan(e.bad_value));
+  values[6001] = 65519.0f;  // fits fp16 (rounds to 65504)
+  e = EncodeTensor(values.data(), ElementType::kF32, 10000, OutputDType::kFp16, out.data());
+  EXPECT_EQ(e.bad_index, 9000);
+  values[9000] = 1.0f;
+  values[7] = -65520.0f;  // rounds to fp16 -inf
+  e = EncodeTensor(values.data(), ElementType::kF32, 10000, OutputDType::kFp16, out.data());
+  EXPECT_EQ(e.bad_index, 7);
+  EXPECT_EQ(e.bad_value, -65520.0f);
+  e = EncodeTensor(values.data(), ElementType::kF32, 10000, OutputDType::kFp32, out.data());
+  EXPECT_EQ(e.bad_index, -1);  // fine as fp32
+
+  std::vector<uint16_t> bf16(5000, FloatToBf16(2.0f));
+  bf16[4321] = 0x7f80;  // +inf
+  e = EncodeTensor(bf16.data(), ElementType::kBf16, 5000, OutputDType::kBf16, out.data());
+  EXPECT_EQ(e.bad_index, 4321);
+}
+
+TEST(TensorEncodingTest, SignedZerosAreZero) {
+  std::vector<float> zeros(5000, 0.0f);
+  for (size_t i = 0; i < zeros.size(); i += 3) zeros[i] = -0.0f;
+  std::string out(zeros.size() * 4, '\0');
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+    EXPECT_FALSE(EncodeTensor(zeros.data(), ElementType::kF32, 5000, dtype, out.data()).nonzero);
+  }
+  zeros[4999] = 1e-30f;
+  EXPECT_TRUE(EncodeTensor(zeros.data(), ElementType::kF32, 5000, OutputDType::kFp32, out.data()).nonzero);
+}
+
+TEST(ResponseFramingTest, ChunkBytesAreTheGeneratedSerialization) {
+  const std::string data(100000, '\x5a');
+  for (int32_t capture_id : {0, 3, 61, -1}) {
+    for (int64_t first_row : {int64_t{0}, int64_t{1}, int64_t{300}, int64_t{1} << 40}) {
+      for (size_t size : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{100000}}) {
+        const int64_t num_rows = static_cast<int64_t>(size % 7);
+        v1::ExtractResponse want;
+        v1::Chunk* chunk = want.mutable_chunk();
+        chunk->set_capture_id(capture_id);
+        chunk->set_first_row(first_row);
+        chunk->set_num_rows(num_rows);
+        chunk->set_data(data.substr(0, size));
+        const std::string bytes =
+            Flatten(ChunkResponse(capture_id, first_row, num_rows, data.data(), size, nullptr));
+        EXPECT_EQ(bytes, want.SerializeAsString()) << capture_id << " " << first_row << " " << size;
+        v1::ExtractResponse got;
+        ASSERT_TRUE(got.ParseFromString(bytes));
+        ASSERT_TRUE(got.has_chunk());
+        EXPECT_EQ(got.chunk().capture_id(), capture_id);
+        EXPECT_EQ(got.chunk().first_row(), first_row);
+        EXPECT_EQ(got.chunk().num_rows(), num_rows);
+        EXPECT_EQ(got.chunk().data(), data.substr(0, size));
+      }
+    }
+  }
+}
+
+TEST(ResponseFramingTest, TheSliceKeepsItsOwnerUntilDestroyed) {
+  auto owner = std::make_shared<std::string>(4096, 'x');
+  std::weak_ptr<std::string> watch = owner;
+  {
+    grpc::ByteBuffer message = ChunkResponse(1, 0, 1, owner->data(), owner->size(), owner);
+    owner.reset();
+    EXPECT_FALSE(watch.expired()) << "released while gRPC still holds the slice";
+    grpc::ByteBuffer copy(message);  // gRPC's own references
+    message.Clear();
+    EXPECT_FALSE(watch.expired());
+  }
+  EXPECT_TRUE(watch.expired()) << "never released";
+}
+
+// A view of float32 rows [layers][tokens][hidden] (+ final norm), as the batcher gives.
+struct FakeSample {
+  std::vector<std::vector<float>> tensors;
+  SampleView view;
+};
+
+FakeSample MakeSample(std::vector<int> ids, bool final_norm, int64_t tokens, int64_t hidden) {
+  FakeSample s;
+  const size_t count = ids.size() + (final_norm ? 1 : 0);
+  for (size_t k = 0; k < count; ++k) s.tensors.push_back(TrickyValues(tokens * hidden, 100 + k));
+  s.view.capture_ids = std::move(ids);
+  s.view.tokens = tokens;
+  s.view.hidden = hidden;
+  s.view.type = ElementType::kF32;
+  for (size_t k = 0; k < s.view.capture_ids.size(); ++k) s.view.layers.push_back(s.tensors[k].data());
+  if (final_norm) s.view.final_norm = s.tensors.back().data();
+  return s;
+}
+
+std::vector<v1::ExtractResponse> Drain(ResponseEncoder& encoder) {
+  std::vector<v1::ExtractResponse> out;
+  grpc::ByteBuffer buffer;
+  while (encoder.Next(&buffer)) {
+    out.emplace_back();
+    EXPECT_TRUE(out.back().ParseFromString(Flatten(buffer)));
+  }
+  return out;
+}
+
+TEST(ResponseEncoderTest, StreamParsesWithChunkBoundariesDataAndChecksums) {
+  HostBufferPool pool(HostBufferPool::HeapAllocator(), 1 << 20);
+  ResponseEncoder::Allocator allocate = [&pool](size_t n) { return pool.Get(n); };
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+    const int64_t tokens = 37, hidden = 96;
+    FakeSample sample = MakeSample({0, 5}, true, tokens, hidden);
+    EncoderOptions options;
+    options.sample_id = "s1";
+    options.dtype = dtype;
+    options.max_chunk_bytes = 1000;  // several rows per chunk, and a short last chunk
+    const int64_t row_bytes = hidden * OutputDTypeSize(dtype);
+    const int64_t rows_per_chunk = std::max<int64_t>(1, 1000 / row_bytes);
+    auto encoder = ResponseEncoder::Create(sample.view, options, allocate);
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    EXPECT_EQ((*encoder)->held_bytes(), 3 * tokens * row_bytes);
+    const std::vector<v1::ExtractResponse> messages = Drain(**encoder);
+    ASSERT_GE(messages.size(), 3u);
+    ASSERT_TRUE(messages.front().has_header());
+    EXPECT_EQ(messages.front().header().sample_id(), "s1");
+    ASSERT_TRUE(messages.back().has_trailer());
+    const std::vector<int> ids = {0, 5, -1};
+    size_t m = 1;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      std::string data;
+      int64_t next = 0;
+      while (next < tokens) {
+        ASSERT_TRUE(messages[m].has_chunk());
+        const v1::Chunk& c = messages[m++].chunk();
+        EXPECT_EQ(c.capture_id(), ids[k]);
+        EXPECT_EQ(c.first_row(), next);
+        EXPECT_EQ(c.num_rows(), std::min(rows_per_chunk, tokens - next));
+        EXPECT_EQ(static_cast<int64_t>(c.data().size()), c.num_rows() * row_bytes);
+        data += c.data();
+        next += c.num_rows();
+      }
+      EXPECT_EQ(data, Encoded(sample.tensors[k], dtype)) << OutputDTypeName(dtype) << " tensor " << k;
+      const v1::TensorChecksum& checksum = messages.back().trailer().checksums(static_cast<int>(k));
+      EXPECT_EQ(checksum.capture_id(), ids[k]);
+      EXPECT_EQ(checksum.xxh64(), Xxh64(data.data(), data.size()));
+    }
+    EXPECT_EQ(m + 1, messages.size());
+  }
+}
+
+TEST(ResponseEncoderTest, BadSamplesFailBeforeAnyMessage) {
+  ResponseEncoder::Allocator allocate = HostBufferPool::HeapAllocator();
+  FakeSample sample = MakeSample({2}, false, 4, 8);
+  sample.tensors[0][3 * 8 + 5] = std::numeric_limits<float>::infinity();
+  auto encoder = ResponseEncoder::Create(sample.view, EncoderOptions(), allocate);
+  ASSERT_FALSE(encoder.ok());
+  EXPECT_EQ(encoder.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(encoder.status().message().find("capture id 2: value inf at row 3, column 5 is not finite"),
+            std::string::npos)
+      << encoder.status();
+  std::fill(sample.tensors[0].begin(), sample.tensors[0].end(), 0.0f);
+  encoder = ResponseEncoder::Create(sample.view, EncoderOptions(), allocate);
+  ASSERT_FALSE(encoder.ok());
+  EXPECT_NE(encoder.status().message().find("capture id 2: every value is zero"), std::string::npos);
+}
+
+// The same bytes, cut into slices of 1..`most` bytes (as a transport may deliver them).
+grpc::ByteBuffer Recut(const std::string& bytes, size_t most, std::mt19937* rng) {
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size();) {
+    const size_t n = std::min<size_t>(bytes.size() - at, 1 + (*rng)() % most);
+    slices.emplace_back(bytes.data() + at, n);
+    at += n;
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+TEST(StreamAssemblerRawTest, SlicedBytesAssembleAsTheParsedMessages) {
+  // Two layers (rows interleave in the file layout) and the final norm; bf16 and fp32.
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp32}) {
+    const int64_t tokens = 23, hidden = 40;
+    FakeSample sample = MakeSample({1, 4}, true, tokens, hidden);
+    EncoderOptions options;
+    options.sample_id = "raw";
+    options.dtype = dtype;
+    options.max_chunk_bytes = 7 * hidden * OutputDTypeSize(dtype);
+    auto encoder = ResponseEncoder::Create(sample.view, options, HostBufferPool::HeapAllocator());
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    StreamExpectation expect;
+    expect.sample_id = "raw";
+    expect.num_tokens = tokens;
+    expect.capture_ids = {1, 4};
+    expect.final_norm = true;
+    expect.dtype = dtype;
+    StreamAssembler parsed(expect), raw(expect), sliced(expect);
+    std::mt19937 rng(3);
+    grpc::ByteBuffer message;
+    while ((*encoder)->Next(&message)) {
+      const std::string bytes = Flatten(message);
+      v1::ExtractResponse response;
+      ASSERT_TRUE(response.ParseFromString(bytes));
+      ASSERT_TRUE(parsed.Consume(response).ok());
+      ASSERT_TRUE(raw.Consume(message).ok());
+      const absl::Status status = sliced.Consume(Recut(bytes, 5, &rng));
+      ASSERT_TRUE(status.ok()) << status;
+    }
+    ASSERT_TRUE(parsed.complete() && raw.complete() && sliced.complete());
+    const EncodedSample a = parsed.Take(), b = raw.Take(), c = sliced.Take();
+    EXPECT_EQ(a.hidden_states, b.hidden_states);
+    EXPECT_EQ(a.hidden_states, c.hidden_states);
+    EXPECT_EQ(a.final_norm, c.final_norm);
+    // And that is the file layout of the values themselves.
+    SampleStates states = sample.view.ToStates();
+    EXPECT_EQ(c.hidden_states, EncodeSampleStates(states, dtype).hidden_states);
+  }
+}
+
+TEST(StreamAssemblerRawTest, CorruptChunksAreDataLoss) {
+  const int64_t tokens = 4, hidden = 8;
+  FakeSample sample = MakeSample({0}, false, tokens, hidden);
+  EncoderOptions options;
+  options.sample_id = "bad";
+  auto encoder = ResponseEncoder::Create(sample.view, options, HostBufferPool::HeapAllocator());
+  ASSERT_TRUE(encoder.ok());
+  StreamExpectation expect;
+  expect.sample_id = "bad";
+  expect.num_tokens = tokens;
+  expect.capture_ids = {0};
+  std::vector<std::string> messages;
+  grpc::ByteBuffer message;
+  while ((*encoder)->Next(&message)) messages.push_back(Flatten(message));
+  ASSERT_EQ(messages.size(), 3u);  // header, one chunk, trailer
+  {
+    StreamAssembler a(expect);
+    std::mt19937 rng(1);
+    ASSERT_TRUE(a.Consume(Recut(messages[0], 1000, &rng)).ok());
+    std::string flipped = messages[1];
+    flipped[flipped.size() - 3] ^= 1;  // a data byte: the checksum catches it at the trailer
+    ASSERT_TRUE(a.Consume(grpc::ByteBuffer(std::vector<grpc::Slice>{grpc::Slice(flipped)}.data(), 1)).ok());
+    grpc::Slice trailer(messages[2]);
+    const absl::Status status = a.Consume(grpc::ByteBuffer(&trailer, 1));
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  }
+  {
+    StreamAssembler a(expect);
+    grpc::Slice header(messages[0]);
+    ASSERT_TRUE(a.Consume(grpc::ByteBuffer(&header, 1)).ok());
+    grpc::Slice cut(messages[1].substr(0, messages[1].size() - 5));  // truncated
+    const absl::Status status = a.Consume(grpc::ByteBuffer(&cut, 1));
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  }
+}
+
+TEST(HostBufferPoolTest, ReusesAndBoundsIdleBuffers) {
+  HostBufferPool pool(HostBufferPool::HeapAllocator(), 3 << 20);
+  void* first;
+  {
+    auto a = pool.Get(2 << 20);
+    ASSERT_TRUE(a.ok());
+    first = (*a)->data();
+    EXPECT_EQ((*a)->bytes(), size_t{2} << 20);
+  }
+  EXPECT_GE(pool.idle_bytes(), size_t{2} << 20);
+  {
+    auto b = pool.Get(1 << 20);  // fits in the idle one: no new allocation
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ((*b)->data(), first);
+    EXPECT_EQ((*b)->bytes(), size_t{1} << 20);
+    EXPECT_EQ(pool.idle_bytes(), 0u);
+  }
+  EXPECT_EQ(pool.allocations(), 1);
+  {
+    auto c = pool.Get(2 << 20);
+    auto d = pool.Get(2 << 20);  // two at once: a second buffer
+    EXPECT_NE((*c)->data(), (*d)->data());
+  }
+  EXPECT_EQ(pool.allocations(), 2);
+  EXPECT_LE(pool.idle_bytes(), size_t{3} << 20) << "kept more idle than the cap";
+  EXPECT_GT(pool.idle_bytes(), 0u);
+}
+
+TEST(HostBufferPoolTest, BuffersMayOutliveThePool) {
+  std::unique_ptr<HostBuffer> kept;
+  {
+    HostBufferPool pool(HostBufferPool::HeapAllocator(), 1 << 20);
+    kept = *pool.Get(4096);
+    std::memset(kept->data(), 1, 4096);
+  }
+  kept.reset();  // freed, not returned to a destroyed pool (ASan would object)
+}
+
+}  // namespace
+}  // namespace hsx
