@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "client/dump/run_lease.h"
 
 namespace hsx {
 namespace {
@@ -279,7 +280,16 @@ class DumpRun {
       todo_.push_back(&sample);
       todo_tokens_ += static_cast<int64_t>(sample.input_ids.size());
     }
-    if (!options_.discard) RemoveStaleTemporaries(options_.out_dir, done);
+    if (!options_.discard) {
+      RemoveStaleTemporaries(options_.out_dir, done);
+      if (const int removed = RunLease::RemoveAbandoned(options_.out_dir); removed > 0) {
+        std::fprintf(stderr, "hsx-dump: %s: removed %d files of an interrupted run on this host (temporaries and its lease)\n",
+                     options_.out_dir.c_str(), removed);
+      }
+      absl::StatusOr<std::unique_ptr<RunLease>> lease = RunLease::Acquire(options_.out_dir, run_token_);
+      if (!lease.ok()) return lease.status();
+      lease_ = *std::move(lease);
+    }
     return absl::OkStatus();
   }
 
@@ -450,6 +460,7 @@ class DumpRun {
   DumpStats* const stats_;
   const ExtractSpec spec_;
   const std::string run_token_;  // this run's staging names
+  std::unique_ptr<RunLease> lease_;  // held while this run may leave temporaries
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::unique_ptr<Journal> journal_;
   std::vector<const InputSample*> todo_;

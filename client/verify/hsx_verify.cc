@@ -266,8 +266,11 @@ absl::Status Run(const std::vector<char*>& args) {
     int64_t index = -1;
     const bool sample_file = absl::StartsWith(name, "hs_") && absl::EndsWith(name, ".safetensors") &&
                              absl::SimpleAtoi(name.substr(3, name.size() - 3 - 12), &index);
+    const bool lease = absl::StartsWith(name, ".hsx-run.");
     const char* what =
-        temporary ? "a temporary of an interrupted (or still running) write, not in the journal; hsx-dump "
+        lease ? "the lease of a running hsx-dump, or of one killed on this host: the next hsx-dump run "
+                "removes it and that run's temporaries"
+        : temporary ? "a temporary of an interrupted (or still running) write, not in the journal; hsx-dump "
                     "removes it once the journal records that sample as done"
         : sample_file ? "not in the journal: a sample file written but never declared done (a crash between "
                         "rename and journal line); hsx-dump writes it again on the next run"

@@ -111,6 +111,7 @@ def test_kill9_dump_midway_then_rerun(run, tools, tiny, kill_input, reference, t
         proc.communicate(timeout=30)
         done = snapshot(out)
         assert 40 <= len(done) < N, "the dump finished before the kill"
+        assert len(list(out.glob(".hsx-run.*"))) == 1, "the killed run's lease is left behind"
         proc = run("hsx-dump", "--server", server.address, "--input", kill_input, "--out", out)
     assert f"skipped {len(done)} already done, failed 0" in proc.stdout, proc.stdout
     assert len(manifest(out)) == N
