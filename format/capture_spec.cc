@@ -29,7 +29,7 @@ absl::StatusOr<CaptureSpec> CaptureSpec::Make(std::vector<int> ids, bool final_n
     }
   }
   SortUnique(ids);
-  return CaptureSpec{std::move(ids), final_norm};
+  return CaptureSpec(std::move(ids), final_norm);
 }
 
 CaptureSpec CaptureSpec::Eagle3(int num_layers, bool final_norm) {
@@ -38,13 +38,13 @@ CaptureSpec CaptureSpec::Eagle3(int num_layers, bool final_norm) {
     if (id >= 0 && id <= num_layers) ids.push_back(id);
   }
   SortUnique(ids);
-  return {std::move(ids), final_norm};
+  return CaptureSpec(std::move(ids), final_norm);
 }
 
 CaptureSpec CaptureSpec::All(int num_layers, bool final_norm) {
-  CaptureSpec spec{{}, final_norm};
-  for (int i = 0; i <= num_layers; ++i) spec.ids.push_back(i);
-  return spec;
+  std::vector<int> ids;
+  for (int i = 0; i <= num_layers; ++i) ids.push_back(i);
+  return CaptureSpec(std::move(ids), final_norm);
 }
 
 absl::StatusOr<CaptureSpec> CaptureSpec::Parse(const std::string& text, int num_layers, bool final_norm) {
@@ -65,20 +65,21 @@ absl::StatusOr<CaptureSpec> CaptureSpec::Parse(const std::string& text, int num_
     spec = Make(std::move(ids), final_norm, num_layers);
     if (!spec.ok()) return spec.status();
   }
-  if (spec->ids.empty() && !final_norm) {
+  if (spec->ids().empty() && !final_norm) {
     return absl::InvalidArgumentError("nothing to capture: give capture ids or the final norm");
   }
   return spec;
 }
 
 CaptureSpec CaptureSpec::Union(const std::vector<const CaptureSpec*>& specs) {
-  CaptureSpec all;
+  std::vector<int> ids;
+  bool final_norm = false;
   for (const CaptureSpec* spec : specs) {
-    all.ids.insert(all.ids.end(), spec->ids.begin(), spec->ids.end());
-    all.final_norm |= spec->final_norm;
+    ids.insert(ids.end(), spec->ids_.begin(), spec->ids_.end());
+    final_norm |= spec->final_norm_;
   }
-  SortUnique(all.ids);
-  return all;
+  SortUnique(ids);
+  return CaptureSpec(std::move(ids), final_norm);
 }
 
 }  // namespace hsx

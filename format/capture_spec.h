@@ -3,11 +3,10 @@
 // wanted.
 //
 // Invariant: ids ascending, unique, each in [0, N] for the model's N layers.
-// Make, Parse, Eagle3, All and Union establish it; they are the one place
-// where capture sets are normalised (the server's flag, the request
-// validator, the batcher's union and hsx-dump all go through them). The
-// fields stay public so that aggregate code reads them directly; code that
-// writes them must keep the invariant.
+// Only Make, Parse, Eagle3, All and Union create a non-empty set, so every
+// CaptureSpec holds it; they are the one place where capture sets are
+// normalised (the server's flag, the request validator, the batcher's union
+// and hsx-dump all go through them).
 #ifndef HSX_FORMAT_CAPTURE_SPEC_H_
 #define HSX_FORMAT_CAPTURE_SPEC_H_
 
@@ -18,9 +17,9 @@
 
 namespace hsx {
 
-struct CaptureSpec {
-  std::vector<int> ids;
-  bool final_norm = false;
+class CaptureSpec {
+ public:
+  CaptureSpec() = default;  // nothing captured
 
   // Sorts and deduplicates `ids`; an id outside [0, num_layers] is
   // INVALID_ARGUMENT naming it as `field`[i] (e.g. "capture_ids[2] = 70 is
@@ -37,7 +36,18 @@ struct CaptureSpec {
   // The union of several sets (what one batch must capture for all of them).
   static CaptureSpec Union(const std::vector<const CaptureSpec*>& specs);
 
+  const std::vector<int>& ids() const { return ids_; }  // ascending, unique
+  bool final_norm() const { return final_norm_; }       // also the post-final-norm state
+  // The same ids, with the final norm wanted or not (it has no invariant).
+  CaptureSpec WithFinalNorm(bool final_norm) const { return CaptureSpec(ids_, final_norm); }
+
   bool operator==(const CaptureSpec&) const = default;
+
+ private:
+  CaptureSpec(std::vector<int> ids, bool final_norm) : ids_(std::move(ids)), final_norm_(final_norm) {}
+
+  std::vector<int> ids_;
+  bool final_norm_ = false;
 };
 
 }  // namespace hsx

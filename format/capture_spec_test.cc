@@ -12,8 +12,8 @@ using ::testing::HasSubstr;
 TEST(CaptureSpecTest, MakeSortsAndDeduplicates) {
   absl::StatusOr<CaptureSpec> spec = CaptureSpec::Make({7, 2, 7, 0}, true, 7);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->ids, (std::vector<int>{0, 2, 7}));
-  EXPECT_TRUE(spec->final_norm);
+  EXPECT_EQ(spec->ids(), (std::vector<int>{0, 2, 7}));
+  EXPECT_TRUE(spec->final_norm());
 }
 
 TEST(CaptureSpecTest, MakeNamesTheIdOutOfRange) {
@@ -25,15 +25,15 @@ TEST(CaptureSpecTest, MakeNamesTheIdOutOfRange) {
 }
 
 TEST(CaptureSpecTest, Eagle3AndAll) {
-  EXPECT_EQ(CaptureSpec::Eagle3(61).ids, (std::vector<int>{2, 30, 58, 61}));
-  EXPECT_EQ(CaptureSpec::Eagle3(4).ids, (std::vector<int>{1, 2, 4}));  // 2 = N/2 once
-  EXPECT_EQ(CaptureSpec::All(3, true), (CaptureSpec{{0, 1, 2, 3}, true}));
+  EXPECT_EQ(CaptureSpec::Eagle3(61).ids(), (std::vector<int>{2, 30, 58, 61}));
+  EXPECT_EQ(CaptureSpec::Eagle3(4).ids(), (std::vector<int>{1, 2, 4}));  // 2 = N/2 once
+  EXPECT_EQ(CaptureSpec::All(3, true), (*CaptureSpec::Make({3, 2, 1, 0}, true, 3)));
 }
 
 TEST(CaptureSpecTest, Parse) {
   EXPECT_EQ(*CaptureSpec::Parse("eagle3", 61, false), CaptureSpec::Eagle3(61));
   EXPECT_EQ(*CaptureSpec::Parse("all", 2, true), CaptureSpec::All(2, true));
-  EXPECT_EQ(CaptureSpec::Parse(" 3, 1,3", 4, false)->ids, (std::vector<int>{1, 3}));
+  EXPECT_EQ(CaptureSpec::Parse(" 3, 1,3", 4, false)->ids(), (std::vector<int>{1, 3}));
   EXPECT_THAT(std::string(CaptureSpec::Parse("1,x", 4, false).status().message()),
               HasSubstr("capture id 'x' is not an integer"));
   EXPECT_THAT(std::string(CaptureSpec::Parse("9", 4, false).status().message()),
@@ -43,9 +43,9 @@ TEST(CaptureSpecTest, Parse) {
 }
 
 TEST(CaptureSpecTest, UnionKeepsTheInvariant) {
-  const CaptureSpec a{{1, 4}, false};
-  const CaptureSpec b{{0, 4}, true};
-  EXPECT_EQ(CaptureSpec::Union({&a, &b}), (CaptureSpec{{0, 1, 4}, true}));
+  const CaptureSpec a = *CaptureSpec::Make({4, 1}, false, 4);
+  const CaptureSpec b = *CaptureSpec::Make({0, 4}, true, 4);
+  EXPECT_EQ(CaptureSpec::Union({&a, &b}), *CaptureSpec::Make({0, 1, 4}, true, 4));
   EXPECT_EQ(CaptureSpec::Union({}), CaptureSpec());
 }
 

@@ -92,9 +92,9 @@ absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
   const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());
   const int64_t size = OutputDTypeSize(sample.dtype);
   const int64_t tokens = static_cast<int64_t>(input.input_ids.size());
-  if (sample.capture_ids != spec.capture.ids) {
+  if (sample.capture_ids != spec.capture.ids()) {
     return absl::DataLossError(absl::StrCat(where, ": received capture ids ", IdsText(sample.capture_ids),
-                                            ", requested ", IdsText(spec.capture.ids)));
+                                            ", requested ", IdsText(spec.capture.ids())));
   }
   if (sample.dtype != spec.dtype) {
     return absl::DataLossError(absl::StrCat(where, ": received ", OutputDTypeName(sample.dtype),
@@ -109,10 +109,10 @@ absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
                                             tokens, ", ", layers, ", ", sample.hidden, "] ",
                                             OutputDTypeName(sample.dtype)));
   }
-  if (sample.has_final_norm != spec.capture.final_norm ||
+  if (sample.has_final_norm != spec.capture.final_norm() ||
       (sample.has_final_norm && static_cast<int64_t>(sample.final_norm.size()) != tokens * sample.hidden * size)) {
     return absl::DataLossError(absl::StrCat(where, ": final norm state ",
-                                            spec.capture.final_norm ? "missing or misshapen" : "not requested"));
+                                            spec.capture.final_norm() ? "missing or misshapen" : "not requested"));
   }
   std::vector<std::string> names;
   for (int id : sample.capture_ids) names.push_back(absl::StrCat("capture id ", id));
@@ -164,11 +164,11 @@ absl::Status CheckJournalEntry(const JournalEntry& e, int64_t line,
     return absl::FailedPreconditionError(absl::StrCat("cannot resume: ", where, ": the journal records ", what,
                                                       " ", journal, ", this run has ", now, advice));
   };
-  if (e.capture_ids != options.capture.ids) {
-    return differs("capture ids", IdsText(e.capture_ids), IdsText(options.capture.ids));
+  if (e.capture_ids != options.capture.ids()) {
+    return differs("capture ids", IdsText(e.capture_ids), IdsText(options.capture.ids()));
   }
-  if (e.final_norm != options.capture.final_norm) {
-    return differs("final_norm", e.final_norm ? "true" : "false", options.capture.final_norm ? "true" : "false");
+  if (e.final_norm != options.capture.final_norm()) {
+    return differs("final_norm", e.final_norm ? "true" : "false", options.capture.final_norm() ? "true" : "false");
   }
   if (e.dtype != OutputDTypeName(options.dtype)) return differs("dtype", e.dtype, OutputDTypeName(options.dtype));
   if (e.model != options.info.model_name) {
@@ -210,7 +210,7 @@ absl::Status CheckJournalEntry(const JournalEntry& e, int64_t line,
 }
 
 int64_t SampleStateBytes(const InputSample& input, const DumpOptions& options) {
-  const int64_t tensors = static_cast<int64_t>(options.capture.ids.size()) + (options.capture.final_norm ? 1 : 0);
+  const int64_t tensors = static_cast<int64_t>(options.capture.ids().size()) + (options.capture.final_norm() ? 1 : 0);
   return static_cast<int64_t>(input.input_ids.size()) * tensors * options.hidden_size * OutputDTypeSize(options.dtype);
 }
 

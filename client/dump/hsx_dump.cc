@@ -281,7 +281,7 @@ absl::Status Run() {
   absl::StatusOr<hsx::CaptureSpec> capture =
       hsx::CaptureSpec::Parse(absl::GetFlag(FLAGS_capture), transport->num_layers, absl::GetFlag(FLAGS_final_norm));
   if (!capture.ok()) return absl::InvalidArgumentError(absl::StrCat("--capture: ", capture.status().message()));
-  if (!servers.empty() && capture->ids.empty()) {
+  if (!servers.empty() && capture->ids().empty()) {
     return absl::InvalidArgumentError("--capture: --server needs at least one capture id");
   }
   hsx::InputLimits limits;

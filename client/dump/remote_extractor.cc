@@ -224,8 +224,8 @@ class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
     e.sample_id = call.request.sample_id();
     e.num_tokens = call.request.token_ids_size();
     e.token_ids_xxh64 = call.token_hash;
-    e.capture_ids = call.spec.capture.ids;
-    e.final_norm = call.spec.capture.final_norm;
+    e.capture_ids = call.spec.capture.ids();
+    e.final_norm = call.spec.capture.final_norm();
     e.dtype = call.spec.dtype;
     e.hidden_size = impl.expected_hidden();
     e.num_layers = impl.expected_layers();
@@ -504,9 +504,9 @@ void RemoteExtractor::Impl::Extract(const InputSample& sample, const ExtractSpec
   call->done = std::move(done);
   call->request.set_sample_id(std::to_string(sample.index));
   call->request.mutable_token_ids()->Add(sample.input_ids.begin(), sample.input_ids.end());
-  call->request.mutable_capture_ids()->Add(spec.capture.ids.begin(), spec.capture.ids.end());
+  call->request.mutable_capture_ids()->Add(spec.capture.ids().begin(), spec.capture.ids().end());
   call->request.set_dtype(OutputDTypeToProto(spec.dtype));
-  call->request.set_final_norm(spec.capture.final_norm);
+  call->request.set_final_norm(spec.capture.final_norm());
   call->token_hash = TokenIdsHash(sample.input_ids);
   {
     std::lock_guard<std::mutex> lock(mutex_);

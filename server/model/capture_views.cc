@@ -28,14 +28,14 @@ std::vector<SampleView> ViewBySample(std::shared_ptr<const Captures> captures, s
 }
 
 SampleView SelectCaptures(SampleView view, const CaptureSpec& wanted) {
-  if (!wanted.final_norm) view.final_norm = nullptr;
-  if (view.capture_ids == wanted.ids) return view;
+  if (!wanted.final_norm()) view.final_norm = nullptr;
+  if (view.capture_ids == wanted.ids()) return view;
   std::vector<const void*> layers;
-  for (int id : wanted.ids) {
+  for (int id : wanted.ids()) {
     const size_t index = std::find(view.capture_ids.begin(), view.capture_ids.end(), id) - view.capture_ids.begin();
     layers.push_back(view.layers[index]);
   }
-  view.capture_ids = wanted.ids;
+  view.capture_ids = wanted.ids();
   view.layers = std::move(layers);
   return view;
 }

@@ -223,7 +223,7 @@ absl::Status CheckFamily(const json& root, const ModelConfig& c, const std::stri
 }  // namespace
 
 std::vector<int> ModelConfig::Eagle3CaptureIds() const {
-  return CaptureSpec::Eagle3(static_cast<int>(num_hidden_layers)).ids;
+  return CaptureSpec::Eagle3(static_cast<int>(num_hidden_layers)).ids();
 }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std::string& file) {

@@ -286,23 +286,23 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   // rank 0 copies it out.
   const bool captures_here = communicator_ == nullptr || communicator_->rank() == 0;
   Captures result;
-  result.ids = capture.ids;
+  result.ids = capture.ids();
   result.tokens = tokens;
   result.hidden = hidden;
   result.type = backend_.activation_type();
   const size_t layer_bytes = static_cast<size_t>(tokens * hidden) * ElementSize(result.type);
   if (captures_here) {
-    HSX_ASSIGN_OR_RETURN(result.layers, host_pool_->Get(capture.ids.size() * layer_bytes));
+    HSX_ASSIGN_OR_RETURN(result.layers, host_pool_->Get(capture.ids().size() * layer_bytes));
   }
-  const int64_t last_layer = capture.final_norm ? c.num_hidden_layers : (capture.ids.empty() ? 0 : capture.ids.back());
+  const int64_t last_layer = capture.final_norm() ? c.num_hidden_layers : (capture.ids().empty() ? 0 : capture.ids().back());
 
   HSX_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> residual, backend_.Allocate(tokens, hidden, result.type));
   const Matrix h = residual->matrix();
   HSX_RETURN_IF_ERROR(Embed(*staged, h));
   auto capture_if_wanted = [&](int64_t id) {
-    auto it = std::find(capture.ids.begin(), capture.ids.end(), id);
-    if (!captures_here || it == capture.ids.end()) return;
-    backend_.CopyToHost(h, static_cast<char*>(result.layers->data()) + (it - capture.ids.begin()) * layer_bytes);
+    auto it = std::find(capture.ids().begin(), capture.ids().end(), id);
+    if (!captures_here || it == capture.ids().end()) return;
+    backend_.CopyToHost(h, static_cast<char*>(result.layers->data()) + (it - capture.ids().begin()) * layer_bytes);
   };
   for (int64_t l = 0; l < last_layer; ++l) {
     capture_if_wanted(l);
@@ -311,7 +311,7 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   }
   capture_if_wanted(last_layer);  // the stream after the last layer run (N, or the largest id)
   std::unique_ptr<Buffer> normed;
-  if (capture.final_norm && captures_here) {
+  if (capture.final_norm() && captures_here) {
     HSX_ASSIGN_OR_RETURN(normed, backend_.Allocate(tokens, hidden, result.type));
     HSX_ASSIGN_OR_RETURN(result.final_norm, host_pool_->Get(layer_bytes));
     backend_.RmsNorm(h, weights_.final_norm, static_cast<float>(c.rms_norm_eps), normed->matrix());

@@ -56,25 +56,25 @@ CaptureSpec UnionCapture(const std::vector<const CaptureSpec*>& specs) {
 }
 
 SampleStates SelectCaptures(SampleStates states, const CaptureSpec& wanted) {
-  if (states.capture_ids == wanted.ids) {
-    if (!wanted.final_norm) states.final_norm.clear();
+  if (states.capture_ids == wanted.ids()) {
+    if (!wanted.final_norm()) states.final_norm.clear();
     return states;
   }
   SampleStates out;
-  out.capture_ids = wanted.ids;
+  out.capture_ids = wanted.ids();
   out.tokens = states.tokens;
   out.hidden = states.hidden;
   const size_t have = states.capture_ids.size();
-  out.hidden_states.resize(out.tokens * wanted.ids.size() * out.hidden);
-  for (size_t w = 0; w < wanted.ids.size(); ++w) {
-    const size_t index = std::find(states.capture_ids.begin(), states.capture_ids.end(), wanted.ids[w]) -
+  out.hidden_states.resize(out.tokens * wanted.ids().size() * out.hidden);
+  for (size_t w = 0; w < wanted.ids().size(); ++w) {
+    const size_t index = std::find(states.capture_ids.begin(), states.capture_ids.end(), wanted.ids()[w]) -
                          states.capture_ids.begin();
     for (int64_t t = 0; t < out.tokens; ++t) {
       std::copy_n(&states.hidden_states[(t * have + index) * out.hidden], out.hidden,
-                  &out.hidden_states[(t * wanted.ids.size() + w) * out.hidden]);
+                  &out.hidden_states[(t * wanted.ids().size() + w) * out.hidden]);
     }
   }
-  if (wanted.final_norm) out.final_norm = std::move(states.final_norm);
+  if (wanted.final_norm()) out.final_norm = std::move(states.final_norm);
   return out;
 }
 
@@ -99,8 +99,8 @@ absl::Status Batcher::Submit(WorkItem item) {
   }
   if (options_.max_batch_bytes > 0) {
     const int64_t bytes = EstimateBatchBytes(engine_.config(), engine_.options().tp, {length},
-                                             static_cast<int64_t>(item.capture.ids.size()),
-                                             item.capture.final_norm);
+                                             static_cast<int64_t>(item.capture.ids().size()),
+                                             item.capture.final_norm());
     if (bytes > options_.max_batch_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat("sample of ", length, " tokens needs ", bytes,
                                                        " bytes, over the batch memory limit of ",

@@ -39,13 +39,13 @@ ExtractReactor::ExtractReactor(EncoderOptions encoder_options, CaptureSpec captu
 
 absl::Status ExtractReactor::CheckView(const SampleView& s) const {
   const size_t layers = s.capture_ids.size();
-  const bool shapes_ok = s.tokens == tokens_ && s.capture_ids == capture_.ids && s.layers.size() == layers &&
-                         (s.final_norm != nullptr) == capture_.final_norm &&
+  const bool shapes_ok = s.tokens == tokens_ && s.capture_ids == capture_.ids() && s.layers.size() == layers &&
+                         (s.final_norm != nullptr) == capture_.final_norm() &&
                          (s.type == ElementType::kF32 || s.type == ElementType::kBf16);
   if (shapes_ok) return absl::OkStatus();
   return absl::InternalError(absl::StrCat("the batcher returned states of ", s.tokens, " tokens and ", layers,
                                           " layers for a request of ", tokens_, " tokens and ",
-                                          capture_.ids.size(), " layers"));
+                                          capture_.ids().size(), " layers"));
 }
 
 void ExtractReactor::Deliver(absl::StatusOr<SampleView> view) {

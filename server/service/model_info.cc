@@ -28,7 +28,7 @@ absl::StatusOr<v1::ModelInfo> BuildModelInfo(const ServiceOptions& options, cons
   info.set_vocab_size(static_cast<int32_t>(config.vocab_size));
   info.set_compute_precision(options.precision_name());
   info.set_default_dtype(v1::DTYPE_BF16);
-  for (int id : options.default_capture.ids) info.add_default_capture_ids(id);
+  for (int id : options.default_capture.ids()) info.add_default_capture_ids(id);
   info.set_layer_convention(kLayerConvention);
   info.set_last_layer_state("pre-norm");
   info.set_tensor_parallel(options.tp);

@@ -33,8 +33,7 @@ absl::StatusOr<ValidatedRequest> ValidateExtractRequest(const v1::ExtractRequest
 
   ValidatedRequest out;
   if (request.capture_ids_size() == 0) {
-    out.capture = limits.default_capture;
-    out.capture.final_norm = limits.default_capture.final_norm || request.final_norm();
+    out.capture = limits.default_capture.WithFinalNorm(limits.default_capture.final_norm() || request.final_norm());
   } else {
     absl::StatusOr<CaptureSpec> capture =
         CaptureSpec::Make({request.capture_ids().begin(), request.capture_ids().end()}, request.final_norm(),

@@ -52,8 +52,8 @@ absl::StatusOr<std::string> RunSelfCheck(Engine& engine) {
   if (!batched.ok()) {
     return absl::InternalError(absl::StrCat("self-check: batched run failed: ", batched.status().message()));
   }
-  if (alone->tokens != 17 || batched->tokens != 17 || alone->capture_ids != capture.ids ||
-      batched->capture_ids != capture.ids) {
+  if (alone->tokens != 17 || batched->tokens != 17 || alone->capture_ids != capture.ids() ||
+      batched->capture_ids != capture.ids()) {
     return absl::InternalError("self-check: the 17-token sample came back with the wrong shape");
   }
   if (!SameBits(alone->hidden_states, batched->hidden_states) || !SameBits(alone->final_norm, batched->final_norm)) {
@@ -70,7 +70,7 @@ absl::StatusOr<std::string> RunSelfCheck(Engine& engine) {
     if (!nonzero) return absl::InternalError("self-check: all hidden states are zero");
   }
   return absl::StrCat("self-check passed: a 17-token sample alone and in a batch of 3 (5+17+30 tokens) agree bit "
-                      "for bit on all ", capture.ids.size(), " capture ids and the final norm");
+                      "for bit on all ", capture.ids().size(), " capture ids and the final norm");
 }
 
 }  // namespace hsx

@@ -256,7 +256,7 @@ std::string DescribeOptions(const ServiceOptions& o, const ModelConfig& config) 
       config.num_hidden_layers, " layers, hidden ", config.hidden_size, ", vocab ", config.vocab_size,
       "); device ", o.device, ", tp ", o.tp, ", precision ", o.precision_name(), ", threads ",
       o.threads == 0 ? std::string("all") : absl::StrCat(o.threads), "; default capture {",
-      absl::StrJoin(o.default_capture.ids, ","), "}", o.default_capture.final_norm ? " + final norm" : "",
+      absl::StrJoin(o.default_capture.ids(), ","), "}", o.default_capture.final_norm() ? " + final norm" : "",
       "; max tokens/sample ", o.max_tokens_per_sample, ", max batch tokens ", o.max_batch_tokens,
       ", max concurrent requests ", o.max_concurrent_requests, ", chunk ", Bytes(o.max_chunk_bytes),
       ", buffered/stream ", Bytes(o.max_buffered_bytes_per_stream), ", max request ", o.max_request_bytes,

@@ -242,8 +242,8 @@ TEST_F(InvarianceTest, BatcherDeliversEachSampleItsOwnCapture) {
     ASSERT_TRUE(got[i].ok()) << got[i].status();
     const SampleStates solo = RunBatchFree(engine, {samples[i]}, wanted[i])[0];
     EXPECT_TRUE(SameStates(*got[i], solo)) << "sample " << i;
-    EXPECT_EQ(got[i]->capture_ids, wanted[i].ids);
-    EXPECT_EQ(got[i]->final_norm.empty(), !wanted[i].final_norm);
+    EXPECT_EQ(got[i]->capture_ids, wanted[i].ids());
+    EXPECT_EQ(got[i]->final_norm.empty(), !wanted[i].final_norm());
   }
   BatcherOptions small;
   small.max_batch_tokens = 8;

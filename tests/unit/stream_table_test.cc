@@ -9,6 +9,7 @@
 #include <fstream>
 #include <ostream>
 #include <sstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -62,8 +63,10 @@ Verdict Judge(const json& c) {
   input.id = r["sample_id"].get<std::string>();
   input.input_ids = r["token_ids"].get<std::vector<int32_t>>();
   ExtractSpec spec;
-  spec.capture.ids = r["capture_ids"].get<std::vector<int>>();
-  spec.capture.final_norm = r["final_norm"].get<bool>();
+  absl::StatusOr<CaptureSpec> capture = CaptureSpec::Make(r["capture_ids"].get<std::vector<int>>(), r["final_norm"].get<bool>(),
+                                                          std::numeric_limits<int>::max());
+  if (!capture.ok()) return {"bad_table", std::string(capture.status().message())};
+  spec.capture = *capture;
   absl::StatusOr<OutputDType> dtype = ParseOutputDType(r["dtype"].get<std::string>());
   if (!dtype.ok()) return {"bad_table", std::string(dtype.status().message())};
   spec.dtype = *dtype;
@@ -71,8 +74,8 @@ Verdict Judge(const json& c) {
   expect.sample_id = input.id;
   expect.num_tokens = static_cast<int64_t>(input.input_ids.size());
   expect.token_ids_xxh64 = TokenIdsHash(input.input_ids);
-  expect.capture_ids = spec.capture.ids;
-  expect.final_norm = spec.capture.final_norm;
+  expect.capture_ids = spec.capture.ids();
+  expect.final_norm = spec.capture.final_norm();
   expect.dtype = spec.dtype;
   expect.hidden_size = r["hidden_size"].get<int64_t>();
   expect.num_layers = r["num_layers"].get<int64_t>();
