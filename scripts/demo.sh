@@ -65,21 +65,20 @@ tail -n 2 "$log"
 
 echo
 echo "== what was written"
-python3 - "$out" <<'PY'
-import json, os, struct, sys
+"$venv/bin/python" - "$out" <<'PY'
+import os, sys
+import hsx  # the Python client's reader (client/python/hsx/files.py), not a copy of it
 out = sys.argv[1]
 files = sorted((n for n in os.listdir(out) if n.endswith(".safetensors")), key=lambda n: int(n[3:].split(".")[0]))
 total_bytes = total_tokens = 0
 for name in files:
-    with open(os.path.join(out, name), "rb") as f:
-        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-    meta = header.pop("__metadata__")
-    hs = header["hidden_states"]
-    total_tokens += hs["shape"][0]
+    sample = hsx.read_sample(os.path.join(out, name))
+    hs = sample["hidden_states"]
+    total_tokens += hs.shape[0]
     total_bytes += os.path.getsize(os.path.join(out, name))
     if name in files[:3] or name == files[-1]:
-        print(f"  {name:22} id={meta['sample_id']:9} hidden_states {hs['dtype']} {hs['shape']}"
-              f"  capture_ids={meta['capture_ids']}  keys={sorted(header)}")
+        print(f"  {name:22} id={sample.sample_id:9} hidden_states {hs.dtype} {list(hs.shape)}"
+              f"  capture_ids={sample.capture_ids}  keys={sorted(sample)}")
 journal = sum(1 for _ in open(os.path.join(out, "manifest.jsonl")))
 print(f"  ... {len(files)} files, {total_tokens} tokens, {total_bytes / 2**20:.1f} MiB, "
       f"{journal} journal lines in {out}")
