@@ -98,14 +98,7 @@ TEST_F(CudaModelTest, BatchedEqualsSoloBitForBit) {
       std::vector<std::vector<int32_t>> samples;
       const int count = 2 + static_cast<int>(random() % 5);
       for (int i = 0; i < count; ++i) samples.push_back(Tokens(random, 1 + random() % (seed < 4 ? 2048 : 300)));
-      const std::vector<SampleStates> together = Run(*engine, samples);
-      ASSERT_EQ(together.size(), samples.size());
-      for (size_t i = 0; i < samples.size(); ++i) {
-        const std::vector<SampleStates> solo = Run(*engine, {samples[i]});
-        ASSERT_EQ(solo.size(), 1u);
-        EXPECT_TRUE(solo[0].hidden_states == together[i].hidden_states && solo[0].final_norm == together[i].final_norm)
-            << "seed " << seed << " sample " << i << " (" << samples[i].size() << " tokens)";
-      }
+      ::hsx::testing::ExpectBatchedEqualsSolo(*engine, samples, absl::StrCat("seed ", seed));
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "server/model/random_model.h"
 #include "server/model/sample_states.h"
@@ -56,6 +57,21 @@ inline std::vector<SampleStates> RunBatch(Engine& engine, const std::vector<std:
   EXPECT_TRUE(captures.ok()) << captures.status();
   if (!captures.ok()) return {};
   return SplitBySample(*captures, batch.cu_seqlens);
+}
+
+// Runs `samples` as one batch and then each alone, and expects every
+// sample's states bitwise equal both ways (the contract's batch-invariance
+// rule); `label` names the case in a failure.
+inline void ExpectBatchedEqualsSolo(Engine& engine, const std::vector<std::vector<int32_t>>& samples,
+                                    const std::string& label) {
+  const std::vector<SampleStates> together = RunBatch(engine, samples);
+  ASSERT_EQ(together.size(), samples.size());
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const std::vector<SampleStates> solo = RunBatch(engine, {samples[i]});
+    ASSERT_EQ(solo.size(), 1u);
+    EXPECT_TRUE(solo[0].hidden_states == together[i].hidden_states && solo[0].final_norm == together[i].final_norm)
+        << label << " sample " << i << " (" << samples[i].size() << " tokens)";
+  }
 }
 
 // Relative L2 error of each captured layer (and the final norm) of one sample.

@@ -111,14 +111,7 @@ TEST_P(TensorParallelTest, Tp8BatchedEqualsSoloBitForBit) {
   ASSERT_TRUE(engine);
   for (uint32_t seed = 0; seed < 4; ++seed) {
     const std::vector<std::vector<int32_t>> samples = Samples(100 + seed, 4, seed == 0 ? 1024 : 300);
-    const std::vector<SampleStates> together = Run(*engine, samples);
-    ASSERT_EQ(together.size(), samples.size());
-    for (size_t i = 0; i < samples.size(); ++i) {
-      const std::vector<SampleStates> solo = Run(*engine, {samples[i]});
-      ASSERT_EQ(solo.size(), 1u);
-      EXPECT_TRUE(solo[0].hidden_states == together[i].hidden_states && solo[0].final_norm == together[i].final_norm)
-          << "seed " << seed << " sample " << i << " (" << samples[i].size() << " tokens)";
-    }
+    ::hsx::testing::ExpectBatchedEqualsSolo(*engine, samples, absl::StrCat("seed ", seed));
   }
 }
 
