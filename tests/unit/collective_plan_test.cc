@@ -138,8 +138,8 @@ TEST(CollectivePlan, ExchangesReproduceThePlanBitwise) {
           ASSERT_EQ(sent.send.size(), e.receive.size());
           ASSERT_EQ(sent.send.begin, own.begin);
           ASSERT_TRUE(e.staging >= 0 && e.staging < ranks - 1) << "staging block " << e.staging;
-          std::memcpy(staging[r].data() + e.staging * own.size(), partials[e.peer].data() + sent.send.begin,
-                      sizeof(float) * sent.send.size());
+          std::copy_n(partials[e.peer].begin() + sent.send.begin, sent.send.size(),
+                      staging[r].begin() + e.staging * own.size());  // (memcpy of an empty slice passes null)
         }
       }
       // Each owner sums its slice in rank order from the summands' sources.
@@ -163,8 +163,7 @@ TEST(CollectivePlan, ExchangesReproduceThePlanBitwise) {
       for (int r = 0; r < ranks; ++r) {
         for (const PeerExchange& e : AllGatherExchanges(elements, ranks, r)) {
           ASSERT_EQ(e.send.begin, ReduceSlice(elements, ranks, r).begin);
-          std::memcpy(gathered[r].data() + e.receive.begin, data[e.peer].data() + e.receive.begin,
-                      sizeof(float) * e.receive.size());
+          std::copy_n(data[e.peer].begin() + e.receive.begin, e.receive.size(), gathered[r].begin() + e.receive.begin);
         }
       }
       const std::vector<float> want = RankOrderSum(partials);
