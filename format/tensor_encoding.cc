@@ -8,6 +8,7 @@
 
 #include <xxhash.h>
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -92,8 +93,15 @@ __attribute__((target("avx,f16c"))) void F32ToFp16F16c(const uint32_t* in, int64
   F32ToFp16Scalar(in + i, n - i, out + i);
 }
 
+// F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know
+// "f16c"); "avx" also says the OS saves the YMM registers.
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+
 void F32ToFp16(const uint32_t* in, int64_t n, uint16_t* out) {
-  static const bool f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool f16c = HasF16c();
   if (f16c) {
     F32ToFp16F16c(in, n, out);
   } else {
