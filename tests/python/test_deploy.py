@@ -234,7 +234,8 @@ def setup_sh_packages():
 # Test and tooling packages of scripts/setup.sh that the image's build does not use (patchelf sets
 # the device-check bundle's RPATHs).
 NOT_FOR_THE_IMAGE = {"git", "clang", "libclang-rt-14-dev", "python3-venv", "libgtest-dev", "libgmock-dev",
-                     "kubernetes-client", "patchelf"}
+                     "kubernetes-client", "patchelf",
+                     "ccache"}  # a developer convenience: the image builds once, from scratch
 
 
 def test_dockerfile_stages_base_images_and_build():
