@@ -36,15 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 from hsx_server import HsxServer  # noqa: E402
+from bench_util import run, wide_model  # noqa: E402
 
 SUMMARY = re.compile(r"(\d+) tokens, (\d+) bytes .* in ([\d.]+) s")
-
-
-def run(cmd):
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(map(str, cmd))}\n{proc.stderr}")
-    return proc.stdout
 
 
 def dump_numbers(stdout):
@@ -55,15 +49,8 @@ def dump_numbers(stdout):
 
 
 def transport_model(bin_dir, work):
-    run([bin_dir / "hsx-make-model", "--preset", "tiny", "--out", work / "tiny_for_config"])
-    config = json.loads((work / "tiny_for_config" / "config.json").read_text())
-    config.update({"hidden_size": 4096, "num_hidden_layers": 1, "vocab_size": 1024, "intermediate_size": 32,
-                   "num_attention_heads": 1, "num_key_value_heads": 1, "q_lora_rank": 64, "kv_lora_rank": 32,
-                   "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 8,
-                   "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1})
-    (work / "wide.json").write_text(json.dumps(config))
-    run([bin_dir / "hsx-make-model", "--config", work / "wide.json", "--out", work / "wide"])
-    return work / "wide"
+    return wide_model(bin_dir, work, hidden_size=4096, vocab_size=1024, n_routed_experts=8,
+                      num_experts_per_tok=2, moe_intermediate_size=32)
 
 
 def write_samples(path, count, vocab, lengths, seed=0):

@@ -41,17 +41,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "python"))
 from hsx_server import HsxServer  # noqa: E402
+from bench_util import run, wide_model  # noqa: E402
 
 SUMMARY = re.compile(r"(\d+) tokens, (\d+) bytes")
 TICK = os.sysconf("SC_CLK_TCK")
 CHUNK = 1 << 20
-
-
-def run(cmd):
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(map(str, cmd))}\n{proc.stderr}")
-    return proc.stdout
 
 
 def child(cmd, **kwargs):
@@ -84,16 +78,7 @@ def vm_hwm(pid):
 
 
 def make_model(bin_dir, work):
-    run([bin_dir / "hsx-make-model", "--preset", "tiny", "--out", work / "tiny_for_config"])
-    config = json.loads((work / "tiny_for_config" / "config.json").read_text())
-    config.update({"hidden_size": 7168, "vocab_size": 32000, "num_hidden_layers": 1, "intermediate_size": 32,
-                   "num_attention_heads": 1, "num_key_value_heads": 1, "q_lora_rank": 64, "kv_lora_rank": 32,
-                   "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 0,
-                   "first_k_dense_replace": 1})
-    (work / "wide.json").write_text(json.dumps(config))
-    run([bin_dir / "hsx-make-model", "--config", work / "wide.json", "--out", work / "wide"])
-    shutil.rmtree(work / "tiny_for_config")
-    return work / "wide"
+    return wide_model(bin_dir, work, hidden_size=7168, vocab_size=32000, n_routed_experts=0)
 
 
 def write_samples(path, count, vocab, lo, hi, seed=0):
