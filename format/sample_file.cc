@@ -71,7 +71,8 @@ absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtyp
 }
 
 absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
-                             const EncodedSample& sample, const SampleFileInfo& info) {
+                             const EncodedSample& sample, const SampleFileInfo& info,
+                             WrittenDigest* digest) {
   const int64_t tokens = sample.tokens;
   const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());
   const int64_t size = OutputDTypeSize(sample.dtype);
@@ -85,14 +86,12 @@ absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
   }
   SafetensorsWriter writer;
   nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
-  // The writer copies through these spans when it writes; `sample`, `ids` and
-  // `input` outlive writer.Write below.
+  // The writer writes these views straight to the file (no copy of the
+  // states); `sample`, `ids` and `input` outlive writer.Write below.
   auto add = [&](const std::string& name, DType type, std::vector<int64_t> shape,
                  std::span<const uint8_t> bytes) {
     checksums[name] = Xxh64Hex(bytes.data(), bytes.size());
-    writer.Add(name, type, std::move(shape), [bytes](std::span<uint8_t> out) {
-      std::memcpy(out.data(), bytes.data(), std::min(out.size(), bytes.size()));
-    });
+    writer.AddView(name, type, std::move(shape), bytes);
   };
   const DType type = ToSafetensorsDType(sample.dtype);
   add("hidden_states", type, {tokens, layers, sample.hidden}, AsBytes(sample.hidden_states));
@@ -117,7 +116,7 @@ absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
   writer.SetMetadata("num_layers", std::to_string(info.num_layers));
   writer.SetMetadata("dtype", OutputDTypeName(sample.dtype));
   writer.SetMetadata("checksums_xxh64", checksums.dump());
-  return writer.Write(path);
+  return writer.Write(path, digest);
 }
 
 }  // namespace hsx

@@ -24,6 +24,7 @@
 #include "format/input_sample.h"
 #include "format/layer_convention.h"
 #include "format/safetensors.h"
+#include "format/safetensors_writer.h"
 #include "format/sample_states.h"
 
 namespace hsx {
@@ -62,9 +63,12 @@ absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtyp
 // File name of sample `index`: hs_{index}.safetensors.
 std::string SampleFileName(int64_t index);
 
-// Writes one sample's file from its encoded states (see EncodeSampleStates).
+// Writes one sample's file from its encoded states (see EncodeSampleStates),
+// straight from their memory. When `digest` is set, fills it with the file's
+// size and XXH64, computed while writing (equal to hashing the file read back).
 absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
-                             const EncodedSample& sample, const SampleFileInfo& info);
+                             const EncodedSample& sample, const SampleFileInfo& info,
+                             WrittenDigest* digest = nullptr);
 
 // XXH64 (seed 0) of little-endian int64 values, 16 hex digits: the token_ids
 // and loss_mask checksums of the file metadata and the journal.

@@ -365,13 +365,13 @@ class DumpRun {
     const std::filesystem::path dir(options_.out_dir);
     const std::string final_path = (dir / SampleFileName(input.index)).string();
     const std::string staging = absl::StrCat(final_path, ".partial.", run_token_);
-    if (absl::Status s = WriteSampleFile(staging, input, sample, options_.info); !s.ok()) return s;
-    absl::StatusOr<FileDigest> digest = DigestFile(staging);
-    if (!digest.ok()) {
-      ::unlink(staging.c_str());
-      return digest.status();
+    // The file's digest is hashed as it is written: no read-back.
+    WrittenDigest written_digest;
+    if (absl::Status s = WriteSampleFile(staging, input, sample, options_.info, &written_digest); !s.ok()) {
+      return s;
     }
-    JournalEntry entry = MakeJournalEntry(input, sample, options_, *digest);
+    const FileDigest digest = ToFileDigest(written_digest);
+    JournalEntry entry = MakeJournalEntry(input, sample, options_, digest);
     if (auto it = redo_.find(input.index); it != redo_.end()) entry.supersedes = it->second;
     absl::StatusOr<bool> committed = journal_->Commit(
         entry,
@@ -385,7 +385,7 @@ class DumpRun {
     if (!committed.ok() || !*committed) ::unlink(staging.c_str());
     if (!committed.ok()) return committed.status();
     *written = *committed;
-    *bytes = digest->bytes;
+    *bytes = digest.bytes;
     return absl::OkStatus();
   }
 
