@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,6 +39,14 @@ struct SampleFileInfo {
   std::string compute_precision;  // "bf16" or "fp32"
 };
 
+// CheckEncodedValues' findings, made by a receiver while the bytes were in
+// cache (StreamAssembler checks each row as it lands): one entry per tensor
+// of an EncodedSample, its layers in order, then the final norm.
+struct EncodedValueCheck {
+  std::vector<char> nonzero;       // some value is neither +0 nor -0
+  std::vector<int64_t> first_bad;  // row * hidden + column of the first non-finite value, or -1
+};
+
 // One sample's states already in the output dtype: what an Extractor
 // delivers, so that remote bytes go to disk without a decode/encode round trip.
 struct EncodedSample {
@@ -48,6 +57,9 @@ struct EncodedSample {
   std::string hidden_states;      // [tokens, capture_ids.size(), hidden], little-endian dtype
   bool has_final_norm = false;
   std::string final_norm;         // [tokens, hidden] when has_final_norm
+  // Set by a receiver that checked the values on arrival; CheckSampleValues
+  // then reports from it instead of reading the states again.
+  std::optional<EncodedValueCheck> values_checked;
 };
 
 // Encodes float32 states (the in-process engine's output) into `dtype`.
@@ -59,6 +71,11 @@ EncodedSample EncodeSampleStates(const SampleStates& states, OutputDType dtype);
 absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtype, int64_t tokens,
                                 int64_t layers, int64_t hidden,
                                 const std::vector<std::string>& names);
+
+// CheckEncodedValues of the hidden states (layers named by `names`), then of
+// the final norm ("the final-norm state"): the same first error, taken from
+// sample.values_checked when it is set.
+absl::Status CheckSampleValues(const EncodedSample& sample, const std::vector<std::string>& names);
 
 // File name of sample `index`: hs_{index}.safetensors.
 std::string SampleFileName(int64_t index);

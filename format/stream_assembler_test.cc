@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "format/layer_convention.h"
@@ -207,6 +208,58 @@ TEST(StreamAssemblerTest, EveryCorruptionIsRefused) {
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
     // Sticky: nothing is accepted after an error, not even a valid header.
     EXPECT_EQ(a.Consume(Stream(OutputDType::kBf16, true)[0]).code(), absl::StatusCode::kDataLoss);
+  }
+}
+
+// The assembler checks each row's values as it lands (values_checked); the
+// errors it leads to must be exactly those of reading the states again.
+// Streams are corrupted in their chunks' bytes with the trailer's checksums
+// recomputed, as a sender that does not check would send them.
+TEST(StreamAssemblerTest, ValuesCheckedOnArrivalGiveTheSameErrorsAsACheckAfterwards) {
+  const std::vector<std::string> names = {"capture id 2", "capture id 3", "capture id 7"};
+  // (tensor index, row, column) of values set to all-ones bytes (NaN in every dtype); a row of -1
+  // zeroes the whole tensor.
+  using Edit = std::vector<std::tuple<int, int64_t, int64_t>>;
+  const std::vector<std::pair<Edit, std::string>> cases = {
+      {{}, ""},
+      {{{2, 1, 3}, {0, 3, 0}}, "non-finite value (nan) in capture id 7 row 1 column 3"},
+      {{{1, 2, 1}, {0, 2, 2}}, "non-finite value (nan) in capture id 2 row 2 column 2"},
+      {{{1, 0, 0}, {1, 4, 1}}, "non-finite value (nan) in capture id 3 row 0 column 0"},
+      {{{1, -1, 0}}, "capture id 3 is all zeros"},
+      {{{1, -1, 0}, {2, 4, 3}}, "non-finite value (nan) in capture id 7 row 4 column 3"},
+      {{{3, 2, 1}}, "non-finite value (nan) in the final-norm state row 2 column 1"},
+      {{{3, -1, 0}}, "the final-norm state is all zeros"},
+  };
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+    for (const auto& [edits, message] : cases) {
+      SCOPED_TRACE(OutputDTypeName(dtype) + ": " + message);
+      std::vector<v1::ExtractResponse> stream = Stream(dtype, true);
+      const int64_t size = OutputDTypeSize(dtype);
+      for (const auto& [tensor, row, column] : edits) {
+        for (int c = 0; c < 3; ++c) {  // chunks hold rows 0-1, 2-3, 4
+          std::string* data = stream[1 + 3 * tensor + c].mutable_chunk()->mutable_data();
+          if (row < 0) {
+            std::fill(data->begin(), data->end(), '\0');
+          } else if (row / 2 == c) {
+            data->replace(static_cast<size_t>(((row % 2) * kHidden + column) * size), size, size, '\xff');
+          }
+        }
+      }
+      for (int k = 0; k < 4; ++k) {
+        std::string bytes;
+        for (int c = 0; c < 3; ++c) bytes += stream[1 + 3 * k + c].chunk().data();
+        stream.back().mutable_trailer()->mutable_checksums(k)->set_xxh64(Xxh64(bytes.data(), bytes.size()));
+      }
+      StreamAssembler a(Expect(dtype, true));
+      ASSERT_TRUE(Feed(a, stream).ok()) << Feed(a, stream);
+      EncodedSample got = a.Take();
+      ASSERT_TRUE(got.values_checked.has_value());
+      const absl::Status on_arrival = CheckSampleValues(got, names);
+      got.values_checked.reset();
+      const absl::Status afterwards = CheckSampleValues(got, names);
+      EXPECT_EQ(on_arrival, afterwards);
+      EXPECT_EQ(std::string(on_arrival.message()), message);
+    }
   }
 }
 

@@ -115,20 +115,9 @@ absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
   }
   std::vector<std::string> names;
   for (int id : sample.capture_ids) names.push_back(absl::StrCat("capture id ", id));
-  const auto bytes = [](const std::string& s) {
-    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size());
-  };
-  if (absl::Status s = CheckEncodedValues(bytes(sample.hidden_states), sample.dtype, tokens, layers,
-                                          sample.hidden, names);
-      !s.ok()) {
+  // Checked on arrival by the stream assembler (values_checked), else read here.
+  if (absl::Status s = CheckSampleValues(sample, names); !s.ok()) {
     return absl::DataLossError(absl::StrCat(where, ": ", s.message()));
-  }
-  if (sample.has_final_norm) {
-    if (absl::Status s = CheckEncodedValues(bytes(sample.final_norm), sample.dtype, tokens, 1, sample.hidden,
-                                            {"the final-norm state"});
-        !s.ok()) {
-      return absl::DataLossError(absl::StrCat(where, ": ", s.message()));
-    }
   }
   return absl::OkStatus();
 }
