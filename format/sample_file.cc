@@ -149,17 +149,18 @@ absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
   // The writer writes these views straight to the file (no copy of the
   // states); `sample`, `ids` and `input` outlive writer.Write below.
   auto add = [&](const std::string& name, DType type, std::vector<int64_t> shape,
-                 std::span<const uint8_t> bytes) {
-    checksums[name] = Xxh64Hex(bytes.data(), bytes.size());
+                 std::span<const uint8_t> bytes, std::optional<uint64_t> known = std::nullopt) {
+    checksums[name] = known ? absl::StrFormat("%016x", *known) : Xxh64Hex(bytes.data(), bytes.size());
     writer.AddView(name, type, std::move(shape), bytes);
   };
   const DType type = ToSafetensorsDType(sample.dtype);
-  add("hidden_states", type, {tokens, layers, sample.hidden}, AsBytes(sample.hidden_states));
+  add("hidden_states", type, {tokens, layers, sample.hidden}, AsBytes(sample.hidden_states),
+      sample.hidden_states_xxh64);
   const std::vector<int64_t> ids(input.input_ids.begin(), input.input_ids.end());
   add("token_ids", DType::kI64, {tokens}, AsBytes(ids));
   if (input.loss_mask) add("loss_mask", DType::kI64, {tokens}, AsBytes(*input.loss_mask));
   if (sample.has_final_norm) {
-    add("final_norm_hidden_states", type, {tokens, sample.hidden}, AsBytes(sample.final_norm));
+    add("final_norm_hidden_states", type, {tokens, sample.hidden}, AsBytes(sample.final_norm), sample.final_norm_xxh64);
   }
   const bool has_last = !sample.capture_ids.empty() && sample.capture_ids.back() == info.num_layers;
   writer.SetMetadata("format", "pt");

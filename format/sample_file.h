@@ -60,6 +60,12 @@ struct EncodedSample {
   // Set by a receiver that checked the values on arrival; CheckSampleValues
   // then reports from it instead of reading the states again.
   std::optional<EncodedValueCheck> values_checked;
+  // XXH64 (seed 0) of hidden_states / final_norm as they are, when a
+  // receiver already computed it (StreamAssembler, from the bytes it
+  // verified against the trailer); WriteSampleFile then does not hash them
+  // again for the file's checksums. Whoever changes the bytes resets these.
+  std::optional<uint64_t> hidden_states_xxh64;
+  std::optional<uint64_t> final_norm_xxh64;
 };
 
 // Encodes float32 states (the in-process engine's output) into `dtype`.

@@ -309,6 +309,10 @@ absl::Status StreamAssembler::OnTrailer(const v1::Trailer& t) {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     if (!seen[i]) return absl::DataLossError(absl::StrCat("the trailer has no checksum for ", TensorName(tensors_[i])));
   }
+  // A tensor whose rows are contiguous in the sample hashed to its file
+  // checksum already: one layer's hidden states, the final norm.
+  if (sample_.capture_ids.size() == 1) sample_.hidden_states_xxh64 = digests_[0];
+  if (sample_.has_final_norm) sample_.final_norm_xxh64 = digests_.back();
   trailer_ = true;
   return absl::OkStatus();
 }
