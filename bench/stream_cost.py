@@ -20,7 +20,7 @@ CPU-ns per byte over the repeats, and ratios of medians: server / socket sender,
 socket receiver, python / hsx-dump --discard. The server's peak RSS (VmHWM) is printed per dtype.
 
     ~/.cache/hsx/venv/bin/python bench/stream_cost.py [--bin-dir build/bin] [--repeats 3]
-        [--dtypes bf16,fp16,fp32] [--server-flag=--some-flag ...]
+        [--dtypes bf16,fp16,fp32] [--sides socket,discard,disk,python] [--server-flag=--some-flag ...]
 """
 
 import argparse
@@ -168,7 +168,7 @@ def hsx_side(server, cmd):
     return fn
 
 
-def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags):
+def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags, names):
     flags = ["--capture", "0", "--dtype", dtype, "--concurrency", "4"]
 
     def dump(discard):
@@ -195,11 +195,10 @@ def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags):
         }
         # Warm-up (one pass each) and the byte count the socket pair moves.
         total = None
-        for fn in sides.values():
-            server_cpu, client_cpu, nbytes = fn()
+        for name in ["discard"] + [n for n in names if n not in ("socket", "discard")]:
+            server_cpu, client_cpu, nbytes = sides[name]()
             total = total or nbytes
         sides["socket"] = lambda: socket_side(work, total)
-        names = ["socket", "discard", "disk", "python"]
         runs = {name: [] for name in names}
         for r in range(repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:
@@ -216,14 +215,14 @@ def fmt(values):
     return f"{statistics.median(values):6.3f} [{min(values):.3f}-{max(values):.3f}]"
 
 
-def report(dtype, total, runs, hwm):
+def report(dtype, total, runs, hwm, names):
     sock_send = [s for s, _ in runs["socket"]]
     sock_recv = [c for _, c in runs["socket"]]
     discard_client = [c for _, c in runs["discard"]]
     print(f"\n{dtype}: {total / 1e9:.3f} GB per run; server peak RSS (VmHWM) {hwm / 2**20:.0f} MiB")
     print(f"{'side':10} {'server ns/B':>24} {'client ns/B':>24} {'server/sock send':>17} {'client/sock recv':>17}"
           f" {'client/discard':>15}")
-    for name in ["socket", "discard", "disk", "python"]:
+    for name in names:
         server = [s for s, _ in runs[name]]
         client = [c for _, c in runs[name]]
         print(f"{name:10} {fmt(server):>24} {fmt(client):>24} "
@@ -238,6 +237,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats per side (at least 3)")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--sides", default="socket,discard,disk,python",
+                        help="which sides to run (socket and discard always run: the ratios need them)")
     parser.add_argument("--server-flag", action="append", default=[], help="extra hsx-server flag (repeatable)")
     # Internal: the child processes' roles.
     parser.add_argument("--role", choices=["send", "recv", "python"], help=argparse.SUPPRESS)
@@ -264,9 +265,10 @@ def main():
         print(f"stream_cost: hidden 7168, vocab 32000, --capture 0, {args.samples} samples of 512-2048 tokens, "
               f"concurrency 4, {args.repeats} interleaved repeats; value = median [min-max] CPU-ns per byte; "
               f"ratios of medians")
+        names = ["socket", "discard"] + [n for n in ("disk", "python") if n in args.sides.split(",")]
         for dtype in args.dtypes.split(","):
-            total, runs, hwm = bench_dtype(bin_dir, work, model, samples, dtype, args.repeats, args.server_flag)
-            report(dtype, total, runs, hwm)
+            total, runs, hwm = bench_dtype(bin_dir, work, model, samples, dtype, args.repeats, args.server_flag, names)
+            report(dtype, total, runs, hwm, names)
             sys.stdout.flush()
     finally:
         shutil.rmtree(work, ignore_errors=True)

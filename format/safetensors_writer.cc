@@ -11,6 +11,7 @@
 #include <random>
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -92,12 +93,64 @@ class TempFile {
   bool committed_ = false;
 };
 
+// Hashes what goes to a TempFile, in blocks small enough to still be in the
+// cache when the kernel copies them (one pass over memory for both).
+class HashingAppender {
+ public:
+  HashingAppender(TempFile& file, bool hash) : file_(file), state_(hash ? XXH64_createState() : nullptr) {
+    if (state_ != nullptr) XXH64_reset(state_, 0);
+  }
+  ~HashingAppender() {
+    if (state_ != nullptr) XXH64_freeState(state_);
+  }
+
+  absl::Status Append(std::span<const uint8_t> bytes) {
+    constexpr size_t kBlock = 256 << 10;
+    while (!bytes.empty()) {
+      const std::span<const uint8_t> block = bytes.first(std::min(bytes.size(), kBlock));
+      if (state_ != nullptr) XXH64_update(state_, block.data(), block.size());
+      if (absl::Status s = file_.Append(block); !s.ok()) return s;
+      bytes_ += block.size();
+      bytes = bytes.subspan(block.size());
+    }
+    return absl::OkStatus();
+  }
+
+  // A hole: hashed as the zeros it reads back as.
+  absl::Status Skip(uint64_t bytes) {
+    if (state_ != nullptr) {
+      static const std::vector<uint8_t> zeros(1 << 16, 0);
+      for (uint64_t left = bytes; left > 0;) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(left, zeros.size()));
+        XXH64_update(state_, zeros.data(), n);
+        left -= n;
+      }
+    }
+    bytes_ += bytes;
+    return file_.Skip(bytes);
+  }
+
+  WrittenDigest digest() const { return {bytes_, state_ != nullptr ? XXH64_digest(state_) : 0}; }
+
+ private:
+  TempFile& file_;
+  XXH64_state_t* state_;
+  uint64_t bytes_ = 0;
+};
+
 }  // namespace
 
 void SafetensorsWriter::Add(std::string name, DType dtype, std::vector<int64_t> shape, Fill fill) {
   uint64_t bytes = static_cast<uint64_t>(DTypeSize(dtype));
   for (int64_t dim : shape) bytes *= static_cast<uint64_t>(dim);
-  entries_.push_back({std::move(name), dtype, std::move(shape), std::move(fill), bytes});
+  entries_.push_back({std::move(name), dtype, std::move(shape), std::move(fill), {}, bytes});
+}
+
+void SafetensorsWriter::AddView(std::string name, DType dtype, std::vector<int64_t> shape,
+                                std::span<const uint8_t> bytes) {
+  uint64_t size = static_cast<uint64_t>(DTypeSize(dtype));
+  for (int64_t dim : shape) size *= static_cast<uint64_t>(dim);
+  entries_.push_back({std::move(name), dtype, std::move(shape), nullptr, bytes, size});
 }
 
 void SafetensorsWriter::AddBytes(std::string name, DType dtype, std::vector<int64_t> shape,
@@ -115,7 +168,7 @@ uint64_t SafetensorsWriter::data_bytes() const {
   return total;
 }
 
-absl::Status SafetensorsWriter::Write(const std::string& path) const {
+absl::Status SafetensorsWriter::Write(const std::string& path, WrittenDigest* digest) const {
   std::vector<const Entry*> order;
   for (const Entry& entry : entries_) order.push_back(&entry);
   std::stable_sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
@@ -137,22 +190,33 @@ absl::Status SafetensorsWriter::Write(const std::string& path) const {
 
   TempFile file(path);
   if (absl::Status s = file.Open(); !s.ok()) return s;
-  if (absl::Status s = file.Append(length); !s.ok()) return s;
-  if (absl::Status s = file.Append({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+  HashingAppender out(file, digest != nullptr);
+  if (absl::Status s = out.Append(length); !s.ok()) return s;
+  if (absl::Status s = out.Append({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
       !s.ok()) {
     return s;
   }
   std::vector<uint8_t> buffer;
   for (const Entry* entry : order) {
     if (entry->bytes >= zero_from_) {
-      if (absl::Status s = file.Skip(entry->bytes); !s.ok()) return s;
+      if (absl::Status s = out.Skip(entry->bytes); !s.ok()) return s;
+      continue;
+    }
+    if (!entry->fill) {  // a view: written from the caller's memory
+      if (entry->view.size() != entry->bytes) {
+        return absl::InternalError(absl::StrCat(path, ": tensor ", entry->name, " has ", entry->view.size(),
+                                                " bytes for a shape of ", entry->bytes));
+      }
+      if (absl::Status s = out.Append(entry->view); !s.ok()) return s;
       continue;
     }
     buffer.assign(entry->bytes, 0);
     entry->fill(buffer);
-    if (absl::Status s = file.Append(buffer); !s.ok()) return s;
+    if (absl::Status s = out.Append(buffer); !s.ok()) return s;
   }
-  return file.Commit();
+  if (absl::Status s = file.Commit(); !s.ok()) return s;
+  if (digest != nullptr) *digest = out.digest();
+  return absl::OkStatus();
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {

@@ -22,6 +22,13 @@
 
 namespace hsx {
 
+// The size and XXH64 (seed 0) of every byte of a written file, computed as
+// the bytes are written (no read-back).
+struct WrittenDigest {
+  uint64_t bytes = 0;
+  uint64_t xxh64 = 0;
+};
+
 class SafetensorsWriter {
  public:
   // Fills the tensor's bytes (little-endian, row-major).
@@ -31,6 +38,11 @@ class SafetensorsWriter {
   // Copies `bytes`, which must hold product(shape) * DTypeSize(dtype) bytes.
   void AddBytes(std::string name, DType dtype, std::vector<int64_t> shape,
                 std::span<const uint8_t> bytes);
+  // Writes `bytes` (product(shape) * DTypeSize(dtype) of them) straight from
+  // the caller's memory: no copy in user space. They must stay alive and
+  // unchanged until Write() returns.
+  void AddView(std::string name, DType dtype, std::vector<int64_t> shape,
+               std::span<const uint8_t> bytes);
   void SetMetadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
   // Tensors of at least `bytes` bytes are not filled: Write() leaves them as
   // holes in the file, which read back as zeros (and take no disk space).
@@ -40,15 +52,19 @@ class SafetensorsWriter {
   uint64_t data_bytes() const;
   size_t num_tensors() const { return entries_.size(); }
 
-  // Writes everything added to `path` (temporary file, fsync, rename).
-  absl::Status Write(const std::string& path) const;
+  // Writes everything added to `path` (temporary file, fsync, rename). When
+  // `digest` is set, fills it with the file's size and XXH64, hashed block
+  // by block just before each block is written, so it equals a digest of
+  // the file read back.
+  absl::Status Write(const std::string& path, WrittenDigest* digest = nullptr) const;
 
  private:
   struct Entry {
     std::string name;
     DType dtype;
     std::vector<int64_t> shape;
-    Fill fill;
+    Fill fill;                        // empty for a view
+    std::span<const uint8_t> view;    // AddView's bytes
     uint64_t bytes;
   };
   std::vector<Entry> entries_;

@@ -70,8 +70,69 @@ absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtyp
   return absl::OkStatus();
 }
 
+namespace {
+
+// CheckEncodedValues' errors, from a receiver's findings for `count` tensors
+// starting at `first`, with CheckEncodedValues' order: the first non-finite
+// value by row, then by layer; then the first all-zero layer.
+absl::Status CheckedStatus(const EncodedSample& sample, const std::string& bytes, size_t first, size_t count,
+                           const std::vector<std::string>& names) {
+  const EncodedValueCheck& check = *sample.values_checked;
+  const int64_t size = OutputDTypeSize(sample.dtype);
+  int64_t bad_row = -1;
+  size_t bad = 0;
+  for (size_t l = 0; l < count; ++l) {
+    const int64_t at = check.first_bad[first + l];
+    if (at >= 0 && (bad_row < 0 || at / sample.hidden < bad_row)) {
+      bad_row = at / sample.hidden;
+      bad = l;
+    }
+  }
+  if (bad_row >= 0) {
+    const int64_t column = check.first_bad[first + bad] % sample.hidden;
+    const size_t offset = static_cast<size_t>(((bad_row * static_cast<int64_t>(count) + static_cast<int64_t>(bad)) *
+                                                   sample.hidden + column) * size);
+    const float value = DecodeValues(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()) + offset, size), sample.dtype)[0];
+    return absl::DataLossError(absl::StrCat("non-finite value (", value, ") in ", names[bad], " row ", bad_row,
+                                            " column ", column));
+  }
+  for (size_t l = 0; l < count; ++l) {
+    if (!check.nonzero[first + l]) return absl::DataLossError(absl::StrCat(names[l], " is all zeros"));
+  }
+  return absl::OkStatus();
+}
+
+std::span<const uint8_t> Bytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+}  // namespace
+
+absl::Status CheckSampleValues(const EncodedSample& sample, const std::vector<std::string>& names) {
+  const size_t layers = sample.capture_ids.size();
+  const std::vector<std::string> final_name = {"the final-norm state"};
+  const size_t tensors = layers + (sample.has_final_norm ? 1 : 0);
+  if (sample.values_checked && sample.values_checked->nonzero.size() == tensors &&
+      sample.values_checked->first_bad.size() == tensors) {
+    if (absl::Status s = CheckedStatus(sample, sample.hidden_states, 0, layers, names); !s.ok()) return s;
+    if (sample.has_final_norm) return CheckedStatus(sample, sample.final_norm, layers, 1, final_name);
+    return absl::OkStatus();
+  }
+  if (absl::Status s = CheckEncodedValues(Bytes(sample.hidden_states), sample.dtype, sample.tokens,
+                                          static_cast<int64_t>(layers), sample.hidden, names);
+      !s.ok()) {
+    return s;
+  }
+  if (sample.has_final_norm) {
+    return CheckEncodedValues(Bytes(sample.final_norm), sample.dtype, sample.tokens, 1, sample.hidden, final_name);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
-                             const EncodedSample& sample, const SampleFileInfo& info) {
+                             const EncodedSample& sample, const SampleFileInfo& info,
+                             WrittenDigest* digest) {
   const int64_t tokens = sample.tokens;
   const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());
   const int64_t size = OutputDTypeSize(sample.dtype);
@@ -85,22 +146,21 @@ absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
   }
   SafetensorsWriter writer;
   nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
-  // The writer copies through these spans when it writes; `sample`, `ids` and
-  // `input` outlive writer.Write below.
+  // The writer writes these views straight to the file (no copy of the
+  // states); `sample`, `ids` and `input` outlive writer.Write below.
   auto add = [&](const std::string& name, DType type, std::vector<int64_t> shape,
-                 std::span<const uint8_t> bytes) {
-    checksums[name] = Xxh64Hex(bytes.data(), bytes.size());
-    writer.Add(name, type, std::move(shape), [bytes](std::span<uint8_t> out) {
-      std::memcpy(out.data(), bytes.data(), std::min(out.size(), bytes.size()));
-    });
+                 std::span<const uint8_t> bytes, std::optional<uint64_t> known = std::nullopt) {
+    checksums[name] = known ? absl::StrFormat("%016x", *known) : Xxh64Hex(bytes.data(), bytes.size());
+    writer.AddView(name, type, std::move(shape), bytes);
   };
   const DType type = ToSafetensorsDType(sample.dtype);
-  add("hidden_states", type, {tokens, layers, sample.hidden}, AsBytes(sample.hidden_states));
+  add("hidden_states", type, {tokens, layers, sample.hidden}, AsBytes(sample.hidden_states),
+      sample.hidden_states_xxh64);
   const std::vector<int64_t> ids(input.input_ids.begin(), input.input_ids.end());
   add("token_ids", DType::kI64, {tokens}, AsBytes(ids));
   if (input.loss_mask) add("loss_mask", DType::kI64, {tokens}, AsBytes(*input.loss_mask));
   if (sample.has_final_norm) {
-    add("final_norm_hidden_states", type, {tokens, sample.hidden}, AsBytes(sample.final_norm));
+    add("final_norm_hidden_states", type, {tokens, sample.hidden}, AsBytes(sample.final_norm), sample.final_norm_xxh64);
   }
   const bool has_last = !sample.capture_ids.empty() && sample.capture_ids.back() == info.num_layers;
   writer.SetMetadata("format", "pt");
@@ -117,7 +177,7 @@ absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
   writer.SetMetadata("num_layers", std::to_string(info.num_layers));
   writer.SetMetadata("dtype", OutputDTypeName(sample.dtype));
   writer.SetMetadata("checksums_xxh64", checksums.dump());
-  return writer.Write(path);
+  return writer.Write(path, digest);
 }
 
 }  // namespace hsx

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "format/input_sample.h"
 #include "format/layer_convention.h"
 #include "format/safetensors.h"
+#include "format/safetensors_writer.h"
 #include "format/sample_states.h"
 
 namespace hsx {
@@ -37,6 +39,14 @@ struct SampleFileInfo {
   std::string compute_precision;  // "bf16" or "fp32"
 };
 
+// CheckEncodedValues' findings, made by a receiver while the bytes were in
+// cache (StreamAssembler checks each row as it lands): one entry per tensor
+// of an EncodedSample, its layers in order, then the final norm.
+struct EncodedValueCheck {
+  std::vector<char> nonzero;       // some value is neither +0 nor -0
+  std::vector<int64_t> first_bad;  // row * hidden + column of the first non-finite value, or -1
+};
+
 // One sample's states already in the output dtype: what an Extractor
 // delivers, so that remote bytes go to disk without a decode/encode round trip.
 struct EncodedSample {
@@ -47,6 +57,15 @@ struct EncodedSample {
   std::string hidden_states;      // [tokens, capture_ids.size(), hidden], little-endian dtype
   bool has_final_norm = false;
   std::string final_norm;         // [tokens, hidden] when has_final_norm
+  // Set by a receiver that checked the values on arrival; CheckSampleValues
+  // then reports from it instead of reading the states again.
+  std::optional<EncodedValueCheck> values_checked;
+  // XXH64 (seed 0) of hidden_states / final_norm as they are, when a
+  // receiver already computed it (StreamAssembler, from the bytes it
+  // verified against the trailer); WriteSampleFile then does not hash them
+  // again for the file's checksums. Whoever changes the bytes resets these.
+  std::optional<uint64_t> hidden_states_xxh64;
+  std::optional<uint64_t> final_norm_xxh64;
 };
 
 // Encodes float32 states (the in-process engine's output) into `dtype`.
@@ -59,12 +78,20 @@ absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtyp
                                 int64_t layers, int64_t hidden,
                                 const std::vector<std::string>& names);
 
+// CheckEncodedValues of the hidden states (layers named by `names`), then of
+// the final norm ("the final-norm state"): the same first error, taken from
+// sample.values_checked when it is set.
+absl::Status CheckSampleValues(const EncodedSample& sample, const std::vector<std::string>& names);
+
 // File name of sample `index`: hs_{index}.safetensors.
 std::string SampleFileName(int64_t index);
 
-// Writes one sample's file from its encoded states (see EncodeSampleStates).
+// Writes one sample's file from its encoded states (see EncodeSampleStates),
+// straight from their memory. When `digest` is set, fills it with the file's
+// size and XXH64, computed while writing (equal to hashing the file read back).
 absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
-                             const EncodedSample& sample, const SampleFileInfo& info);
+                             const EncodedSample& sample, const SampleFileInfo& info,
+                             WrittenDigest* digest = nullptr);
 
 // XXH64 (seed 0) of little-endian int64 values, 16 hex digits: the token_ids
 // and loss_mask checksums of the file metadata and the journal.

@@ -1,6 +1,8 @@
 // stream_assembler.cc: the checks and the reassembly of one response stream.
 #include "format/stream_assembler.h"
 
+#include "format/tensor_encoding.h"
+
 #include <google/protobuf/io/coded_stream.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "format/tensor_encoding.h"
 
 namespace hsx {
 namespace {
@@ -99,6 +102,8 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
   if (sample_.has_final_norm) sample_.final_norm.resize(static_cast<size_t>(tokens * row_bytes_));
   tensors_ = ids;
   if (sample_.has_final_norm) tensors_.push_back(-1);
+  sample_.values_checked = EncodedValueCheck{std::vector<char>(tensors_.size(), 0),
+                                             std::vector<int64_t>(tensors_.size(), -1)};
   XXH64_reset(hash_, 0);
   return absl::OkStatus();
 }
@@ -149,9 +154,12 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
     return base + offset % row_bytes_;
   };
   const bool contiguous = want < 0 || layers == 1;
+  EncodedValueCheck& check = *sample_.values_checked;
   int64_t offset = 0;
+  int64_t checked_rows = 0;  // of this chunk
   for (const auto& [bytes, length] : data) {
-    // Copy the piece (row by row where rows interleave), then hash it while it is in cache.
+    // Copy the piece (row by row where rows interleave), then hash it and
+    // check the rows it completed while they are in cache.
     for (size_t done = 0; done < length;) {
       const int64_t at = offset + static_cast<int64_t>(done);
       const size_t n = contiguous ? length - done
@@ -161,6 +169,13 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
     }
     XXH64_update(hash_, bytes, length);
     offset += static_cast<int64_t>(length);
+    for (; checked_rows < offset / row_bytes_; ++checked_rows) {
+      if (check.first_bad[current_] >= 0) continue;  // already an error: VerifySample reports the first
+      bool any = false;
+      const int64_t bad = CheckEncoded(destination(checked_rows * row_bytes_), sample_.hidden, sample_.dtype, &any);
+      check.nonzero[current_] |= any;
+      if (bad >= 0) check.first_bad[current_] = (rows_ + checked_rows) * sample_.hidden + bad;
+    }
   }
   rows_ += num_rows;
   if (rows_ == tokens) {
@@ -294,6 +309,10 @@ absl::Status StreamAssembler::OnTrailer(const v1::Trailer& t) {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     if (!seen[i]) return absl::DataLossError(absl::StrCat("the trailer has no checksum for ", TensorName(tensors_[i])));
   }
+  // A tensor whose rows are contiguous in the sample hashed to its file
+  // checksum already: one layer's hidden states, the final norm.
+  if (sample_.capture_ids.size() == 1) sample_.hidden_states_xxh64 = digests_[0];
+  if (sample_.has_final_norm) sample_.final_norm_xxh64 = digests_.back();
   trailer_ = true;
   return absl::OkStatus();
 }

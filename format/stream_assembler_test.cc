@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "format/layer_convention.h"
@@ -24,24 +25,24 @@ constexpr int64_t kHidden = 4;
 const std::vector<int> kIds = {2, 3, 7};
 const std::vector<int32_t> kTokenIds = {11, 12, 13, 14, 15};
 
-SampleStates MakeStates(bool final_norm) {
+SampleStates MakeStates(bool final_norm, const std::vector<int>& ids = kIds) {
   SampleStates s;
-  s.capture_ids = kIds;
+  s.capture_ids = ids;
   s.tokens = kTokens;
   s.hidden = kHidden;
-  for (size_t i = 0; i < kTokens * kIds.size() * kHidden; ++i) s.hidden_states.push_back(0.25f * (i % 17) - 1.5f);
+  for (size_t i = 0; i < kTokens * ids.size() * kHidden; ++i) s.hidden_states.push_back(0.25f * (i % 17) - 1.5f);
   if (final_norm) {
     for (size_t i = 0; i < kTokens * kHidden; ++i) s.final_norm.push_back(0.5f * (i % 5) + 0.125f);
   }
   return s;
 }
 
-StreamExpectation Expect(OutputDType dtype, bool final_norm) {
+StreamExpectation Expect(OutputDType dtype, bool final_norm, const std::vector<int>& ids = kIds) {
   StreamExpectation e;
   e.sample_id = "s-1";
   e.num_tokens = kTokens;
   e.token_ids_xxh64 = TokenIdsHash(kTokenIds);
-  e.capture_ids = kIds;
+  e.capture_ids = ids;
   e.final_norm = final_norm;
   e.dtype = dtype;
   e.hidden_size = kHidden;
@@ -51,7 +52,7 @@ StreamExpectation Expect(OutputDType dtype, bool final_norm) {
 }
 
 // The stream the server would send: two rows per chunk, so tensors span chunks.
-std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm) {
+std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm, const std::vector<int>& ids = kIds) {
   EncoderOptions o;
   o.sample_id = "s-1";
   o.dtype = dtype;
@@ -61,17 +62,17 @@ std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm) {
   o.num_layers = 7;
   o.layer_convention = kLayerConvention;
   // The states as the engine holds them: each tensor's [T, H] rows contiguous.
-  const SampleStates states = MakeStates(final_norm);
+  const SampleStates states = MakeStates(final_norm, ids);
   auto tensors = std::make_shared<std::vector<std::vector<float>>>();
-  for (size_t l = 0; l < kIds.size(); ++l) {
+  for (size_t l = 0; l < ids.size(); ++l) {
     tensors->emplace_back();
     for (int64_t t = 0; t < kTokens; ++t) {
-      const float* row = &states.hidden_states[(t * kIds.size() + l) * kHidden];
+      const float* row = &states.hidden_states[(t * ids.size() + l) * kHidden];
       tensors->back().insert(tensors->back().end(), row, row + kHidden);
     }
   }
   SampleView view;
-  view.capture_ids = kIds;
+  view.capture_ids = ids;
   view.tokens = kTokens;
   view.hidden = kHidden;
   for (const std::vector<float>& rows : *tensors) view.layers.push_back(rows.data());
@@ -207,6 +208,90 @@ TEST(StreamAssemblerTest, EveryCorruptionIsRefused) {
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message));
     // Sticky: nothing is accepted after an error, not even a valid header.
     EXPECT_EQ(a.Consume(Stream(OutputDType::kBf16, true)[0]).code(), absl::StatusCode::kDataLoss);
+  }
+}
+
+// The assembler checks each row's values as it lands (values_checked); the
+// errors it leads to must be exactly those of reading the states again.
+// Streams are corrupted in their chunks' bytes with the trailer's checksums
+// recomputed, as a sender that does not check would send them.
+TEST(StreamAssemblerTest, ValuesCheckedOnArrivalGiveTheSameErrorsAsACheckAfterwards) {
+  const std::vector<std::string> names = {"capture id 2", "capture id 3", "capture id 7"};
+  // (tensor index, row, column) of values set to all-ones bytes (NaN in every dtype); a row of -1
+  // zeroes the whole tensor.
+  using Edit = std::vector<std::tuple<int, int64_t, int64_t>>;
+  const std::vector<std::pair<Edit, std::string>> cases = {
+      {{}, ""},
+      {{{2, 1, 3}, {0, 3, 0}}, "non-finite value (nan) in capture id 7 row 1 column 3"},
+      {{{1, 2, 1}, {0, 2, 2}}, "non-finite value (nan) in capture id 2 row 2 column 2"},
+      {{{1, 0, 0}, {1, 4, 1}}, "non-finite value (nan) in capture id 3 row 0 column 0"},
+      {{{1, -1, 0}}, "capture id 3 is all zeros"},
+      {{{1, -1, 0}, {2, 4, 3}}, "non-finite value (nan) in capture id 7 row 4 column 3"},
+      {{{3, 2, 1}}, "non-finite value (nan) in the final-norm state row 2 column 1"},
+      {{{3, -1, 0}}, "the final-norm state is all zeros"},
+  };
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+    for (const auto& [edits, message] : cases) {
+      SCOPED_TRACE(OutputDTypeName(dtype) + ": " + message);
+      std::vector<v1::ExtractResponse> stream = Stream(dtype, true);
+      const int64_t size = OutputDTypeSize(dtype);
+      for (const auto& [tensor, row, column] : edits) {
+        for (int c = 0; c < 3; ++c) {  // chunks hold rows 0-1, 2-3, 4
+          std::string* data = stream[1 + 3 * tensor + c].mutable_chunk()->mutable_data();
+          if (row < 0) {
+            std::fill(data->begin(), data->end(), '\0');
+          } else if (row / 2 == c) {
+            data->replace(static_cast<size_t>(((row % 2) * kHidden + column) * size), size, size, '\xff');
+          }
+        }
+      }
+      for (int k = 0; k < 4; ++k) {
+        std::string bytes;
+        for (int c = 0; c < 3; ++c) bytes += stream[1 + 3 * k + c].chunk().data();
+        stream.back().mutable_trailer()->mutable_checksums(k)->set_xxh64(Xxh64(bytes.data(), bytes.size()));
+      }
+      StreamAssembler a(Expect(dtype, true));
+      ASSERT_TRUE(Feed(a, stream).ok()) << Feed(a, stream);
+      EncodedSample got = a.Take();
+      ASSERT_TRUE(got.values_checked.has_value());
+      const absl::Status on_arrival = CheckSampleValues(got, names);
+      got.values_checked.reset();
+      const absl::Status afterwards = CheckSampleValues(got, names);
+      EXPECT_EQ(on_arrival, afterwards);
+      EXPECT_EQ(std::string(on_arrival.message()), message);
+    }
+  }
+}
+
+// The digests the assembler verified are handed on for the file's checksums
+// where the tensor is contiguous in the sample (one layer; the final norm),
+// and the file is byte for byte the one written without them.
+TEST(StreamAssemblerTest, HandsOnTheVerifiedDigestsOfContiguousTensors) {
+  for (const std::vector<int>& ids : {std::vector<int>{3}, kIds}) {
+    SCOPED_TRACE(ids.size());
+    StreamAssembler a(Expect(OutputDType::kBf16, true, ids));
+    ASSERT_TRUE(Feed(a, Stream(OutputDType::kBf16, true, ids)).ok());
+    EncodedSample got = a.Take();
+    ASSERT_TRUE(got.final_norm_xxh64.has_value());
+    EXPECT_EQ(*got.final_norm_xxh64, Xxh64(got.final_norm.data(), got.final_norm.size()));
+    EXPECT_EQ(got.hidden_states_xxh64.has_value(), ids.size() == 1);
+    if (ids.size() == 1) {
+      EXPECT_EQ(*got.hidden_states_xxh64, Xxh64(got.hidden_states.data(), got.hidden_states.size()));
+    }
+    InputSample input;
+    input.id = "s-1";
+    input.input_ids = kTokenIds;
+    SampleFileInfo info;
+    info.model_name = "tiny";
+    info.num_layers = 7;
+    const std::string dir = ::testing::TempDir();
+    WrittenDigest with, without;
+    ASSERT_TRUE(WriteSampleFile(dir + "/with.safetensors", input, got, info, &with).ok());
+    got.hidden_states_xxh64.reset();
+    got.final_norm_xxh64.reset();
+    ASSERT_TRUE(WriteSampleFile(dir + "/without.safetensors", input, got, info, &without).ok());
+    EXPECT_EQ(with.xxh64, without.xxh64);
+    EXPECT_EQ(with.bytes, without.bytes);
   }
 }
 

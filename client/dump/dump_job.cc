@@ -116,20 +116,9 @@ absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
   }
   std::vector<std::string> names;
   for (int id : sample.capture_ids) names.push_back(absl::StrCat("capture id ", id));
-  const auto bytes = [](const std::string& s) {
-    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size());
-  };
-  if (absl::Status s = CheckEncodedValues(bytes(sample.hidden_states), sample.dtype, tokens, layers,
-                                          sample.hidden, names);
-      !s.ok()) {
+  // Checked on arrival by the stream assembler (values_checked), else read here.
+  if (absl::Status s = CheckSampleValues(sample, names); !s.ok()) {
     return absl::DataLossError(absl::StrCat(where, ": ", s.message()));
-  }
-  if (sample.has_final_norm) {
-    if (absl::Status s = CheckEncodedValues(bytes(sample.final_norm), sample.dtype, tokens, 1, sample.hidden,
-                                            {"the final-norm state"});
-        !s.ok()) {
-      return absl::DataLossError(absl::StrCat(where, ": ", s.message()));
-    }
   }
   return absl::OkStatus();
 }
@@ -375,13 +364,13 @@ class DumpRun {
     const std::filesystem::path dir(options_.out_dir);
     const std::string final_path = (dir / SampleFileName(input.index)).string();
     const std::string staging = absl::StrCat(final_path, ".partial.", run_token_);
-    if (absl::Status s = WriteSampleFile(staging, input, sample, options_.info); !s.ok()) return s;
-    absl::StatusOr<FileDigest> digest = DigestFile(staging);
-    if (!digest.ok()) {
-      ::unlink(staging.c_str());
-      return digest.status();
+    // The file's digest is hashed as it is written: no read-back.
+    WrittenDigest written_digest;
+    if (absl::Status s = WriteSampleFile(staging, input, sample, options_.info, &written_digest); !s.ok()) {
+      return s;
     }
-    JournalEntry entry = MakeJournalEntry(input, sample, options_, *digest);
+    const FileDigest digest = ToFileDigest(written_digest);
+    JournalEntry entry = MakeJournalEntry(input, sample, options_, digest);
     if (auto it = redo_.find(input.index); it != redo_.end()) entry.supersedes = it->second;
     absl::StatusOr<bool> committed = journal_->Commit(
         entry,
@@ -395,7 +384,7 @@ class DumpRun {
     if (!committed.ok() || !*committed) ::unlink(staging.c_str());
     if (!committed.ok()) return committed.status();
     *written = *committed;
-    *bytes = digest->bytes;
+    *bytes = digest.bytes;
     return absl::OkStatus();
   }
 

@@ -248,6 +248,10 @@ absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
   return digest;
 }
 
+FileDigest ToFileDigest(const WrittenDigest& written) {
+  return {static_cast<int64_t>(written.bytes), absl::StrFormat("%016x", written.xxh64)};
+}
+
 absl::Status SyncDirectory(const std::string& dir) {
   const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Errno(dir, "cannot open directory");

@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "format/journal_entry.h"
+#include "format/safetensors_writer.h"
 
 namespace hsx {
 
@@ -76,6 +77,8 @@ struct FileDigest {
   std::string xxh64;
 };
 absl::StatusOr<FileDigest> DigestFile(const std::string& path);
+// The same digest from what the writer hashed while writing the file.
+FileDigest ToFileDigest(const WrittenDigest& written);
 
 // fsync of a directory, so that a rename or a creation inside it is durable.
 absl::Status SyncDirectory(const std::string& dir);

@@ -2,10 +2,15 @@
 // and the redo rule (a line with "supersedes" replaces its sample's entry).
 #include "client/dump/journal.h"
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "format/safetensors_writer.h"
+#include "format/sample_file.h"
+#include "tests/unit/test_util.h"
 
 namespace hsx {
 namespace {
@@ -102,6 +107,69 @@ TEST(Journal, ASupersedingLineMustNameTheSamplesCurrentEntry) {
   absl::StatusOr<JournalScan> tail = ParseJournal(JournalLine(EntryFor(1, 4)), 10, "m");
   ASSERT_TRUE(tail.ok()) << tail.status();
   EXPECT_EQ(tail->lines.size(), 1u);
+}
+
+// hsx-dump journals the digest the writer hashed while writing (no
+// read-back): it must be byte for byte DigestFile's of the written file.
+TEST(WrittenDigest, EqualsTheDigestOfTheFileReadBack) {
+  ::hsx::testing::TempDir dir;
+  InputSample input;
+  input.index = 5;
+  input.id = "s5";
+  const int64_t tokens = 300, hidden = 1000;  // > one 256 KiB hashing block
+  for (int64_t t = 0; t < tokens; ++t) input.input_ids.push_back(static_cast<int32_t>(t * 7 + 1));
+  input.loss_mask = std::vector<int64_t>(tokens, 1);
+  EncodedSample sample;
+  sample.capture_ids = {0, 2};
+  sample.tokens = tokens;
+  sample.hidden = hidden;
+  sample.dtype = OutputDType::kBf16;
+  sample.hidden_states.resize(static_cast<size_t>(tokens * 2 * hidden * 2));
+  for (size_t i = 0; i < sample.hidden_states.size(); ++i) sample.hidden_states[i] = static_cast<char>(i * 131 + 7);
+  sample.has_final_norm = true;
+  sample.final_norm.assign(static_cast<size_t>(tokens * hidden * 2), '\x3f');
+  SampleFileInfo info;
+  info.model_name = "m";
+  info.num_layers = 2;
+  const std::string path = dir / "hs_5.safetensors";
+  WrittenDigest written;
+  ASSERT_TRUE(WriteSampleFile(path, input, sample, info, &written).ok());
+  absl::StatusOr<FileDigest> read = DigestFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  const FileDigest from_write = ToFileDigest(written);
+  EXPECT_EQ(from_write.bytes, read->bytes);
+  EXPECT_EQ(from_write.xxh64, read->xxh64);
+  EXPECT_GT(read->bytes, tokens * 3 * hidden * 2);
+}
+
+// The same with every kind of tensor source: a view, a fill and a hole.
+TEST(WrittenDigest, CoversFillsViewsAndHoles) {
+  ::hsx::testing::TempDir dir;
+  const std::vector<float> view = {1.5f, -2.0f, 3.25f, 0.0f};
+  SafetensorsWriter writer;
+  writer.AddView("v", DType::kF32, {4}, {reinterpret_cast<const uint8_t*>(view.data()), 16});
+  writer.Add("f", DType::kBF16, {3}, [](std::span<uint8_t> out) { std::memset(out.data(), 0x41, out.size()); });
+  writer.Add("hole", DType::kF32, {40000}, [](std::span<uint8_t>) {});
+  writer.ZeroTensorsFrom(1000);
+  writer.SetMetadata("format", "pt");
+  const std::string path = dir / "mixed.safetensors";
+  WrittenDigest written;
+  ASSERT_TRUE(writer.Write(path, &written).ok());
+  absl::StatusOr<FileDigest> read = DigestFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(ToFileDigest(written).bytes, read->bytes);
+  EXPECT_EQ(ToFileDigest(written).xxh64, read->xxh64);
+}
+
+TEST(WrittenDigest, AViewOfTheWrongSizeIsAnError) {
+  ::hsx::testing::TempDir dir;
+  const std::vector<float> view = {1.5f, -2.0f, 3.25f};
+  SafetensorsWriter writer;
+  writer.AddView("v", DType::kF32, {4}, {reinterpret_cast<const uint8_t*>(view.data()), 12});
+  const absl::Status status = writer.Write(dir / "bad.safetensors");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("tensor v has 12 bytes"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "bad.safetensors"));
 }
 
 }  // namespace

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Two hsx-dump binaries, A/B, against one hsx-server: CPU-ns per byte (issue 13).
+
+The stream_cost.py set-up (hidden 7168, vocabulary 32000, --capture 0, 64 samples of 512-2048
+tokens, --concurrency 4), one server for both binaries; the runs alternate A B, B A, ... after a
+warm-up of each, so both see the same server, page cache and neighbours. CPU is hsx-dump's rusage
+from wait4 (its whole life), per byte it reports receiving. Prints median [min-max] per binary and
+the ratio of medians (B / A).
+
+    ~/.cache/hsx/venv/bin/python bench/dump_ab.py A_HSX_DUMP B_HSX_DUMP [--mode disk|discard]
+        [--dtype bf16] [--repeats 8]
+
+To get an older binary: check out its sources, build the hsx-dump target, copy bin/hsx-dump away.
+"""
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests" / "python"))
+import stream_cost as sc  # noqa: E402
+from hsx_server import HsxServer  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("a")
+    parser.add_argument("b")
+    parser.add_argument("--mode", choices=["disk", "discard"], default="disk")
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--bin-dir", default=str(REPO / "build" / "bin"), help="hsx-server and hsx-make-model")
+    args = parser.parse_args()
+    if args.repeats < 3:
+        parser.error("--repeats must be at least 3")
+    bin_dir = Path(args.bin_dir)
+    work = Path(tempfile.mkdtemp(prefix="hsx-dump-ab-"))
+    try:
+        model = sc.make_model(bin_dir, work)
+        samples = sc.write_samples(work / "samples.jsonl", 64, 32000, 512, 2048)
+        binaries = {"A": args.a, "B": args.b}
+        results = {"A": [], "B": []}
+        with HsxServer(bin_dir, model, "--capture", "0", "--max-batch-tokens", "8192") as server:
+            for r in range(args.repeats + 1):  # round 0 warms up
+                for name in (["A", "B"] if r % 2 == 0 else ["B", "A"]):
+                    out = work / "out"
+                    shutil.rmtree(out, ignore_errors=True)
+                    stdout, cpu = sc.child([binaries[name], "--server", server.address, "--input", samples,
+                                            "--out", out, "--capture", "0", "--dtype", args.dtype,
+                                            "--concurrency", "4", *(["--discard"] if args.mode == "discard" else [])])
+                    m = sc.SUMMARY.search(stdout)
+                    if not m:
+                        raise SystemExit(f"no summary in hsx-dump's output:\n{stdout}")
+                    if r > 0:
+                        results[name].append(cpu * 1e9 / int(m.group(2)))
+        print(f"hsx-dump {args.mode}, {args.dtype}, {args.repeats} interleaved repeats, CPU-ns per byte:")
+        for name in ("A", "B"):
+            print(f"  {name} {sc.fmt(results[name])}  {binaries[name]}")
+        print(f"  B / A {statistics.median(results['B']) / statistics.median(results['A']):.2f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
