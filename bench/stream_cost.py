@@ -15,7 +15,10 @@ CPU is the processes' own accounting: the server's /proc/PID/stat utime+stime be
 each client run; hsx-dump's rusage from wait4 (its whole life); the Python children's
 getrusage(RUSAGE_SELF) around the transfer alone (so the interpreter's start and imports,
 about 0.3 CPU-s, are left out). The socket side's
-"server" column is its sender, its "client" column its receiver. Rows give median [min-max]
+"server" column is its sender, its "client" column its receiver. The server's CPU is also split by
+thread: "engine" is its threads named hsx-engine* (the rank threads and the CPU backend's pool:
+the model's embedding gather and capture copy, device work on CUDA), "streaming" the rest (the
+batcher's checks and hashing, gRPC, the kernel's send path). Rows give median [min-max]
 CPU-ns per byte over the repeats, and ratios of medians: server / socket sender, client /
 socket receiver, python / hsx-dump --discard. The server's peak RSS (VmHWM) is printed per dtype.
 
@@ -67,6 +70,23 @@ def proc_cpu(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def engine_cpu(pid):
+    """utime + stime of the server's engine threads (named hsx-engine*: the rank threads and the
+    CPU backend's pool, which run the model), in seconds. They live as long as the server, so
+    the difference of two readings is the engine's CPU in between."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                head, tail = f.read().rsplit(")", 1)
+        except FileNotFoundError:  # a thread that just ended (not an engine thread: those stay)
+            continue
+        if head.split("(", 1)[1].startswith("hsx-engine"):
+            fields = tail.split()
+            total += int(fields[11]) + int(fields[12])
+    return total / TICK
 
 
 def vm_hwm(pid):
@@ -128,7 +148,7 @@ def socket_receiver(port_file, total):
 
 
 def socket_side(work, total):
-    """(server CPU, client CPU, bytes): the sender's and the receiver's CPU seconds."""
+    """(server CPU, client CPU, bytes, engine CPU = 0): the sender's and the receiver's CPU seconds."""
     port_file = work / "port"
     port_file.unlink(missing_ok=True)
     me = [sys.executable, __file__]
@@ -140,7 +160,7 @@ def socket_side(work, total):
     received = receiver.stdout.read()
     if receiver.wait() != 0 or int(received.split()[0]) != total:
         raise SystemExit(f"the socket receiver got {received} of {total} bytes")
-    return float(sent.split()[1]), float(received.split()[1]), total
+    return float(sent.split()[1]), float(received.split()[1]), total, 0.0
 
 
 # --- the Python client, in a child so that its CPU is its own -----------------------------------
@@ -161,10 +181,11 @@ def python_client(address, samples_path, dtype, concurrency):
 
 def hsx_side(server, cmd):
     def fn():
-        before = proc_cpu(server.proc.pid)
+        pid = server.proc.pid
+        before, engine_before = proc_cpu(pid), engine_cpu(pid)
         out, client_cpu = cmd()
-        server_cpu = proc_cpu(server.proc.pid) - before
-        return server_cpu, client_cpu, out
+        server_cpu = proc_cpu(pid) - before
+        return server_cpu, client_cpu, out, engine_cpu(pid) - engine_before
     return fn
 
 
@@ -196,17 +217,17 @@ def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags, nam
         # Warm-up (one pass each) and the byte count the socket pair moves.
         total = None
         for name in ["discard"] + [n for n in names if n not in ("socket", "discard")]:
-            server_cpu, client_cpu, nbytes = sides[name]()
+            server_cpu, client_cpu, nbytes, _ = sides[name]()
             total = total or nbytes
         sides["socket"] = lambda: socket_side(work, total)
         runs = {name: [] for name in names}
         for r in range(repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                server_cpu, client_cpu, nbytes = sides[name]()
+                server_cpu, client_cpu, nbytes, engine = sides[name]()
                 # hsx-dump's count to disk includes the files' headers: a little more.
                 if not total <= nbytes < total * 1.01:
                     raise SystemExit(f"{name}: {nbytes} bytes, expected {total}")
-                runs[name].append((server_cpu * 1e9 / total, client_cpu * 1e9 / total))
+                runs[name].append((server_cpu * 1e9 / total, client_cpu * 1e9 / total, engine * 1e9 / total))
         hwm = vm_hwm(server.proc.pid)
     return total, runs, hwm
 
@@ -216,19 +237,22 @@ def fmt(values):
 
 
 def report(dtype, total, runs, hwm, names):
-    sock_send = [s for s, _ in runs["socket"]]
-    sock_recv = [c for _, c in runs["socket"]]
-    discard_client = [c for _, c in runs["discard"]]
+    sock_send = statistics.median(r[0] for r in runs["socket"])
+    sock_recv = statistics.median(r[1] for r in runs["socket"])
+    discard_client = statistics.median(r[1] for r in runs["discard"])
     print(f"\n{dtype}: {total / 1e9:.3f} GB per run; server peak RSS (VmHWM) {hwm / 2**20:.0f} MiB")
-    print(f"{'side':10} {'server ns/B':>24} {'client ns/B':>24} {'server/sock send':>17} {'client/sock recv':>17}"
-          f" {'client/discard':>15}")
+    print("server: the whole process; engine: its hsx-engine* threads (the model's gather and capture copy);"
+          " streaming: server - engine, per run")
+    print(f"{'side':8} {'server ns/B':>22} {'engine ns/B':>22} {'streaming ns/B':>22} {'client ns/B':>22}"
+          f" {'server/send':>11} {'stream/send':>11} {'client/recv':>11} {'client/discard':>14}")
     for name in names:
-        server = [s for s, _ in runs[name]]
-        client = [c for _, c in runs[name]]
-        print(f"{name:10} {fmt(server):>24} {fmt(client):>24} "
-              f"{statistics.median(server) / statistics.median(sock_send):17.2f} "
-              f"{statistics.median(client) / statistics.median(sock_recv):17.2f} "
-              f"{statistics.median(client) / statistics.median(discard_client):15.2f}")
+        server = [r[0] for r in runs[name]]
+        client = [r[1] for r in runs[name]]
+        engine = [r[2] for r in runs[name]]
+        streaming = [r[0] - r[2] for r in runs[name]]
+        print(f"{name:8} {fmt(server):>22} {fmt(engine):>22} {fmt(streaming):>22} {fmt(client):>22} "
+              f"{statistics.median(server) / sock_send:11.2f} {statistics.median(streaming) / sock_send:11.2f} "
+              f"{statistics.median(client) / sock_recv:11.2f} {statistics.median(client) / discard_client:14.2f}")
 
 
 def main():

@@ -34,7 +34,7 @@ ResponseEncoder::ResponseEncoder(EncoderOptions options, std::vector<int> captur
   rows_per_chunk_ = std::max<int64_t>(1, options_.max_chunk_bytes / std::max<int64_t>(1, row_bytes));
 }
 
-int64_t ResponseEncoder::held_bytes() const { return encoded_ == nullptr ? 0 : static_cast<int64_t>(encoded_->bytes()); }
+int64_t ResponseEncoder::held_bytes() const { return held_bytes_; }
 
 int ResponseEncoder::capture_id(int tensor) const {
   return tensor < static_cast<int>(capture_ids_.size()) ? capture_ids_[tensor] : -1;
@@ -42,34 +42,63 @@ int ResponseEncoder::capture_id(int tensor) const {
 
 int64_t ResponseEncoder::tensor_bytes() const { return tokens_ * hidden_ * OutputDTypeSize(options_.dtype); }
 
-const char* ResponseEncoder::tensor_data(int tensor) const {
-  return static_cast<const char*>(encoded_->data()) + tensor * tensor_bytes();
+const char* ResponseEncoder::tensor_data(int tensor) const { return tensors_[tensor]; }
+
+namespace {
+
+absl::Status BadValue(int id, int64_t index, int64_t hidden, float value) {
+  return absl::InternalError(absl::StrCat("capture id ", id, ": value ", value, " at row ", index / hidden, ", column ",
+                                          index % hidden,
+                                          std::isfinite(value) ? " overflows fp16 (ask for bf16 or fp32)"
+                                                               : " is not finite"));
 }
+
+absl::Status AllZero(int id) { return absl::InternalError(absl::StrCat("capture id ", id, ": every value is zero")); }
+
+// The rows can be sent as they are: already in the output dtype (bf16 -> bf16,
+// f32 -> fp32: the conversion is the identity), and their owner keeps no
+// more than the rows sent (so holding it is the bound docs/api.md states).
+bool SendInPlace(const SampleView& view, OutputDType dtype) {
+  const bool identity = (view.type == ElementType::kBf16 && dtype == OutputDType::kBf16) ||
+                        (view.type == ElementType::kF32 && dtype == OutputDType::kFp32);
+  return identity && view.owner != nullptr && view.held_bytes == view.view_bytes();
+}
+
+}  // namespace
 
 absl::Status ResponseEncoder::EncodeAll(const SampleView& view, const Allocator& allocate) {
   std::vector<const void*> sources = view.layers;
   if (view.final_norm != nullptr) sources.push_back(view.final_norm);
+  if (SendInPlace(view, options_.dtype)) return CheckInPlace(view, sources);
   const size_t bytes = sources.size() * static_cast<size_t>(tensor_bytes());
   absl::StatusOr<std::unique_ptr<HostBuffer>> buffer = allocate(std::max<size_t>(bytes, 1));
   if (!buffer.ok()) return buffer.status();
-  encoded_ = *std::move(buffer);
+  std::shared_ptr<HostBuffer> encoded = *std::move(buffer);
   for (size_t k = 0; k < sources.size(); ++k) {
     const int id = capture_id(static_cast<int>(k));
-    char* dst = static_cast<char*>(encoded_->data()) + k * tensor_bytes();
+    char* dst = static_cast<char*>(encoded->data()) + k * tensor_bytes();
     const TensorEncoding e = EncodeTensor(sources[k], view.type, tokens_ * hidden_, options_.dtype, dst);
-    if (e.bad_index >= 0) {
-      encoded_.reset();
-      const float v = e.bad_value;
-      return absl::InternalError(absl::StrCat(
-          "capture id ", id, ": value ", v, " at row ", e.bad_index / hidden_, ", column ", e.bad_index % hidden_,
-          std::isfinite(v) ? " overflows fp16 (ask for bf16 or fp32)" : " is not finite"));
-    }
-    if (!e.nonzero) {
-      encoded_.reset();
-      return absl::InternalError(absl::StrCat("capture id ", id, ": every value is zero"));
-    }
+    if (e.bad_index >= 0) return BadValue(id, e.bad_index, hidden_, e.bad_value);
+    if (!e.nonzero) return AllZero(id);
     checksums_.push_back(e.xxh64);
+    tensors_.push_back(dst);
   }
+  held_bytes_ = static_cast<int64_t>(encoded->bytes());
+  owner_ = std::move(encoded);
+  return absl::OkStatus();
+}
+
+absl::Status ResponseEncoder::CheckInPlace(const SampleView& view, const std::vector<const void*>& sources) {
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const int id = capture_id(static_cast<int>(k));
+    const TensorEncoding e = CheckTensor(sources[k], tokens_ * hidden_, options_.dtype);
+    if (e.bad_index >= 0) return BadValue(id, e.bad_index, hidden_, e.bad_value);
+    if (!e.nonzero) return AllZero(id);
+    checksums_.push_back(e.xxh64);
+    tensors_.push_back(static_cast<const char*>(sources[k]));
+  }
+  held_bytes_ = view.held_bytes;
+  owner_ = view.owner;
   return absl::OkStatus();
 }
 
@@ -130,7 +159,7 @@ bool ResponseEncoder::Next(grpc::ByteBuffer* out) {
       const int64_t count = std::min(rows_per_chunk_, tokens_ - next_row_);
       const int64_t row_bytes = hidden_ * OutputDTypeSize(options_.dtype);
       *out = ChunkResponse(capture_id(tensor_), next_row_, count, tensor_data(tensor_) + next_row_ * row_bytes,
-                           static_cast<size_t>(count * row_bytes), encoded_);
+                           static_cast<size_t>(count * row_bytes), owner_);
       next_row_ += count;
       if (next_row_ == tokens_) {
         next_row_ = 0;

@@ -11,11 +11,16 @@
 //
 // Encoding happens once, in Create: every tensor is converted to the output
 // dtype, checked and hashed in one pass (EncodeTensor) into one buffer from
-// `allocate` (the server's pool), and the views of the batch's rows are released. Next() then only
-// frames: a Chunk is a few bytes of hand-encoded protobuf framing plus a
-// slice aliasing its rows in that buffer (response_framing.h), so the bytes
-// the socket sends are the bytes encoded, never copied again. The buffer
-// returns to the pool when the encoder and the last slice gRPC holds are gone.
+// `allocate` (the server's pool), and the view's rows are released. When the
+// rows are already in the output dtype (bf16 compute, bf16 out; f32, fp32)
+// and the view's owner holds only them (the engine's per-sample buffer), the
+// conversion would be a copy: the rows are checked and hashed where they are
+// (CheckTensor, one read-only pass) and sent from there, and the encoder keeps
+// the view's owner instead of a buffer of its own. Next() then only frames: a
+// Chunk is a few bytes of hand-encoded protobuf framing plus a slice aliasing
+// its rows (response_framing.h), so the bytes the socket sends are never
+// copied again. The memory returns to its pool when the encoder and the last
+// slice gRPC holds are gone.
 //
 // A sample that fails verification gets no message at all: Create returns
 // INTERNAL when a tensor holds a non-finite value, a value the output dtype
@@ -77,6 +82,8 @@ class ResponseEncoder {
   ResponseEncoder(EncoderOptions options, std::vector<int> capture_ids, bool final_norm, int64_t tokens,
                   int64_t hidden);
   absl::Status EncodeAll(const SampleView& view, const Allocator& allocate);
+  // The rows are already the bytes to send: check and hash them where they are.
+  absl::Status CheckInPlace(const SampleView& view, const std::vector<const void*>& sources);
   int num_tensors() const { return static_cast<int>(checksums_.size()); }
   int capture_id(int tensor) const;
   int64_t tensor_bytes() const;
@@ -89,8 +96,10 @@ class ResponseEncoder {
   const int64_t tokens_;
   const int64_t hidden_;
   int64_t rows_per_chunk_ = 1;
-  std::shared_ptr<HostBuffer> encoded_;  // [tensors][tokens][hidden] in the output dtype
-  std::vector<uint64_t> checksums_;      // per tensor
+  std::shared_ptr<const void> owner_;  // keeps tensors_ alive (the encoded buffer, or the view's owner)
+  int64_t held_bytes_ = 0;              // what owner_ keeps alive
+  std::vector<const char*> tensors_;    // per tensor: [tokens][hidden] in the output dtype
+  std::vector<uint64_t> checksums_;     // per tensor
   Stage stage_ = Stage::kHeader;
   int tensor_ = 0;        // body: the tensor in progress
   int64_t next_row_ = 0;  // body: its next row

@@ -157,6 +157,35 @@ int64_t CheckEncoded(const void* bytes, int64_t count, OutputDType dtype, bool* 
   return -1;
 }
 
+TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype) {
+  TensorEncoding result;
+  XXH64_state_t* hash = XXH64_createState();
+  XXH64_reset(hash, 0);
+  const int64_t size = OutputDTypeSize(dtype);
+  uint32_t nonzero = 0;
+  for (int64_t begin = 0; begin < count; begin += kEncodeBlock) {
+    const int64_t n = std::min(kEncodeBlock, count - begin);
+    const char* block = static_cast<const char*>(src) + begin * size;
+    const uint32_t bad = dtype == OutputDType::kFp32
+                             ? CheckFloatBits(reinterpret_cast<const uint32_t*>(block), n, &nonzero)
+                             : CheckHalfBits(reinterpret_cast<const uint16_t*>(block), n, 0x7f80u, &nonzero);
+    if (bad) {  // rare: locate the value, the stream fails
+      bool ignored = false;
+      result.bad_index = begin + CheckEncoded(block, n, dtype, &ignored);
+      uint32_t u = dtype == OutputDType::kFp32
+                       ? reinterpret_cast<const uint32_t*>(src)[result.bad_index]
+                       : static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(src)[result.bad_index]) << 16;
+      std::memcpy(&result.bad_value, &u, sizeof(u));
+      break;
+    }
+    XXH64_update(hash, block, n * size);
+  }
+  result.nonzero = nonzero != 0;
+  result.xxh64 = XXH64_digest(hash);
+  XXH64_freeState(hash);
+  return result;
+}
+
 TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst) {
   TensorEncoding result;
   XXH64_state_t* hash = XXH64_createState();

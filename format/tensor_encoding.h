@@ -33,6 +33,11 @@ struct TensorEncoding {
 // `dst`, which holds count * OutputDTypeSize(dtype) bytes.
 TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst);
 
+// The same checks and hash over `count` values at `src` that are already in
+// `dtype` (bf16 rows for kBf16, float32 rows for kFp32; not kFp16), read in
+// place: what EncodeTensor returns for the identity conversion, without the copy.
+TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype);
+
 // The receiving side's check of values already encoded: the index of the
 // first of `count` values at `bytes` (little-endian `dtype`) that is not
 // finite in its own dtype (all exponent bits set), or -1. ORs into *nonzero

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "base/thread_name.h"
+
 namespace hsx {
 
 ThreadPool::ThreadPool(int threads) {
@@ -34,6 +36,7 @@ void ThreadPool::RunShare() {
 }
 
 void ThreadPool::WorkerLoop() {
+  NameThisThread("hsx-engine-cpu");  // the CPU backend's compute
   uint64_t seen = 0;
   for (;;) {
     {

@@ -5,24 +5,18 @@
 
 namespace hsx {
 
-std::vector<SampleView> ViewBySample(std::shared_ptr<const Captures> captures, std::span<const int64_t> cu_seqlens) {
-  const Captures& c = *captures;
-  const size_t element = ElementSize(c.type);
-  std::vector<SampleView> views(cu_seqlens.size() - 1);
-  for (size_t s = 0; s + 1 < cu_seqlens.size(); ++s) {
+std::vector<SampleView> ViewBySample(Captures captures) {
+  std::vector<SampleView> views(captures.num_samples());
+  for (int64_t s = 0; s < captures.num_samples(); ++s) {
     SampleView& v = views[s];
-    const int64_t begin = cu_seqlens[s];
-    v.capture_ids = c.ids;
-    v.tokens = cu_seqlens[s + 1] - begin;
-    v.hidden = c.hidden;
-    v.type = c.type;
-    for (size_t l = 0; l < c.ids.size(); ++l) {
-      v.layers.push_back(static_cast<const char*>(c.layers->data()) + ((l * c.tokens + begin) * c.hidden) * element);
-    }
-    if (c.final_norm != nullptr) {
-      v.final_norm = static_cast<const char*>(c.final_norm->data()) + begin * c.hidden * element;
-    }
-    v.owner = captures;
+    v.capture_ids = captures.ids;
+    v.tokens = captures.cu_seqlens[s + 1] - captures.cu_seqlens[s];
+    v.hidden = captures.hidden;
+    v.type = captures.type;
+    for (size_t l = 0; l < captures.ids.size(); ++l) v.layers.push_back(captures.Tensor(s, l));
+    if (captures.has_final_norm) v.final_norm = captures.Tensor(s, captures.ids.size());
+    v.held_bytes = static_cast<int64_t>(captures.SampleBytes(s));
+    v.owner = std::shared_ptr<const HostBuffer>(std::move(captures.samples[s]));
   }
   return views;
 }

@@ -5,7 +5,6 @@
 #define HSX_SERVER_MODEL_CAPTURE_VIEWS_H_
 
 #include <memory>
-#include <span>
 #include <vector>
 
 #include "format/capture_spec.h"
@@ -14,9 +13,9 @@
 
 namespace hsx {
 
-// Views of every sample of a batch (by cu_seqlens), each with every captured
-// tensor of the batch; they share ownership of `captures`.
-std::vector<SampleView> ViewBySample(std::shared_ptr<const Captures> captures, std::span<const int64_t> cu_seqlens);
+// One view per sample of the batch, each with every captured tensor of the
+// batch and owning that sample's buffer alone (taken from `captures`).
+std::vector<SampleView> ViewBySample(Captures captures);
 
 // The view restricted to `wanted` (ids a subset of the view's, final norm
 // only if the view has it): pointers only, no copy.

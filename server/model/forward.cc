@@ -114,16 +114,32 @@ RopeValues Model::MakeRopeValues(const ModelConfig& config, int64_t positions, P
   return table;
 }
 
-void Captures::LayerRow(size_t index, int64_t t, float* dst) const {
-  const size_t element = ElementSize(type);
-  const char* row = static_cast<const char*>(layers->data()) + ((index * tokens + t) * hidden) * element;
-  DecodeRow(type, row, hidden, dst);
+size_t Captures::SampleBytes(int64_t s) const {
+  const size_t tensors = ids.size() + (has_final_norm ? 1 : 0);
+  return tensors * static_cast<size_t>((cu_seqlens[s + 1] - cu_seqlens[s]) * hidden) * ElementSize(type);
 }
 
-void Captures::FinalNormRow(int64_t t, float* dst) const {
-  const char* row = static_cast<const char*>(final_norm->data()) + t * hidden * ElementSize(type);
-  DecodeRow(type, row, hidden, dst);
+void* Captures::Tensor(int64_t s, size_t k) const {
+  const size_t tensor_bytes = static_cast<size_t>((cu_seqlens[s + 1] - cu_seqlens[s]) * hidden) * ElementSize(type);
+  return static_cast<char*>(samples[s]->data()) + k * tensor_bytes;
 }
+
+namespace {
+
+// The sample holding batch row t, and t's row within it.
+std::pair<int64_t, int64_t> SampleOfRow(const std::vector<int64_t>& cu_seqlens, int64_t t) {
+  const int64_t s = std::upper_bound(cu_seqlens.begin(), cu_seqlens.end(), t) - cu_seqlens.begin() - 1;
+  return {s, t - cu_seqlens[s]};
+}
+
+}  // namespace
+
+void Captures::LayerRow(size_t index, int64_t t, float* dst) const {
+  const auto [s, row] = SampleOfRow(cu_seqlens, t);
+  DecodeRow(type, static_cast<const char*>(Tensor(s, index)) + row * hidden * ElementSize(type), hidden, dst);
+}
+
+void Captures::FinalNormRow(int64_t t, float* dst) const { LayerRow(ids.size(), t, dst); }
 
 Model::Model(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
              Communicator* communicator)
@@ -287,13 +303,24 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   const bool captures_here = communicator_ == nullptr || communicator_->rank() == 0;
   Captures result;
   result.ids = capture.ids();
+  result.has_final_norm = capture.final_norm();
   result.tokens = tokens;
   result.hidden = hidden;
   result.type = backend_.activation_type();
-  const size_t layer_bytes = static_cast<size_t>(tokens * hidden) * ElementSize(result.type);
+  result.cu_seqlens = batch.cu_seqlens;
   if (captures_here) {
-    HSX_ASSIGN_OR_RETURN(result.layers, host_pool_->Get(capture.ids().size() * layer_bytes));
+    for (int64_t s = 0; s < result.num_samples(); ++s) {
+      HSX_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> buffer, host_pool_->Get(result.SampleBytes(s)));
+      result.samples.push_back(std::move(buffer));
+    }
   }
+  // Copies m's rows of every sample into tensor k of that sample's buffer.
+  auto copy_out = [&](const Matrix& m, size_t k) {
+    for (int64_t s = 0; s < result.num_samples(); ++s) {
+      const int64_t begin = batch.cu_seqlens[s];
+      backend_.CopyToHost(m.Rows(begin, batch.cu_seqlens[s + 1] - begin), result.Tensor(s, k));
+    }
+  };
   const int64_t last_layer = capture.final_norm() ? c.num_hidden_layers : (capture.ids().empty() ? 0 : capture.ids().back());
 
   HSX_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> residual, backend_.Allocate(tokens, hidden, result.type));
@@ -301,8 +328,7 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   HSX_RETURN_IF_ERROR(Embed(*staged, h));
   auto capture_if_wanted = [&](int64_t id) {
     auto it = std::find(capture.ids().begin(), capture.ids().end(), id);
-    if (!captures_here || it == capture.ids().end()) return;
-    backend_.CopyToHost(h, static_cast<char*>(result.layers->data()) + (it - capture.ids().begin()) * layer_bytes);
+    if (captures_here && it != capture.ids().end()) copy_out(h, it - capture.ids().begin());
   };
   for (int64_t l = 0; l < last_layer; ++l) {
     capture_if_wanted(l);
@@ -313,9 +339,8 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   std::unique_ptr<Buffer> normed;
   if (capture.final_norm() && captures_here) {
     HSX_ASSIGN_OR_RETURN(normed, backend_.Allocate(tokens, hidden, result.type));
-    HSX_ASSIGN_OR_RETURN(result.final_norm, host_pool_->Get(layer_bytes));
     backend_.RmsNorm(h, weights_.final_norm, static_cast<float>(c.rms_norm_eps), normed->matrix());
-    backend_.CopyToHost(normed->matrix(), result.final_norm->data());
+    copy_out(normed->matrix(), capture.ids().size());
   }
   HSX_RETURN_IF_ERROR(backend_.Synchronize());
   return result;

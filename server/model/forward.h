@@ -41,21 +41,32 @@ struct Batch {
   int64_t num_samples() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
 };
 
-// Captured states of one batch in host memory the backend allocated (pinned
-// on CUDA, from the model's pool), in the activation element type (bf16 in BF16 mode: exactly the
-// values the model computed, half the bytes of float32). Must be released
-// before the engine that produced it.
+// Captured states of one batch, one host buffer per sample (pinned on CUDA,
+// from the model's pool), in the activation element type (bf16 in BF16 mode:
+// exactly the values the model computed, half the bytes of float32). Sample s
+// holds [ids.size() + F][T_s][hidden] (F = 1 with the final norm, last): every
+// tensor of a sample is contiguous, and a sample's buffer can be released on
+// its own, so a consumer that keeps one sample (a stalled stream) holds that
+// sample only, never its batch. Must be released before the engine that
+// produced it.
 struct Captures {
   std::vector<int> ids;
-  int64_t tokens = 0;
+  bool has_final_norm = false;
+  int64_t tokens = 0;  // of the batch
   int64_t hidden = 0;
   ElementType type = ElementType::kF32;
-  std::unique_ptr<HostBuffer> layers;      // [ids.size(), tokens, hidden]
-  std::unique_ptr<HostBuffer> final_norm;  // [tokens, hidden] when requested
+  std::vector<int64_t> cu_seqlens = {0};           // the batch's samples
+  std::vector<std::unique_ptr<HostBuffer>> samples;  // per sample, as above
 
-  // Row t of captured layer `index` (or of the final norm) as float32 into dst[hidden].
+  int64_t num_samples() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
+  // Tensor k (index into ids, or ids.size() for the final norm) of sample s: [T_s, hidden].
+  void* Tensor(int64_t s, size_t k) const;
+  // Row t of the batch (any sample) of captured layer `index`, or of the
+  // final norm, as float32 into dst[hidden].
   void LayerRow(size_t index, int64_t t, float* dst) const;
   void FinalNormRow(int64_t t, float* dst) const;
+  // Bytes of one sample's buffer.
+  size_t SampleBytes(int64_t s) const;
 };
 
 // Host-side rotary table: cos/sin [positions, half_dim] exactly as HF computes

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/thread_name.h"
 
 namespace hsx {
 
@@ -129,6 +130,7 @@ double Batcher::fill() const {
 }
 
 void Batcher::Loop() {
+  NameThisThread("hsx-batcher");
   for (;;) {
     std::vector<WorkItem> batch;
     std::vector<WorkItem> dropped;
@@ -188,11 +190,9 @@ void Batcher::RunBatch(std::vector<WorkItem> items) {
     for (WorkItem& item : items) Fail(item, captures.status());
     return;
   }
-  std::vector<SampleView> views =
-      ViewBySample(std::make_shared<const Captures>(*std::move(captures)), batch.cu_seqlens);
+  std::vector<SampleView> views = ViewBySample(*std::move(captures));
   for (size_t i = 0; i < items.size(); ++i) {
     SampleView view = SelectCaptures(std::move(views[i]), items[i].capture);
-    views[i] = SampleView();  // the batch's buffers go back when the consumers let go
     if (items[i].deliver) {
       items[i].deliver(std::move(view));
     } else {

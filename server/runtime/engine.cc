@@ -5,6 +5,8 @@
 #include <mutex>
 #include <thread>
 
+#include "base/thread_name.h"
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -22,7 +24,10 @@ struct Engine::RankState {
 // One persistent thread running the tasks posted to it, one at a time.
 class Engine::RankWorker {
  public:
-  RankWorker() : thread_([this] { Loop(); }) {}
+  explicit RankWorker(int rank) : thread_([this, rank] {
+    NameThisThread("hsx-engine-r" + std::to_string(rank));
+    Loop();
+  }) {}
   ~RankWorker() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -126,7 +131,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Checkpoint& checkpo
   }
   // Before anything is loaded: refuse what will not fit (memory_plan.h).
   HSX_RETURN_IF_ERROR(engine->factory_->PlanMemory(checkpoint.config(), options.max_batch_tokens));
-  for (int r = 0; r < options.tp; ++r) engine->workers_.push_back(std::make_unique<RankWorker>());
+  for (int r = 0; r < options.tp; ++r) engine->workers_.push_back(std::make_unique<RankWorker>(r));
   Engine* e = engine.get();
   HSX_RETURN_IF_ERROR(e->OnEveryRank([e](RankState& s, int rank) -> absl::Status {
     HSX_ASSIGN_OR_RETURN(s.backend, e->factory_->MakeBackend(rank));

@@ -140,6 +140,44 @@ TEST(TensorEncodingTest, SignedZerosAreZero) {
   EXPECT_TRUE(EncodeTensor(zeros.data(), ElementType::kF32, 5000, OutputDType::kFp32, out.data()).nonzero);
 }
 
+TEST(TensorEncodingTest, CheckTensorIsTheIdentityEncodingWithoutTheCopy) {
+  // bf16 rows to bf16 and float32 rows to fp32: the same checks, digest and
+  // verdicts as EncodeTensor, read in place.
+  const std::vector<float> wide = TrickyValues(3 * 4096 + 5, 4);
+  std::vector<uint16_t> bf16(wide.size());
+  for (size_t i = 0; i < wide.size(); ++i) bf16[i] = FloatToBf16(wide[i]);
+  const int64_t n = static_cast<int64_t>(wide.size());
+  std::string out(wide.size() * 4, '\0');
+  for (int trial = 0; trial < 3; ++trial) {
+    // 0: all fine; 1: a bad value late in a block; 2: all zero
+    if (trial == 1) {
+      bf16[2 * 4096 + 17] = 0xff80;  // -inf
+      uint32_t nan = 0x7fc00001u;
+      std::memcpy(const_cast<float*>(&wide[4096 + 3]), &nan, 4);
+    }
+    std::vector<uint16_t> b = trial == 2 ? std::vector<uint16_t>(bf16.size(), 0x8000) : bf16;
+    std::vector<float> f = trial == 2 ? std::vector<float>(wide.size(), -0.0f) : wide;
+    const TensorEncoding want_b = EncodeTensor(b.data(), ElementType::kBf16, n, OutputDType::kBf16, out.data());
+    const TensorEncoding got_b = CheckTensor(b.data(), n, OutputDType::kBf16);
+    const TensorEncoding want_f = EncodeTensor(f.data(), ElementType::kF32, n, OutputDType::kFp32, out.data());
+    const TensorEncoding got_f = CheckTensor(f.data(), n, OutputDType::kFp32);
+    for (auto [want, got] : {std::pair{want_b, got_b}, std::pair{want_f, got_f}}) {
+      EXPECT_EQ(got.bad_index, want.bad_index) << "trial " << trial;
+      EXPECT_EQ(got.nonzero, want.nonzero) << "trial " << trial;
+      if (want.bad_index < 0) {
+        EXPECT_EQ(got.xxh64, want.xxh64) << "trial " << trial;
+      } else {
+        EXPECT_EQ(std::isnan(got.bad_value), std::isnan(want.bad_value));
+        if (!std::isnan(want.bad_value)) EXPECT_EQ(got.bad_value, want.bad_value);
+      }
+    }
+    if (trial == 0) EXPECT_EQ(got_b.xxh64, Xxh64(b.data(), b.size() * 2));
+    if (trial == 1) EXPECT_EQ(got_b.bad_index, 2 * 4096 + 17);
+    if (trial == 1) EXPECT_EQ(got_f.bad_index, 4096 + 3);
+    if (trial == 2) EXPECT_FALSE(got_b.nonzero);
+  }
+}
+
 TEST(ResponseFramingTest, ChunkBytesAreTheGeneratedSerialization) {
   const std::string data(100000, '\x5a');
   for (int32_t capture_id : {0, 3, 61, -1}) {
@@ -268,6 +306,141 @@ TEST(ResponseEncoderTest, BadSamplesFailBeforeAnyMessage) {
   encoder = ResponseEncoder::Create(sample.view, EncoderOptions(), allocate);
   ASSERT_FALSE(encoder.ok());
   EXPECT_NE(encoder.status().message().find("capture id 2: every value is zero"), std::string::npos);
+}
+
+// The bytes of a chunk message's last slice (the rows) and where they lie.
+std::pair<const char*, size_t> RowsSlice(const grpc::ByteBuffer& message) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(message.Dump(&slices).ok());
+  return {reinterpret_cast<const char*>(slices.back().begin()), slices.back().size()};
+}
+
+// bf16 rows [tensors][tokens][hidden] in one heap block, as the engine's
+// per-sample buffer holds them; the view owns the block.
+SampleView Bf16View(const FakeSample& floats, std::weak_ptr<std::vector<uint16_t>>* watch) {
+  auto rows = std::make_shared<std::vector<uint16_t>>();
+  for (const std::vector<float>& t : floats.tensors) {
+    for (float v : t) rows->push_back(FloatToBf16(v));
+  }
+  *watch = rows;
+  SampleView view = floats.view;
+  view.type = ElementType::kBf16;
+  const int64_t count = view.tokens * view.hidden;
+  for (size_t k = 0; k < view.layers.size(); ++k) view.layers[k] = rows->data() + k * count;
+  if (view.final_norm != nullptr) view.final_norm = rows->data() + view.layers.size() * count;
+  view.held_bytes = static_cast<int64_t>(rows->size() * 2);
+  view.owner = rows;
+  return view;
+}
+
+TEST(ResponseEncoderTest, RowsAlreadyInTheOutputDtypeAreSentFromTheirOwnBuffer) {
+  const int64_t tokens = 19, hidden = 64;
+  FakeSample floats = MakeSample({0, 3}, true, tokens, hidden);
+  std::weak_ptr<std::vector<uint16_t>> watch;
+  SampleView view = Bf16View(floats, &watch);
+  const char* begin = reinterpret_cast<const char*>(watch.lock()->data());
+  const char* end = begin + view.held_bytes;
+  int allocations = 0;
+  ResponseEncoder::Allocator allocate = [&allocations](size_t n) {
+    ++allocations;
+    return HostBufferPool::HeapAllocator()(n);
+  };
+  EncoderOptions options;
+  options.max_chunk_bytes = 5 * hidden * 2;
+  // The reference: the same rows with an owner that holds more than them, so they are copied.
+  SampleView copied = view;
+  copied.held_bytes += 1;
+  auto reference = ResponseEncoder::Create(std::move(copied), options, allocate);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  EXPECT_EQ(allocations, 1);
+  auto encoder = ResponseEncoder::Create(std::move(view), options, allocate);
+  ASSERT_TRUE(encoder.ok()) << encoder.status();
+  EXPECT_EQ(allocations, 1) << "rows already in bf16 were copied";
+  EXPECT_EQ((*encoder)->held_bytes(), 3 * tokens * hidden * 2);
+  grpc::ByteBuffer want, got;
+  int chunks = 0;
+  while ((*reference)->Next(&want)) {
+    ASSERT_TRUE((*encoder)->Next(&got));
+    EXPECT_EQ(Flatten(got), Flatten(want)) << "message " << chunks;
+    v1::ExtractResponse parsed;
+    ASSERT_TRUE(parsed.ParseFromString(Flatten(got)));
+    if (parsed.has_chunk()) {
+      const auto [data, size] = RowsSlice(got);
+      EXPECT_TRUE(data >= begin && data + size <= end) << "chunk " << chunks << " does not alias the rows";
+      ++chunks;
+    }
+  }
+  EXPECT_FALSE((*encoder)->Next(&got));
+  EXPECT_EQ(chunks, 3 * 4);  // 19 rows in chunks of 5, per tensor
+  reference->reset();
+  EXPECT_FALSE(watch.expired()) << "the rows went while the encoder sends them";
+  encoder->reset();
+  got.Clear();
+  want.Clear();
+  EXPECT_TRUE(watch.expired()) << "the rows outlived the encoder and its slices";
+}
+
+TEST(ResponseEncoderTest, RowsInPlaceAreCheckedAsWhenCopied) {
+  FakeSample floats = MakeSample({2}, false, 4, 8);
+  floats.tensors[0][3 * 8 + 5] = std::numeric_limits<float>::infinity();
+  std::weak_ptr<std::vector<uint16_t>> watch;
+  SampleView view = Bf16View(floats, &watch);
+  auto encoder = ResponseEncoder::Create(view, EncoderOptions(), HostBufferPool::HeapAllocator());
+  ASSERT_FALSE(encoder.ok());
+  EXPECT_NE(encoder.status().message().find("capture id 2: value inf at row 3, column 5 is not finite"),
+            std::string::npos)
+      << encoder.status();
+  std::fill(watch.lock()->begin(), watch.lock()->end(), uint16_t{0x8000});  // -0.0
+  encoder = ResponseEncoder::Create(view, EncoderOptions(), HostBufferPool::HeapAllocator());
+  ASSERT_FALSE(encoder.ok());
+  EXPECT_NE(encoder.status().message().find("capture id 2: every value is zero"), std::string::npos);
+}
+
+// A host buffer that records its release.
+class WatchedBuffer : public HostBuffer {
+ public:
+  WatchedBuffer(size_t bytes, int* released) : data_(bytes), released_(released) {}
+  ~WatchedBuffer() override { ++*released_; }
+  void* data() const override { return const_cast<char*>(data_.data()); }
+  size_t bytes() const override { return data_.size(); }
+
+ private:
+  std::vector<char> data_;
+  int* released_;
+};
+
+TEST(CaptureViewsTest, EachSampleOwnsItsBufferAlone) {
+  Captures captures;
+  captures.ids = {0, 2};
+  captures.has_final_norm = true;
+  captures.hidden = 4;
+  captures.type = ElementType::kF32;
+  captures.cu_seqlens = {0, 3, 4, 9};
+  captures.tokens = 9;
+  int released = 0;
+  for (int64_t s = 0; s < captures.num_samples(); ++s) {
+    captures.samples.push_back(std::make_unique<WatchedBuffer>(captures.SampleBytes(s), &released));
+    float* rows = static_cast<float*>(captures.samples.back()->data());
+    const int64_t count = captures.SampleBytes(s) / 4;
+    for (int64_t i = 0; i < count; ++i) rows[i] = static_cast<float>(1000 * s + i);
+  }
+  float row[4];
+  captures.LayerRow(1, 5, row);  // sample 2, its row 1, of tensor 1: [tensor][5 rows][4]
+  EXPECT_EQ(row[0], 2000.0f + (1 * 5 + 1) * 4);
+  captures.FinalNormRow(3, row);  // sample 1's only row of tensor 2
+  EXPECT_EQ(row[3], 1000.0f + 2 * 4 + 3);
+  std::vector<SampleView> views = ViewBySample(std::move(captures));
+  ASSERT_EQ(views.size(), 3u);
+  for (size_t s = 0; s < views.size(); ++s) {
+    EXPECT_EQ(views[s].held_bytes, views[s].view_bytes()) << s;
+    EXPECT_EQ(static_cast<const float*>(views[s].layers[0])[0], 1000.0f * s);
+  }
+  EXPECT_EQ(views[2].tokens, 5);
+  EXPECT_EQ(static_cast<const float*>(views[2].final_norm)[0], 2000.0f + 2 * 5 * 4);
+  views[1] = SampleView();
+  EXPECT_EQ(released, 1) << "a sample's buffer must go back as soon as its view does";
+  SampleView subset = SelectCaptures(std::move(views[0]), *CaptureSpec::Make({2}, false, 2));
+  EXPECT_EQ(subset.view_bytes() * 3, subset.held_bytes) << "a subset still holds the whole sample";
 }
 
 // The same bytes, cut into slices of 1..`most` bytes (as a transport may deliver them).
