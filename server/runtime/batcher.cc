@@ -91,6 +91,7 @@ Batcher::~Batcher() {
 }
 
 absl::Status Batcher::Submit(WorkItem item) {
+  if (absl::Status lost = engine_.lost(); !lost.ok()) return lost;
   const int64_t length = static_cast<int64_t>(item.tokens.size());
   if (length == 0) return absl::InvalidArgumentError("empty sample");
   if (length > options_.max_batch_tokens) {
@@ -167,7 +168,20 @@ void Batcher::Loop() {
       for (const WorkItem& item : batch) queued_tokens_ -= static_cast<int64_t>(item.tokens.size());
     }
     RunBatch(std::move(batch));
+    // A sample submitted after this check still fails at once: Run() returns
+    // the lost status without touching the devices.
+    if (absl::Status lost = engine_.lost(); !lost.ok()) FailQueued(lost);
   }
+}
+
+void Batcher::FailQueued(const absl::Status& status) {
+  std::deque<WorkItem> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed.swap(queue_);
+    queued_tokens_ = 0;
+  }
+  for (WorkItem& item : failed) Fail(item, status);
 }
 
 void Batcher::RunBatch(std::vector<WorkItem> items) {
