@@ -167,21 +167,10 @@ void Batcher::Loop() {
       std::reverse(batch.begin(), batch.end());
       for (const WorkItem& item : batch) queued_tokens_ -= static_cast<int64_t>(item.tokens.size());
     }
+    // After a lost device, Run() fails each later batch at once without
+    // touching a device, so the queue empties promptly.
     RunBatch(std::move(batch));
-    // A sample submitted after this check still fails at once: Run() returns
-    // the lost status without touching the devices.
-    if (absl::Status lost = engine_.lost(); !lost.ok()) FailQueued(lost);
   }
-}
-
-void Batcher::FailQueued(const absl::Status& status) {
-  std::deque<WorkItem> failed;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    failed.swap(queue_);
-    queued_tokens_ = 0;
-  }
-  for (WorkItem& item : failed) Fail(item, status);
 }
 
 void Batcher::RunBatch(std::vector<WorkItem> items) {

@@ -13,8 +13,9 @@
 // (`done`, for tests and tools).
 //
 // Device loss (Engine::lost()): the batch that lost it fails with the
-// engine's UNAVAILABLE status, so does every sample still queued, at once and
-// without running, and Submit() refuses every later one with it.
+// engine's UNAVAILABLE status, so does every sample still queued (the engine
+// fails their batches at once, without running them), and Submit() refuses
+// every later one with it.
 #ifndef HSX_SERVER_RUNTIME_BATCHER_H_
 #define HSX_SERVER_RUNTIME_BATCHER_H_
 
@@ -94,8 +95,6 @@ class Batcher {
  private:
   void Loop();
   void RunBatch(std::vector<WorkItem> items);
-  // Fails every queued sample with `status` (the engine's lost status).
-  void FailQueued(const absl::Status& status);
   static void Fail(WorkItem& item, const absl::Status& status);
 
   Engine& engine_;

@@ -10,7 +10,6 @@ serves normally and reports hsx_device_lost 0.
 import signal
 import threading
 import time
-import urllib.request
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -20,16 +19,6 @@ from hsx_server import HsxServer
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 LOST = "device lost: rank 1 of 2 (cpu) failed with INTERNAL: cpu (rank 1) Synchronize: injected device loss after 2 batches"
-
-
-def scrape(server):
-    text = urllib.request.urlopen(f"http://{server.metrics_address}/metrics", timeout=5).read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            values[key] = float(value)
-    return values
 
 
 def extract(pb, pb_grpc, address, sample_id):
@@ -73,7 +62,7 @@ def test_a_lost_device_turns_the_server_not_serving(bin_dir, tiny, hsx_pb):
                 messages = extract(pb, pb_grpc, srv.address, f"ok{i}")
                 assert messages[-1].WhichOneof("part") == "trailer"
             assert srv.health("") == SERVING and srv.health("hsx.v1.HiddenStates") == SERVING
-            assert scrape(srv)["hsx_device_lost"] == 0
+            assert srv.scrape()["hsx_device_lost"] == 0
 
             # The third batch loses rank 1's device: UNAVAILABLE with rank 1's error.
             err = failure(lambda: extract(pb, pb_grpc, srv.address, "lost"))
@@ -97,7 +86,7 @@ def test_a_lost_device_turns_the_server_not_serving(bin_dir, tiny, hsx_pb):
             assert time.monotonic() - start < 2.0, "a refusal took too long"
         assert srv.health("") == NOT_SERVING  # and it stays so
 
-        metrics = scrape(srv)
+        metrics = srv.scrape()
         assert metrics["hsx_device_lost"] == 1
         assert metrics['hsx_errors_total{code="UNAVAILABLE"}'] == 4
         assert metrics["hsx_samples_total"] == 2

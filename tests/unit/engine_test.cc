@@ -276,9 +276,21 @@ TEST_F(EngineTest, ALostDeviceFailsTheBatchEverywhereAndEveryLaterOne) {
 // the next sample runs.
 class DeviceLossServingTest : public EngineTest {
  protected:
-  // The statuses of `count` samples of 7 tokens, submitted at once to a
-  // batcher whose budget holds one sample per batch.
-  static std::vector<absl::Status> SubmitAndWait(Batcher& batcher, int count) {
+  // TP 2 (rank 1 faulty) behind a batcher whose budget holds one 7-token
+  // sample per batch, and hsx-server's handler; health SERVING.
+  void SetUp() override {
+    EngineOptions options{.tp = 2, .precision = Precision::kBf16, .threads = 2,
+                          .factory = std::make_shared<FaultyFactory>(1, &fault_)};
+    options.on_device_lost = DeviceLossHandler(&health_, &metrics_);
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = *std::move(engine);
+    batcher_ = std::make_unique<Batcher>(*engine_, BatcherOptions{.max_batch_tokens = 7});
+    health_.SetServing(true);
+  }
+
+  // The statuses of `count` samples of 7 tokens, submitted at once.
+  std::vector<absl::Status> SubmitAndWait(int count) {
     std::mutex mutex;
     std::condition_variable done;
     std::vector<absl::Status> statuses;
@@ -291,7 +303,7 @@ class DeviceLossServingTest : public EngineTest {
         statuses.push_back(states.status());
         done.notify_all();
       };
-      if (absl::Status s = batcher.Submit(std::move(item)); !s.ok()) {
+      if (absl::Status s = batcher_->Submit(std::move(item)); !s.ok()) {
         std::lock_guard<std::mutex> lock(mutex);
         statuses.push_back(s);
       }
@@ -303,70 +315,54 @@ class DeviceLossServingTest : public EngineTest {
     }
     return statuses;
   }
+
+  Health health_;
+  Metrics metrics_;
+  Fault fault_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Batcher> batcher_;  // after the engine: destroyed before it
 };
 
 TEST_F(DeviceLossServingTest, ALostDeviceTurnsTheServerNotServingAndFailsQueuedAndLaterSamples) {
-  Health health;
-  Metrics metrics;
-  Fault fault;
-  EngineOptions options{.tp = 2, .precision = Precision::kBf16, .threads = 2,
-                        .factory = std::make_shared<FaultyFactory>(1, &fault)};
-  options.on_device_lost = DeviceLossHandler(&health, &metrics);
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  Batcher batcher(**engine, BatcherOptions{.max_batch_tokens = 7});
-  health.SetServing(true);
-
-  fault.device_lost = true;
-  fault.linear_call = 5;
-  const std::vector<absl::Status> statuses = SubmitAndWait(batcher, 4);
+  fault_.device_lost = true;
+  fault_.linear_call = 5;
+  const std::vector<absl::Status> statuses = SubmitAndWait(4);
   for (const absl::Status& status : statuses) {
     EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
     EXPECT_TRUE(IsDeviceLost(status)) << status;
     EXPECT_NE(status.message().find("rank 1 of 2 (faulty-cpu)"), std::string::npos) << status;
     EXPECT_NE(status.message().find("cudaErrorLaunchFailure in Linear"), std::string::npos) << status;
   }
-  EXPECT_EQ(fault.stages, 1) << "queued samples ran after the device was lost";
-  EXPECT_EQ(health.Get(""), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
-  EXPECT_EQ(health.Get(kServiceName), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
-  health.SetServing(true);  // frozen: nothing turns it back
-  EXPECT_EQ(health.Get(""), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(fault_.stages, 1) << "queued samples ran after the device was lost";
+  EXPECT_EQ(health_.Get(""), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(health_.Get(kServiceName), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  health_.SetServing(true);  // frozen: nothing turns it back
+  EXPECT_EQ(health_.Get(""), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
 
   // A later submission is refused at once, with the same status.
   WorkItem later;
   later.tokens = {1, 2, 3};
   later.capture = AllLayers();
   later.done = [](absl::StatusOr<SampleStates>) { ADD_FAILURE() << "a refused sample was answered"; };
-  EXPECT_EQ(batcher.Submit(std::move(later)), statuses.front());
-  EXPECT_EQ(batcher.device_lost(), statuses.front());
+  EXPECT_EQ(batcher_->Submit(std::move(later)), statuses.front());
+  EXPECT_EQ(batcher_->device_lost(), statuses.front());
 }
 
 TEST_F(DeviceLossServingTest, ABatchErrorThatIsNotADeviceLossKeepsTheServerServing) {
-  Health health;
-  Metrics metrics;
-  Fault fault;
-  EngineOptions options{.tp = 2, .precision = Precision::kBf16, .threads = 2,
-                        .factory = std::make_shared<FaultyFactory>(1, &fault)};
-  options.on_device_lost = DeviceLossHandler(&health, &metrics);
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  Batcher batcher(**engine, BatcherOptions{.max_batch_tokens = 7});
-  health.SetServing(true);
-
-  fault.linear_call = 5;  // a DATA_LOSS op error, not marked lost
-  const std::vector<absl::Status> failed = SubmitAndWait(batcher, 1);
+  fault_.linear_call = 5;  // a DATA_LOSS op error, not marked lost
+  const std::vector<absl::Status> failed = SubmitAndWait(1);
   EXPECT_EQ(failed.front().code(), absl::StatusCode::kDataLoss) << failed.front();
   EXPECT_FALSE(IsDeviceLost(failed.front()));
-  fault.linear_call = 0;
-  fault.allocate_call = 12;  // RESOURCE_EXHAUSTED: out of memory for this batch
-  const std::vector<absl::Status> oom = SubmitAndWait(batcher, 1);
+  fault_.linear_call = 0;
+  fault_.allocate_call = 12;  // RESOURCE_EXHAUSTED: out of memory for this batch
+  const std::vector<absl::Status> oom = SubmitAndWait(1);
   EXPECT_EQ(oom.front().code(), absl::StatusCode::kResourceExhausted) << oom.front();
-  fault.allocate_call = 0;
+  fault_.allocate_call = 0;
 
-  EXPECT_EQ(health.Get(""), grpc::health::v1::HealthCheckResponse::SERVING);
-  EXPECT_EQ(health.Get(kServiceName), grpc::health::v1::HealthCheckResponse::SERVING);
-  EXPECT_TRUE(batcher.device_lost().ok());
-  const std::vector<absl::Status> next = SubmitAndWait(batcher, 2);
+  EXPECT_EQ(health_.Get(""), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_EQ(health_.Get(kServiceName), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_TRUE(batcher_->device_lost().ok());
+  const std::vector<absl::Status> next = SubmitAndWait(2);
   for (const absl::Status& status : next) EXPECT_TRUE(status.ok()) << status;
 }
 
