@@ -36,6 +36,25 @@ struct Fault {
   std::atomic<int> allocate_call{0};
   std::atomic<bool> device_lost{false};
   std::atomic<int> stages{0};
+  // The group's Reset() fails, as NCCL's would if its communicators cannot be made anew.
+  std::atomic<bool> reset_fails{false};
+};
+
+// The in-process group, whose re-arming fails on command.
+class FaultyGroup : public CommunicatorGroup {
+ public:
+  FaultyGroup(int ranks, Fault* fault) : inner_(ranks), fault_(fault) {}
+  int size() const override { return inner_.size(); }
+  Communicator* rank(int rank) override { return inner_.rank(rank); }
+  void Abort(const absl::Status& why) override { inner_.Abort(why); }
+  absl::Status Reset() override {
+    if (fault_->reset_fails) return absl::FailedPreconditionError("injected: ncclCommInitAll: unhandled cuda error");
+    return inner_.Reset();
+  }
+
+ private:
+  InProcessGroup inner_;
+  Fault* fault_;
 };
 
 // A CPU backend that fails on command. Linear's failure is an op error
@@ -107,7 +126,7 @@ class FaultyFactory : public DeviceFactory {
     return faulty;
   }
   absl::StatusOr<std::unique_ptr<CommunicatorGroup>> MakeGroup(std::span<Backend* const> backends) override {
-    return std::make_unique<InProcessGroup>(static_cast<int>(backends.size()));
+    return std::make_unique<FaultyGroup>(static_cast<int>(backends.size()), fault_);
   }
   FaultyBackend* faulty() const { return faulty_; }
 
@@ -267,6 +286,33 @@ TEST_F(EngineTest, ALostDeviceFailsTheBatchEverywhereAndEveryLaterOne) {
     EXPECT_EQ(fault.stages, stages) << "a batch ran on a lost device";
     EXPECT_EQ(heard, 1);
   }
+}
+
+// A group that cannot be re-armed after an ordinary batch error can run no
+// collective again: the engine stops as for a lost device, naming the group.
+TEST_F(EngineTest, AGroupThatCannotBeReArmedStopsTheEngine) {
+  Fault fault;
+  int heard = 0;
+  EngineOptions options{.tp = 2, .precision = Precision::kBf16, .threads = 2,
+                        .factory = std::make_shared<FaultyFactory>(1, &fault)};
+  options.on_device_lost = [&](const absl::Status&) { ++heard; };
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  fault.reset_fails = true;
+  fault.allocate_call = 12;  // an ordinary error; the abort and the failed re-arming follow
+  const absl::StatusOr<std::vector<SampleStates>> failed = RunBounded(**engine);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  EXPECT_TRUE(IsDeviceLost(failed.status()));
+  EXPECT_EQ(LostDevice(failed.status()), "the communicator group");
+  EXPECT_NE(failed.status().message().find("device lost: the communicator group failed with FAILED_PRECONDITION: "
+                                           "injected: out of memory on this rank; re-arming the ranks failed: "
+                                           "injected: ncclCommInitAll"),
+            std::string::npos)
+      << failed.status();
+  EXPECT_EQ(heard, 1);
+  fault.allocate_call = 0;
+  EXPECT_EQ(RunBounded(**engine).status(), failed.status());
 }
 
 // The server's side, through the batcher and the handler hsx-server installs:
