@@ -86,6 +86,11 @@ def test_a_lost_device_turns_the_server_not_serving(bin_dir, tiny, hsx_pb):
             assert time.monotonic() - start < 2.0, "a refusal took too long"
         assert srv.health("") == NOT_SERVING  # and it stays so
 
+        # The failed stream is counted when gRPC is done with it, which may come just after its client saw
+        # the status.
+        deadline = time.monotonic() + 10
+        while srv.scrape().get('hsx_errors_total{code="UNAVAILABLE"}', 0) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
         metrics = srv.scrape()
         assert metrics["hsx_device_lost"] == 1
         assert metrics['hsx_errors_total{code="UNAVAILABLE"}'] == 4
