@@ -403,8 +403,12 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> CudaBackend::AllocateHost(size_t byt
   void* data = nullptr;
   if (cudaError_t s = cudaHostAlloc(&data, std::max<size_t>(bytes, 1), cudaHostAllocDefault); s != cudaSuccess) {
     cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrCat(name(), " AllocateHost: ", cudaGetErrorString(s), " (asked ",
-                                                     MiB(static_cast<int64_t>(bytes)), " of pinned memory)"));
+    // Out of pinned memory fails this batch; a sticky error here means the
+    // context was poisoned before.
+    return cuda::ClassifyCudaError(
+        absl::ResourceExhaustedError(absl::StrCat(name(), " AllocateHost: ", cudaGetErrorString(s), " (asked ",
+                                                  MiB(static_cast<int64_t>(bytes)), " of pinned memory)")),
+        s, device_);
   }
   return std::make_unique<PinnedBuffer>(data, bytes);
 }
