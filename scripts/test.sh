@@ -4,7 +4,7 @@
 #   1. unit tests (GoogleTest, via ctest); CUDA tests skip, saying why, without a GPU
 #   2. the GEMM and batch-invariance tests once per CPU GEMM kernel (HSX_CPU_GEMM)
 #   3. under AddressSanitizer + UndefinedBehaviorSanitizer: the unit tests, then the
-#      service, remote-dump and resume suites against sanitized hsx-server/hsx-dump/hsx-verify
+#      service, remote-dump, resume and device-loss suites against sanitized hsx-server/hsx-dump/hsx-verify
 #   4. six libFuzzer targets (HSX_FUZZ_SECONDS in all, default 60), each with a coverage floor
 #   5. the transformers oracle once more per non-default GEMM kernel
 #   6. the device check's bundle (scripts/device-check.sh --prepare) and its run here, which must
@@ -105,7 +105,7 @@ ASAN_OPTIONS="detect_leaks=1:log_path=$sanitizer_logs/asan" \
 UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$sanitizer_logs/ubsan" \
 HSX_BIN_DIR="$root/$asan_build/bin" "$venv/bin/python" -m pytest -q \
   tests/python/test_server.py tests/python/test_remote_dump.py tests/python/test_resume.py \
-  -k "$sanitized_subset"
+  tests/python/test_device_loss.py -k "$sanitized_subset"
 if compgen -G "$sanitizer_logs/*" >/dev/null; then
   cat "$sanitizer_logs"/* | head -n 200
   echo "sanitizer reports above (from $sanitizer_logs)" >&2

@@ -15,10 +15,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/cuda_errors.h"
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/int4_dequant.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/device_lost.h"
 #include "kernels/op_checks.h"
 
 namespace hsx {
@@ -215,9 +217,14 @@ class CudaBackend : public Backend {
   };
 
   bool bf16() const { return precision_ == Precision::kBf16; }
-  // Records the first error since the last Synchronize().
+  // Records the first error since the last Synchronize(), marked as a lost
+  // device when the context is poisoned (a cuBLASLt or cuDNN failure may hide
+  // a sticky CUDA error; cuda_errors.h). A lost device outranks an earlier
+  // batch error: it is what the engine must hear.
   void Record(absl::Status status) {
-    if (error_.ok() && !status.ok()) error_ = std::move(status);
+    if (status.ok() || IsDeviceLost(error_)) return;
+    status = cuda::ClassifyOnDevice(std::move(status), device_, stream_);
+    if (error_.ok() || IsDeviceLost(status)) error_ = std::move(status);
   }
   // Records an InvalidArgument when `ok` is false; returns ok.
   // Records a failed contract rule (kernels/op_checks.h); returns status.ok().
@@ -326,8 +333,9 @@ absl::Status CudaBackend::CudaError(cudaError_t status, const char* op, const st
                                                      MiB(static_cast<int64_t>(free)), " free of ",
                                                      MiB(static_cast<int64_t>(total)), ")"));
   }
-  return absl::InternalError(absl::StrCat(name(), " ", op, ": ", cudaGetErrorName(status), ": ",
-                                          cudaGetErrorString(status), " (", what, ")"));
+  return cuda::ClassifyCudaError(absl::InternalError(absl::StrCat(name(), " ", op, ": ", cudaGetErrorName(status), ": ",
+                                                                cudaGetErrorString(status), " (", what, ")")),
+                                 status, device_);
 }
 
 absl::StatusOr<CudaBackend::Scratch> CudaBackend::Take(size_t bytes, const char* op) {
@@ -395,8 +403,12 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> CudaBackend::AllocateHost(size_t byt
   void* data = nullptr;
   if (cudaError_t s = cudaHostAlloc(&data, std::max<size_t>(bytes, 1), cudaHostAllocDefault); s != cudaSuccess) {
     cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrCat(name(), " AllocateHost: ", cudaGetErrorString(s), " (asked ",
-                                                     MiB(static_cast<int64_t>(bytes)), " of pinned memory)"));
+    // Out of pinned memory fails this batch; a sticky error here means the
+    // context was poisoned before.
+    return cuda::ClassifyCudaError(
+        absl::ResourceExhaustedError(absl::StrCat(name(), " AllocateHost: ", cudaGetErrorString(s), " (asked ",
+                                                  MiB(static_cast<int64_t>(bytes)), " of pinned memory)")),
+        s, device_);
   }
   return std::make_unique<PinnedBuffer>(data, bytes);
 }
@@ -421,8 +433,10 @@ void CudaBackend::CopyFromHost(const void* src, const Matrix& dst) {
 
 absl::Status CudaBackend::Synchronize() {
   if (cudaError_t s = cudaStreamSynchronize(stream_); s != cudaSuccess) {
-    Record(absl::InternalError(absl::StrCat(name(), " Synchronize: an op enqueued since the last Synchronize failed on "
-                                            "the device: ", cudaGetErrorName(s), ": ", cudaGetErrorString(s))));
+    Record(cuda::ClassifyCudaError(
+        absl::InternalError(absl::StrCat(name(), " Synchronize: an op enqueued since the last Synchronize failed on "
+                                         "the device: ", cudaGetErrorName(s), ": ", cudaGetErrorString(s))),
+        s, device_));
   }
   absl::Status error = std::move(error_);
   error_ = absl::OkStatus();

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/collective_plan.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_errors.h"
 #include "kernels/cuda/nccl_api.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/rank_barrier.h"
@@ -55,8 +56,10 @@ class CudaGroup : public CommunicatorGroup {
 
   absl::Status CudaCall(cudaError_t status, int rank, const Matrix& data, const char* call) const {
     if (status == cudaSuccess) return absl::OkStatus();
-    return absl::InternalError(absl::StrCat(What(rank, data), " on cuda:", ranks_[rank].device, ": ", call, ": ",
-                                            cudaGetErrorName(status), ": ", cudaGetErrorString(status)));
+    return cuda::ClassifyCudaError(
+        absl::InternalError(absl::StrCat(What(rank, data), " on cuda:", ranks_[rank].device, ": ", call, ": ",
+                                         cudaGetErrorName(status), ": ", cudaGetErrorString(status))),
+        status, ranks_[rank].device);
   }
 
   // The contract's preconditions, checked before anything is posted.
@@ -273,8 +276,14 @@ class NcclGroup : public CudaGroup {
  private:
   absl::Status Nccl(ncclResult_t result, int rank, const Matrix& data, const char* call) const {
     if (result == ncclSuccess) return absl::OkStatus();
-    return absl::InternalError(absl::StrCat(What(rank, data), " on cuda:", ranks_[rank].device, ": ", call, ": ",
-                                            api_->ncclGetErrorString(result)));
+    // ncclUnhandledCudaError and ncclSystemError may stand for a sticky CUDA
+    // error: the device says. A communicator left unusable otherwise is
+    // aborted and made anew by the engine (Abort, Reset); if that fails the
+    // engine stops serving (server/runtime/engine.h).
+    return cuda::ClassifyOnDevice(
+        absl::InternalError(absl::StrCat(What(rank, data), " on cuda:", ranks_[rank].device, ": ", call, ": ",
+                                         api_->ncclGetErrorString(result))),
+        ranks_[rank].device, ranks_[rank].stream);
   }
 
   // One grouped round: for each exchange, e.send of this rank's matrix to the

@@ -92,6 +92,7 @@ Batcher::~Batcher() {
 }
 
 absl::Status Batcher::Submit(WorkItem item) {
+  if (absl::Status lost = engine_.lost(); !lost.ok()) return lost;
   const int64_t length = static_cast<int64_t>(item.tokens.size());
   if (length == 0) return absl::InvalidArgumentError("empty sample");
   if (length > options_.max_batch_tokens) {
@@ -168,6 +169,8 @@ void Batcher::Loop() {
       std::reverse(batch.begin(), batch.end());
       for (const WorkItem& item : batch) queued_tokens_ -= static_cast<int64_t>(item.tokens.size());
     }
+    // After a lost device, Run() fails each later batch at once without
+    // touching a device, so the queue empties promptly.
     RunBatch(std::move(batch));
   }
 }

@@ -11,6 +11,11 @@
 // the batch's pooled host buffers (`deliver`, no copy: the buffers go back to
 // the engine's pool when the last view is released) or as a float32 copy
 // (`done`, for tests and tools).
+//
+// Device loss (Engine::lost()): the batch that lost it fails with the
+// engine's UNAVAILABLE status, so does every sample still queued (the engine
+// fails their batches at once, without running them), and Submit() refuses
+// every later one with it.
 #ifndef HSX_SERVER_RUNTIME_BATCHER_H_
 #define HSX_SERVER_RUNTIME_BATCHER_H_
 
@@ -76,9 +81,12 @@ class Batcher {
   ~Batcher();
 
   // Queues a sample. InvalidArgument / ResourceExhausted when it could never
-  // run (longer than max_batch_tokens, or over max_batch_bytes alone).
+  // run (longer than max_batch_tokens, or over max_batch_bytes alone);
+  // the engine's lost() status once a device is lost.
   absl::Status Submit(WorkItem item);
 
+  // The engine's lost() status: OK while a batch can run.
+  absl::Status device_lost() const { return engine_.lost(); }
   // Tokens queued and not yet running.
   int64_t queued_tokens() const;
   // Real tokens over capacity, summed over every batch run so far.

@@ -10,6 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/status_names.h"
+#include "kernels/device_lost.h"
 
 namespace hsx {
 
@@ -95,6 +97,11 @@ absl::Status Engine::OnEveryRank(const std::function<absl::Status(RankState&, in
   std::condition_variable done;
   size_t remaining = workers_.size();
   absl::Status first_error;
+  // The first rank whose own error marks its device lost. Ranks that were
+  // waiting in a collective return the abort status, a copy of the first
+  // error, so the first lost one seen is the rank it came from.
+  int lost_rank = -1;
+  absl::Status lost_cause;
   for (size_t r = 0; r < workers_.size(); ++r) {
     RankWorker* worker = workers_[r].get();
     worker->Post([&, worker, r] {
@@ -105,17 +112,48 @@ absl::Status Engine::OnEveryRank(const std::function<absl::Status(RankState&, in
         // Nobody may wait for this rank in a collective any more.
         if (group_ != nullptr) group_->Abort(status);
       }
+      if (IsDeviceLost(status) && lost_rank < 0) {
+        lost_rank = static_cast<int>(r);
+        lost_cause = status;
+      }
       if (--remaining == 0) done.notify_one();
     });
   }
   std::unique_lock<std::mutex> lock(mutex);
   done.wait(lock, [&] { return remaining == 0; });
+  // A poisoned device is not touched again: no re-arming (NCCL would make new
+  // communicators on it).
+  if (lost_rank >= 0) return DeviceLost(lost_rank, lost_cause);
   if (!first_error.ok() && group_ != nullptr) {
     if (absl::Status s = group_->Reset(); !s.ok()) {
-      return absl::InternalError(absl::StrCat(first_error.message(), "; re-arming the ranks failed: ", s.message()));
+      // No collective can run any more: as good as a lost device.
+      return DeviceLost(-1, MarkDeviceLost(absl::Status(s.code(), absl::StrCat(first_error.message(),
+                                                                             "; re-arming the ranks failed: ",
+                                                                             s.message())),
+                                          "the communicator group"));
     }
   }
   return first_error;
+}
+
+absl::Status Engine::DeviceLost(int rank, const absl::Status& cause) {
+  const std::string device = LostDevice(cause);
+  const std::string who =
+      rank < 0 ? device : absl::StrCat("rank ", rank, " of ", workers_.size(), " (", device, ")");
+  absl::Status lost = MarkDeviceLost(
+      absl::UnavailableError(absl::StrCat(
+          "device lost: ", who, " failed with ",
+          StatusCodeName(static_cast<int>(cause.code())), ": ", cause.message(),
+          "; this process runs no more batches and must be restarted: retry on another replica")),
+      device);
+  std::lock_guard<std::mutex> lock(lost_mutex_);
+  if (lost_.ok()) lost_ = std::move(lost);
+  return lost_;
+}
+
+absl::Status Engine::lost() const {
+  std::lock_guard<std::mutex> lock(lost_mutex_);
+  return lost_;
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Checkpoint& checkpoint, const EngineOptions& options) {
@@ -152,6 +190,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Checkpoint& checkpo
 int64_t Engine::placed_bytes(int rank) const { return workers_[rank]->state().backend->placed_bytes(); }
 
 absl::StatusOr<Captures> Engine::Run(const Batch& batch, const CaptureSpec& capture) {
+  if (absl::Status lost = this->lost(); !lost.ok()) return lost;
   absl::Status status = OnEveryRank([&](RankState& s, int) {
     s.result = s.model->Run(batch, capture);
     return s.result.status();
@@ -159,6 +198,7 @@ absl::StatusOr<Captures> Engine::Run(const Batch& batch, const CaptureSpec& capt
   RankState& first = workers_[0]->state();
   absl::StatusOr<Captures> result = std::move(first.result);
   for (auto& worker : workers_) worker->state().result = absl::CancelledError();  // drop other ranks' buffers
+  if (IsDeviceLost(status) && options_.on_device_lost) options_.on_device_lost(status);
   if (!status.ok()) return status;
   return result;
 }

@@ -12,11 +12,21 @@
 // engine aborts the communicator group at the first error so that no rank
 // waits forever in a collective, re-arms it afterwards, and serves the next
 // batch.
+//
+// Device loss: if a rank's error says its device is lost
+// (kernels/device_lost.h; on CUDA a sticky error), or the group cannot be
+// re-armed, no later batch can run. The engine then stops for good: that
+// batch and every later Run() fail at once, without touching the devices,
+// with one UNAVAILABLE status naming the rank, its device and its error
+// (lost()), and options.on_device_lost hears it once. A device-lost error
+// outranks any other rank's error in the same batch. Nothing is retried on
+// a poisoned device; the process must be restarted.
 #ifndef HSX_SERVER_RUNTIME_ENGINE_H_
 #define HSX_SERVER_RUNTIME_ENGINE_H_
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -41,6 +51,10 @@ struct EngineOptions {
   int64_t max_batch_tokens = 8192;
   // Tests: builds the ranks' backends and communicators instead of `device`'s factory.
   std::shared_ptr<DeviceFactory> factory;
+  // Called once, on the thread that called Run(), with lost()'s status when
+  // the engine stops because a device was lost (hsx-server: health
+  // NOT_SERVING). May be empty.
+  std::function<void(const absl::Status&)> on_device_lost;
 };
 
 class Engine {
@@ -59,13 +73,21 @@ class Engine {
   // The captures must be released before the engine.
   absl::StatusOr<Captures> Run(const Batch& batch, const CaptureSpec& capture);
 
+  // OK while the engine serves; once a device is lost, the UNAVAILABLE status
+  // every later Run() returns (IsDeviceLost() holds for it). Thread-safe.
+  absl::Status lost() const;
+
  private:
   struct RankState;
   class RankWorker;
   Engine(const Checkpoint& checkpoint, const EngineOptions& options);
   // Runs fn on every rank's thread at once and waits for all; the first error
-  // aborts the communicator group (if any) and is returned.
+  // aborts the communicator group (if any) and is returned, unless a rank's
+  // device was lost: then the engine's lost status (DeviceLost) is.
   absl::Status OnEveryRank(const std::function<absl::Status(RankState&, int)>& fn);
+  // Latches the engine's lost status, made from rank `rank`'s `cause` (-1:
+  // the communicator group's).
+  absl::Status DeviceLost(int rank, const absl::Status& cause);
 
   const Checkpoint& checkpoint_;
   EngineOptions options_;
@@ -73,6 +95,8 @@ class Engine {
   DeviceFactory* factory_ = nullptr;
   std::unique_ptr<CommunicatorGroup> group_;
   std::vector<std::unique_ptr<RankWorker>> workers_;
+  mutable std::mutex lost_mutex_;
+  absl::Status lost_;  // set once, never cleared
 };
 
 }  // namespace hsx

@@ -7,7 +7,7 @@
 // NOT_SERVING from construction -- before any server exists, so there is no
 // instant at which a probe can see SERVING early -- until SetServing(true),
 // i.e. until the model is loaded and the start-up self-check passed; and
-// NOT_SERVING for good after Shutdown() (drain). Watchers (the Watch RPCs)
+// NOT_SERVING for good after Shutdown() (drain, or a lost device). Watchers (the Watch RPCs)
 // hear every change.
 #ifndef HSX_SERVER_SERVICE_HEALTH_H_
 #define HSX_SERVER_SERVICE_HEALTH_H_
@@ -42,7 +42,7 @@ class Health {
   // The status of `service`; nullopt for a name that is not served.
   std::optional<Status> Get(const std::string& service) const;
   void SetServing(bool serving);
-  // NOT_SERVING, frozen.
+  // NOT_SERVING, frozen: the drain, and a lost device (device_loss.h).
   void Shutdown();
 
   // `watcher` hears the current status at once (under the lock, so that no

@@ -164,6 +164,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Accept(grpc::Ca
     return Reject(context, *request,
                   {grpc::StatusCode::UNAVAILABLE, "draining: the server is shutting down; retry on another replica"});
   }
+  if (absl::Status lost = batcher->device_lost(); !lost.ok()) return Reject(context, *request, ToGrpcStatus(lost));
   absl::StatusOr<ValidatedRequest> valid = ValidateExtractRequest(*request, limits_);
   if (!valid.ok()) return Reject(context, *request, ToGrpcStatus(valid.status()));
 

@@ -8,7 +8,8 @@
 // the token learns nothing more), that the bytes parsed (INVALID_ARGUMENT
 // "could not be parsed", with their size), that the model is ready
 // (UNAVAILABLE "loading" before SetBatcher), that the server is not draining
-// (UNAVAILABLE "draining"), the request itself (INVALID_ARGUMENT naming the
+// (UNAVAILABLE "draining"), that no device is lost (UNAVAILABLE "device lost:
+// rank R of N (DEVICE) failed with ...", Engine::lost()), the request itself (INVALID_ARGUMENT naming the
 // field, see request_validator.h) and the concurrency limit
 // (RESOURCE_EXHAUSTED at once, never queued). An accepted sample goes to the
 // one Batcher that every RPC of every client shares; its ExtractReactor

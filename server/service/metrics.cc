@@ -73,6 +73,7 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                   .Register(r)
                   .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
                                                                    2.5, 5, 10, 30, 60, 120, 300});
+  device_lost_ = &BuildGauge().Name("hsx_device_lost").Help("1 once a device was lost: the server runs no more batches and health is NOT_SERVING until it is restarted; 0 otherwise.").Register(r).Add({});
   hook_ = std::make_shared<ScrapeHook>(registry_, queue_depth_, fill_);
 }
 

@@ -13,6 +13,7 @@
 //   hsx_undecodable_requests_total    counter  Extract requests whose bytes are not an ExtractRequest
 //   hsx_oversized_requests_total      counter  Extract requests over --max-request-bytes
 //   hsx_extract_latency_seconds       histogram  accept to trailer, per successful Extract
+//   hsx_device_lost                   gauge    1 once a device is lost (health NOT_SERVING for good), else 0
 //
 // The recording methods are thread-safe and cheap (atomics, plus a short
 // lock for the error family), fit for gRPC reactions and the batcher thread. Gauges read from the batcher are sampled at scrape time
@@ -68,6 +69,7 @@ class Metrics {
   void AddInflight(double delta) { inflight_->Increment(delta); }
   void AddBuffered(double delta) { buffered_->Increment(delta); }
   void AddHeldStates(double delta) { held_states_->Increment(delta); }
+  void DeviceLost() { device_lost_->Set(1); }
 
  private:
   class ScrapeHook;
@@ -89,6 +91,7 @@ class Metrics {
   prometheus::Counter* undecodable_;
   prometheus::Counter* oversized_;
   prometheus::Histogram* latency_;
+  prometheus::Gauge* device_lost_;
 };
 
 }  // namespace hsx

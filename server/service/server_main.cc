@@ -32,8 +32,10 @@
 #include "server/model/config.h"
 #include "server/runtime/batcher.h"
 #include "server/runtime/engine.h"
+#include "server/runtime/fault_injection.h"
 #include "server/service/auth.h"
 #include "server/service/credentials.h"
+#include "server/service/device_loss.h"
 #include "server/service/health.h"
 #include "server/service/health_service.h"
 #include "server/service/hidden_states_service.h"
@@ -185,6 +187,19 @@ absl::Status Serve() {
   engine_options.ranks_per_device = options.ranks_per_device;
   engine_options.attention = options.attention;
   engine_options.max_batch_tokens = options.max_batch_tokens;
+  engine_options.on_device_lost = DeviceLossHandler(&health, &metrics);
+  std::shared_ptr<DeviceLossFactory> injector;
+  if (options.inject_device_loss_after_batches >= 0) {
+    absl::StatusOr<std::unique_ptr<DeviceFactory>> factory =
+        MakeDeviceFactory(engine_options.device, options.precision, options.tp, options.threads,
+                          options.ranks_per_device, options.attention);
+    if (!factory.ok()) {
+      shutdown_now();
+      return factory.status();
+    }
+    injector = std::make_shared<DeviceLossFactory>(*std::move(factory), options.tp - 1);
+    engine_options.factory = injector;
+  }
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(**checkpoint, engine_options);
   if (!engine.ok()) {
     shutdown_now();
@@ -199,6 +214,11 @@ absl::Status Serve() {
     return check.status();
   }
   LogInfo("%s (%.2f s)", *check, SecondsSince(start));
+  if (injector != nullptr) {
+    injector->Arm(options.inject_device_loss_after_batches);
+    LogWarning("--inject-device-loss-after-batches=%d (testing): rank %d loses its device after %d more batches",
+               options.inject_device_loss_after_batches, options.tp - 1, options.inject_device_loss_after_batches);
+  }
 
   auto batcher = std::make_unique<Batcher>(**engine, BatcherOptions{.max_batch_tokens = options.max_batch_tokens});
   metrics.SetBatcherProbe([b = batcher.get()] { return BatcherSample{b->queued_tokens(), b->fill()}; });
@@ -250,7 +270,9 @@ int main(int argc, char** argv) {
       "             [--precision bf16|fp32] [--tp N] [--metrics-listen 0.0.0.0:9090]\n"
       "             [--tls-cert CRT --tls-key KEY [--tls-client-ca CA]] [--auth-token-file FILE]\n\n"
       "Logs go to stderr; 'hsx-server: listening on HOST:PORT' names the port bound (also with port 0).\n"
-      "SIGTERM/SIGINT/SIGHUP drain: health NOT_SERVING, in-flight samples finish (--drain-timeout), exit 0.");
+      "SIGTERM/SIGINT/SIGHUP drain: health NOT_SERVING, in-flight samples finish (--drain-timeout), exit 0.\n"
+      "A lost device (a sticky GPU error): health NOT_SERVING for good, Extract UNAVAILABLE naming the rank and\n"
+      "its error, hsx_device_lost 1; the process stays up for probes and metrics until it is restarted.");
   absl::FlagsUsageConfig usage;
   // --help lists the flags of this binary (defined in service_options.cc).
   usage.contains_help_flags = [](absl::string_view file) { return absl::StrContains(file, "server/service/"); };

@@ -72,6 +72,10 @@ ABSL_FLAG(absl::Duration, stream_stall_timeout, absl::Minutes(5),
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT: how long in-flight samples may take to finish before they are "
           "cancelled.");
+ABSL_FLAG(int64_t, inject_device_loss_after_batches, -1,
+          "FOR TESTING ONLY: once the server is ready, let this many batches run, then make the last "
+          "tensor-parallel rank fail as a lost device does (a sticky CUDA error): the batch and every "
+          "later request fail with UNAVAILABLE and health turns NOT_SERVING. -1 (the default): off.");
 
 namespace hsx {
 namespace {
@@ -217,6 +221,10 @@ absl::StatusOr<ServiceOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--stream-stall-timeout must be 0 (never) or at least 1s");
   }
   if (o.drain_timeout < absl::ZeroDuration()) return absl::InvalidArgumentError("--drain-timeout must not be negative");
+  o.inject_device_loss_after_batches = absl::GetFlag(FLAGS_inject_device_loss_after_batches);
+  if (o.inject_device_loss_after_batches < -1) {
+    return absl::InvalidArgumentError("--inject-device-loss-after-batches must be -1 (off) or at least 0");
+  }
   return o;
 }
 

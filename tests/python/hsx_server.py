@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -98,6 +99,17 @@ class HsxServer:
         if self._reader:
             self._reader.join(5)
         return self.proc.returncode
+
+    def scrape(self):
+        """The /metrics values by series ('name' or 'name{labels}'); needs metrics=True."""
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                values[key] = float(value)
+        return values
 
     def rss_bytes(self):
         with open(f"/proc/{self.proc.pid}/status") as f:

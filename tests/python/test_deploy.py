@@ -771,6 +771,9 @@ def test_ports_and_probes_match_the_server_flags(trees, tree):
         service = p["grpc"].get("service", "")
         assert service in ("", API_SERVICE), f"{tree}: {probe} asks for service {service!r}, which the server lacks"
     assert c["readinessProbe"]["grpc"].get("service") == API_SERVICE, f"{tree}: readiness should follow {API_SERVICE}"
+    # A lost device turns "" NOT_SERVING for good (docs/api.md): liveness on "" restarts the pod.
+    assert c["livenessProbe"]["grpc"].get("service", "") == "", \
+        f"{tree}: liveness should follow \"\" so that a server that lost a device is restarted"
 
     ann = meta.get("annotations", {})
     assert ann.get("prometheus.io/scrape") == "true", f"{tree}: prometheus.io/scrape"

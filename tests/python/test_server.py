@@ -17,7 +17,6 @@ import struct
 import subprocess
 import threading
 import time
-import urllib.request
 from datetime import datetime
 
 import grpc
@@ -126,13 +125,7 @@ def tensor_bytes(t):
 
 
 def scrape(server):
-    text = urllib.request.urlopen(f"http://{server.metrics_address}/metrics", timeout=5).read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            values[key] = float(value)
-    return values
+    return server.scrape()
 
 
 def wait_for(predicate, timeout=20, what="condition"):

@@ -1,15 +1,25 @@
 // engine_test.cc: the engine's device choice and its failure rule: a rank
 // whose backend fails mid-batch fails the batch on every rank with its own
-// error, nobody hangs in a collective, and the next batch runs normally.
+// error, nobody hangs in a collective, and the next batch runs normally;
+// unless the rank's device is lost: then that batch, every queued and every
+// later sample fail with UNAVAILABLE naming the rank, and the server's health
+// turns NOT_SERVING (server/service/device_loss.h).
 #include <atomic>
 #include <chrono>
 #include <future>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/in_process_communicator.h"
+#include "kernels/device_lost.h"
+#include "kernels/forwarding_backend.h"
 #include "server/model/random_model.h"
 #include "server/model/sample_states.h"
+#include "server/runtime/batcher.h"
 #include "server/runtime/engine.h"
+#include "server/service/device_loss.h"
+#include "server/service/health.h"
+#include "server/service/metrics.h"
 #include "tests/unit/test_util.h"
 
 namespace hsx {
@@ -18,93 +28,71 @@ namespace {
 using ::hsx::testing::TempDir;
 
 // Where a FaultyBackend fails: the n-th call (counting from 1) of Linear or of
-// Allocate, once armed; 0 never.
+// Allocate, once armed; 0 never. With `device_lost`, the failure is marked as
+// a lost device (kernels/device_lost.h), as a sticky CUDA error is. `stages`
+// counts the batches the faulty rank staged.
 struct Fault {
   std::atomic<int> linear_call{0};
   std::atomic<int> allocate_call{0};
+  std::atomic<bool> device_lost{false};
+  std::atomic<int> stages{0};
+  // The group's Reset() fails, as NCCL's would if its communicators cannot be made anew.
+  std::atomic<bool> reset_fails{false};
+};
+
+// The in-process group, whose re-arming fails on command.
+class FaultyGroup : public CommunicatorGroup {
+ public:
+  FaultyGroup(int ranks, Fault* fault) : inner_(ranks), fault_(fault) {}
+  int size() const override { return inner_.size(); }
+  Communicator* rank(int rank) override { return inner_.rank(rank); }
+  void Abort(const absl::Status& why) override { inner_.Abort(why); }
+  absl::Status Reset() override {
+    if (fault_->reset_fails) return absl::FailedPreconditionError("injected: ncclCommInitAll: unhandled cuda error");
+    return inner_.Reset();
+  }
+
+ private:
+  InProcessGroup inner_;
+  Fault* fault_;
 };
 
 // A CPU backend that fails on command. Linear's failure is an op error
 // (recorded, reported by Synchronize, the forward pass runs on); Allocate's is
 // immediate, so the rank leaves the batch early while others may be waiting in
 // an all-reduce.
-class FaultyBackend : public Backend {
+class FaultyBackend : public ForwardingBackend {
  public:
-  FaultyBackend(std::unique_ptr<Backend> inner, Fault* fault) : inner_(std::move(inner)), fault_(fault) {}
+  FaultyBackend(std::unique_ptr<Backend> inner, Fault* fault) : ForwardingBackend(std::move(inner)), fault_(fault) {}
 
-  Precision precision() const override { return inner_->precision(); }
-  std::string name() const override { return "faulty-" + inner_->name(); }
+  std::string name() const override { return "faulty-" + ForwardingBackend::name(); }
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t rows, int64_t cols, ElementType type) override {
     if (fault_->allocate_call > 0 && ++allocations_ == fault_->allocate_call) {
-      return absl::ResourceExhaustedError("injected: out of memory on this rank");
+      return Injected(absl::ResourceExhaustedError("injected: out of memory on this rank"),
+                      "injected: cudaErrorIllegalAddress in Allocate");
     }
-    return inner_->Allocate(rows, cols, type);
+    return ForwardingBackend::Allocate(rows, cols, type);
   }
-  absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateHost(size_t bytes) override {
-    return inner_->AllocateHost(bytes);
-  }
-  void CopyToHost(const Matrix& src, void* dst) override { inner_->CopyToHost(src, dst); }
-  void CopyFromHost(const void* src, const Matrix& dst) override { inner_->CopyFromHost(src, dst); }
   absl::Status Synchronize() override {
-    absl::Status inner = inner_->Synchronize();
+    absl::Status inner = ForwardingBackend::Synchronize();
     absl::Status injected = std::move(injected_);
     injected_ = absl::OkStatus();
     return injected.ok() ? inner : injected;
   }
-  absl::StatusOr<LinearWeight> PlaceLinear(const LinearWeight& host) override { return inner_->PlaceLinear(host); }
-  absl::StatusOr<const void*> PlaceTensor(const void* host, size_t bytes) override {
-    return inner_->PlaceTensor(host, bytes);
-  }
-  absl::StatusOr<std::unique_ptr<ExpertTable>> PlaceExperts(std::span<const ExpertWeights> host,
-                                                            std::span<const bool> held) override {
-    return inner_->PlaceExperts(host, held);
-  }
-  int64_t placed_bytes() const override { return inner_->placed_bytes(); }
   absl::StatusOr<std::unique_ptr<StagedBatch>> Stage(std::span<const int32_t> tokens,
                                                      std::span<const int64_t> cu_seqlens) override {
-    return inner_->Stage(tokens, cu_seqlens);
-  }
-  absl::StatusOr<std::unique_ptr<RopeTable>> PlaceRopeTable(std::span<const float> cos, std::span<const float> sin,
-                                                           int64_t half_dim) override {
-    return inner_->PlaceRopeTable(cos, sin, half_dim);
-  }
-  absl::StatusOr<std::unique_ptr<Routing>> AllocateRouting(int64_t tokens, int64_t top_k) override {
-    return inner_->AllocateRouting(tokens, top_k);
-  }
-  void Embed(const StagedBatch& batch, const uint16_t* table, int64_t begin, int64_t rows,
-             const Matrix& out) override {
-    inner_->Embed(batch, table, begin, rows, out);
+    ++fault_->stages;
+    return ForwardingBackend::Stage(tokens, cu_seqlens);
   }
   void Linear(const Matrix& x, const LinearWeight& w, const Matrix& y, bool partial) override {
     if (fault_->linear_call > 0 && ++linears_ == fault_->linear_call) {
-      if (injected_.ok()) injected_ = absl::DataLossError("injected: a device fault in Linear");
+      if (injected_.ok()) {
+        injected_ = Injected(absl::DataLossError("injected: a device fault in Linear"),
+                             "injected: cudaErrorLaunchFailure in Linear");
+      }
       return;  // the op does not run; its output is garbage, as after a real fault
     }
-    inner_->Linear(x, w, y, partial);
-  }
-  void Round(const Matrix& partial, const Matrix& out) override { inner_->Round(partial, out); }
-  void RmsNorm(const Matrix& x, const uint16_t* w, float eps, const Matrix& y) override {
-    inner_->RmsNorm(x, w, eps, y);
-  }
-  void Add(const Matrix& a, const Matrix& b, const Matrix& out) override { inner_->Add(a, b, out); }
-  void SiluMul(const Matrix& g, const Matrix& u, const Matrix& out) override { inner_->SiluMul(g, u, out); }
-  void Rope(const Matrix& x, int64_t heads, int64_t stride, int64_t offset, const StagedBatch& batch,
-            const RopeTable& table) override {
-    inner_->Rope(x, heads, stride, offset, batch, table);
-  }
-  void Attention(const Matrix& q, const Matrix& kv, const Matrix& k_rope, int64_t heads, int64_t nope,
-                 int64_t rope, int64_t v, const StagedBatch& batch, float scale, const Matrix& out) override {
-    inner_->Attention(q, kv, k_rope, heads, nope, rope, v, batch, scale, out);
-  }
-  void Route(const Matrix& x, const RouterParams& router, Routing& routing) override {
-    inner_->Route(x, router, routing);
-  }
-  void MoeExperts(const Matrix& x, const Routing& routing, const ExpertTable& experts, const Matrix& out,
-                  bool partial) override {
-    inner_->MoeExperts(x, routing, experts, out, partial);
-  }
-  void CopyRoutingToHost(const Routing& routing, int32_t* experts, float* weights) override {
-    inner_->CopyRoutingToHost(routing, experts, weights);
+    ForwardingBackend::Linear(x, w, y, partial);
   }
 
   void ResetCounts() {
@@ -113,7 +101,13 @@ class FaultyBackend : public Backend {
   }
 
  private:
-  std::unique_ptr<Backend> inner_;
+  // The batch error, or (device_lost) the lost-device error a CUDA backend
+  // would report: INTERNAL, marked.
+  absl::Status Injected(absl::Status batch_error, const char* lost_message) const {
+    if (!fault_->device_lost) return batch_error;
+    return MarkDeviceLost(absl::InternalError(absl::StrCat(name(), " ", lost_message)), name());
+  }
+
   Fault* fault_;
   absl::Status injected_;
   int linears_ = 0;
@@ -132,7 +126,7 @@ class FaultyFactory : public DeviceFactory {
     return faulty;
   }
   absl::StatusOr<std::unique_ptr<CommunicatorGroup>> MakeGroup(std::span<Backend* const> backends) override {
-    return std::make_unique<InProcessGroup>(static_cast<int>(backends.size()));
+    return std::make_unique<FaultyGroup>(static_cast<int>(backends.size()), fault_);
   }
   FaultyBackend* faulty() const { return faulty_; }
 
@@ -237,6 +231,185 @@ TEST_F(EngineTest, AFailingRankFailsTheBatchEverywhereAndTheNextBatchRuns) {
       }
     }
   }
+}
+
+// A lost device on rank 1 of 2, in an op (reported at Synchronize, the other
+// rank finishes the batch) or in an allocation (rank 1 leaves at once, rank 0
+// waits in an all-reduce until the abort): the batch fails on every rank with
+// UNAVAILABLE naming rank 1, its device and its own error; the engine never
+// touches the devices again, and says so once.
+TEST_F(EngineTest, ALostDeviceFailsTheBatchEverywhereAndEveryLaterOne) {
+  for (const bool in_allocate : {false, true}) {
+    SCOPED_TRACE(in_allocate ? "lost in Allocate" : "lost in a Linear op");
+    Fault fault;
+    fault.device_lost = true;
+    int heard = 0;
+    absl::Status heard_status;
+    EngineOptions options{.tp = 2, .precision = Precision::kBf16, .threads = 2,
+                          .factory = std::make_shared<FaultyFactory>(1, &fault)};
+    options.on_device_lost = [&](const absl::Status& status) {
+      ++heard;
+      heard_status = status;
+    };
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_TRUE(RunBounded(**engine).ok());
+    EXPECT_TRUE((*engine)->lost().ok());
+
+    (in_allocate ? fault.allocate_call : fault.linear_call) = in_allocate ? 12 : 5;
+    const absl::StatusOr<std::vector<SampleStates>> failed = RunBounded(**engine);
+    ASSERT_FALSE(failed.ok());
+    const absl::Status& status = failed.status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_TRUE(IsDeviceLost(status)) << status;
+    EXPECT_EQ(LostDevice(status), "faulty-cpu");
+    const std::string message(status.message());
+    EXPECT_NE(message.find("device lost: rank 1 of 2 (faulty-cpu) failed with INTERNAL: faulty-cpu injected: "),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find(in_allocate ? "cudaErrorIllegalAddress in Allocate" : "cudaErrorLaunchFailure in Linear"),
+              std::string::npos)
+        << message;
+    EXPECT_EQ((*engine)->lost(), status);
+    EXPECT_EQ(heard, 1);
+    EXPECT_EQ(heard_status, status);
+
+    // Later batches fail at once with the same status, without running.
+    fault.linear_call = 0;
+    fault.allocate_call = 0;
+    const int stages = fault.stages;
+    for (int i = 0; i < 2; ++i) {
+      const absl::StatusOr<std::vector<SampleStates>> later = RunBounded(**engine);
+      ASSERT_FALSE(later.ok());
+      EXPECT_EQ(later.status(), status);
+    }
+    EXPECT_EQ(fault.stages, stages) << "a batch ran on a lost device";
+    EXPECT_EQ(heard, 1);
+  }
+}
+
+// A group that cannot be re-armed after an ordinary batch error can run no
+// collective again: the engine stops as for a lost device, naming the group.
+TEST_F(EngineTest, AGroupThatCannotBeReArmedStopsTheEngine) {
+  Fault fault;
+  int heard = 0;
+  EngineOptions options{.tp = 2, .precision = Precision::kBf16, .threads = 2,
+                        .factory = std::make_shared<FaultyFactory>(1, &fault)};
+  options.on_device_lost = [&](const absl::Status&) { ++heard; };
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  fault.reset_fails = true;
+  fault.allocate_call = 12;  // an ordinary error; the abort and the failed re-arming follow
+  const absl::StatusOr<std::vector<SampleStates>> failed = RunBounded(**engine);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  EXPECT_TRUE(IsDeviceLost(failed.status()));
+  EXPECT_EQ(LostDevice(failed.status()), "the communicator group");
+  EXPECT_NE(failed.status().message().find("device lost: the communicator group failed with FAILED_PRECONDITION: "
+                                           "injected: out of memory on this rank; re-arming the ranks failed: "
+                                           "injected: ncclCommInitAll"),
+            std::string::npos)
+      << failed.status();
+  EXPECT_EQ(heard, 1);
+  fault.allocate_call = 0;
+  EXPECT_EQ(RunBounded(**engine).status(), failed.status());
+}
+
+// The server's side, through the batcher and the handler hsx-server installs:
+// a lost device fails the batch, every queued sample and every later
+// submission with the engine's UNAVAILABLE status, and turns both health names
+// NOT_SERVING; a batch error that is not a lost device leaves it SERVING and
+// the next sample runs.
+class DeviceLossServingTest : public EngineTest {
+ protected:
+  // TP 2 (rank 1 faulty) behind a batcher whose budget holds one 7-token
+  // sample per batch, and hsx-server's handler; health SERVING.
+  void SetUp() override {
+    EngineOptions options{.tp = 2, .precision = Precision::kBf16, .threads = 2,
+                          .factory = std::make_shared<FaultyFactory>(1, &fault_)};
+    options.on_device_lost = DeviceLossHandler(&health_, &metrics_);
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = *std::move(engine);
+    batcher_ = std::make_unique<Batcher>(*engine_, BatcherOptions{.max_batch_tokens = 7});
+    health_.SetServing(true);
+  }
+
+  // The statuses of `count` samples of 7 tokens, submitted at once.
+  std::vector<absl::Status> SubmitAndWait(int count) {
+    std::mutex mutex;
+    std::condition_variable done;
+    std::vector<absl::Status> statuses;
+    for (int i = 0; i < count; ++i) {
+      WorkItem item;
+      item.tokens = {1, 2, 3, 4, 5, 6, 7};
+      item.capture = AllLayers();
+      item.done = [&](absl::StatusOr<SampleStates> states) {
+        std::lock_guard<std::mutex> lock(mutex);
+        statuses.push_back(states.status());
+        done.notify_all();
+      };
+      if (absl::Status s = batcher_->Submit(std::move(item)); !s.ok()) {
+        std::lock_guard<std::mutex> lock(mutex);
+        statuses.push_back(s);
+      }
+    }
+    std::unique_lock<std::mutex> lock(mutex);
+    if (!done.wait_for(lock, std::chrono::seconds(60), [&] { return statuses.size() == static_cast<size_t>(count); })) {
+      ADD_FAILURE() << "samples were never answered";
+      std::abort();
+    }
+    return statuses;
+  }
+
+  Health health_;
+  Metrics metrics_;
+  Fault fault_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Batcher> batcher_;  // after the engine: destroyed before it
+};
+
+TEST_F(DeviceLossServingTest, ALostDeviceTurnsTheServerNotServingAndFailsQueuedAndLaterSamples) {
+  fault_.device_lost = true;
+  fault_.linear_call = 5;
+  const std::vector<absl::Status> statuses = SubmitAndWait(4);
+  for (const absl::Status& status : statuses) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_TRUE(IsDeviceLost(status)) << status;
+    EXPECT_NE(status.message().find("rank 1 of 2 (faulty-cpu)"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("cudaErrorLaunchFailure in Linear"), std::string::npos) << status;
+  }
+  EXPECT_EQ(fault_.stages, 1) << "queued samples ran after the device was lost";
+  EXPECT_EQ(health_.Get(""), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(health_.Get(kServiceName), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  health_.SetServing(true);  // frozen: nothing turns it back
+  EXPECT_EQ(health_.Get(""), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+
+  // A later submission is refused at once, with the same status.
+  WorkItem later;
+  later.tokens = {1, 2, 3};
+  later.capture = AllLayers();
+  later.done = [](absl::StatusOr<SampleStates>) { ADD_FAILURE() << "a refused sample was answered"; };
+  EXPECT_EQ(batcher_->Submit(std::move(later)), statuses.front());
+  EXPECT_EQ(batcher_->device_lost(), statuses.front());
+}
+
+TEST_F(DeviceLossServingTest, ABatchErrorThatIsNotADeviceLossKeepsTheServerServing) {
+  fault_.linear_call = 5;  // a DATA_LOSS op error, not marked lost
+  const std::vector<absl::Status> failed = SubmitAndWait(1);
+  EXPECT_EQ(failed.front().code(), absl::StatusCode::kDataLoss) << failed.front();
+  EXPECT_FALSE(IsDeviceLost(failed.front()));
+  fault_.linear_call = 0;
+  fault_.allocate_call = 12;  // RESOURCE_EXHAUSTED: out of memory for this batch
+  const std::vector<absl::Status> oom = SubmitAndWait(1);
+  EXPECT_EQ(oom.front().code(), absl::StatusCode::kResourceExhausted) << oom.front();
+  fault_.allocate_call = 0;
+
+  EXPECT_EQ(health_.Get(""), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_EQ(health_.Get(kServiceName), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_TRUE(batcher_->device_lost().ok());
+  const std::vector<absl::Status> next = SubmitAndWait(2);
+  for (const absl::Status& status : next) EXPECT_TRUE(status.ok()) << status;
 }
 
 }  // namespace
