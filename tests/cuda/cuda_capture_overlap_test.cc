@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/bf16.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "server/model/sample_states.h"
 #include "server/runtime/engine.h"
@@ -108,18 +107,7 @@ std::vector<float> SmallIntegers(std::mt19937& random, size_t n, int range) {
   return values;
 }
 
-std::vector<char> Encode(const std::vector<float>& values, ElementType type) {
-  std::vector<char> bytes(values.size() * ElementSize(type));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (type == ElementType::kF32) {
-      std::memcpy(&bytes[i * 4], &values[i], 4);
-    } else {
-      const uint16_t bits = FloatToBf16(values[i]);
-      std::memcpy(&bytes[i * 2], &bits, 2);
-    }
-  }
-  return bytes;
-}
+using ::hsx::testing::Encode;
 
 struct Case {
   const char* name;
