@@ -150,7 +150,7 @@ class CudaBackend : public Backend {
   std::string name() const override { return absl::StrCat("cuda:", device_); }
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
-  // SetCudaCaptureOptions: waits for the copies in flight, frees the ring.
+  // SetCudaCaptureOptions (a new ring size waits for the copies in flight).
   absl::Status SetCaptureOptions(const CudaCaptureOptions& options);
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t rows, int64_t cols, ElementType type) override;
