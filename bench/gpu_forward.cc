@@ -407,7 +407,8 @@ class Bench {
     a->batch = *std::move(batch);
     if (rope_ == nullptr || rope_->positions() < sample_length) {
       const RopeValues values = Model::MakeRopeValues(c_, sample_length, Precision::kBf16);
-      absl::StatusOr<std::unique_ptr<RopeTable>> rope = backend_.PlaceRopeTable(values.cos, values.sin, values.half_dim);
+      absl::StatusOr<std::unique_ptr<RopeTable>> rope =
+          backend_.PlaceRopeTable(values.cos, values.sin, values.half_dim);
       if (!rope.ok()) return rope.status();
       rope_ = *std::move(rope);
       BENCH_RETURN_IF_ERROR(backend_.Synchronize());

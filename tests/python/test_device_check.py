@@ -91,7 +91,8 @@ def test_run_here_says_no_gpu_and_exits_0(bundle, tmp_path):
             assert forward["status"] == "skip" and forward["summary"].startswith("gpu_forward: no GPU: "), forward
     else:
         assert forward["status"] == "not built", forward
-    for gpu_suite in ("oracle", "batch_invariance", "tensor_parallel", "capture_overlap"):  # CUDA tests: they skip here, saying why
+    # CUDA tests: they skip here, saying why
+    for gpu_suite in ("oracle", "batch_invariance", "tensor_parallel", "capture_overlap"):
         assert step(report, gpu_suite)["status"] in (("pass",) if have_gpu() else ("skip", "pass")), \
             step(report, gpu_suite)
     cuda = step(report, "cuda_kernels")
