@@ -44,10 +44,14 @@
 // snapshot with an event. The device-to-host copy (PCIe speed, the slow part)
 // then runs while the ops enqueued after it compute, and the source may be
 // overwritten (the residual stream is updated in place) or freed at once, as
-// the contract allows. A ring region is reused only after the compute stream
-// has waited for the copy that read it (kernels/staging_ring.h). Synchronize()
-// waits for both streams and reports errors from either. With overlap off,
-// CopyToHost copies on the compute stream, in line with every other op.
+// the contract allows. The ring (kCaptureStagingBytes from the pool, taken at
+// the backend's first overlapped copy, so only a capturing rank holds one)
+// takes copies in chunks of whole rows; a region is reused only after the
+// compute stream has waited, on the device, for the copy that read it
+// (kernels/staging_ring.h), so a copy-out that falls behind slows the compute
+// stream down instead of losing rows. Synchronize() waits for both streams and
+// reports errors from either. With overlap off, CopyToHost copies on the
+// compute stream, in line with every other op.
 #ifndef HSX_KERNELS_CUDA_CUDA_BACKEND_H_
 #define HSX_KERNELS_CUDA_CUDA_BACKEND_H_
 
