@@ -7,9 +7,15 @@
 // same backend and its pinned algorithm) measured in the same run,
 // interleaved with the forwards: median and range over --repeats.
 //
+// At --capture-tokens it also times the captures: the forward with the
+// residual stream copied to pinned host memory before every layer and after
+// the last (one CopyToHost per sample), with the capture overlap off and on
+// (kernels/cuda/cuda_backend.h, "Captures"), against the same forward without
+// captures, interleaved; and the copies alone. The difference is the copy
+// time the forward pays.
+//
 // What it leaves out: the all-reduces (one rank, no communicator: their
-// per-layer volume is printed), the
-// embedding and the captures. Dense weights are generated on the device; the
+// per-layer volume is printed) and the embedding. Dense weights are generated on the device; the
 // routed experts are generated once on the host (one expert's INT4 data) and
 // placed 48 times per layer through PlaceExperts, the loader's path.
 //
@@ -47,6 +53,9 @@ ABSL_FLAG(int, layers, 2, "MoE decoder layers per forward.");
 ABSL_FLAG(int, repeats, 3, "Timed repeats of each measurement (after one warm-up).");
 ABSL_FLAG(double, max_seconds, 150, "Stop starting new repeats after this many seconds (results so far are kept).");
 ABSL_FLAG(int, device, 0, "CUDA device.");
+ABSL_FLAG(int64_t, capture_tokens, 32768,
+          "Tokens of the capture-copy measurement (the residual stream copied to pinned host memory before every "
+          "layer and after the last, one copy per sample, with the overlap off and on); 0 skips it.");
 ABSL_FLAG(std::string, attention, "reference",
           "Attention kernel: reference (the tiled kernel) or cudnn (cuDNN's SDPA; not yet validated on a GPU).");
 
@@ -212,50 +221,9 @@ class Bench {
   // that chose a held expert, summed over the layers (the same every time:
   // the inputs are a fixed pattern).
   absl::StatusOr<ClassTimes> Forward(int64_t tokens, int64_t sample_length, int64_t* held_pairs) {
-    const int64_t h = c_.hidden_size, heads = c_.num_attention_heads / kTp;
-    std::vector<int32_t> ids(static_cast<size_t>(tokens), 1);
-    std::vector<int64_t> cu = {0};
-    while (cu.back() < tokens) cu.push_back(std::min(tokens, cu.back() + sample_length));
-    absl::StatusOr<std::unique_ptr<StagedBatch>> batch = backend_.Stage(ids, cu);
-    if (!batch.ok()) return batch.status();
-    if (rope_ == nullptr || rope_->positions() < sample_length) {
-      const RopeValues values = Model::MakeRopeValues(c_, sample_length, Precision::kBf16);
-      absl::StatusOr<std::unique_ptr<RopeTable>> rope = backend_.PlaceRopeTable(values.cos, values.sin, values.half_dim);
-      if (!rope.ok()) return rope.status();
-      rope_ = *std::move(rope);
-      BENCH_RETURN_IF_ERROR(backend_.Synchronize());
-    }
-    const ElementType act = ElementType::kBf16;
-    std::vector<std::unique_ptr<Buffer>> buffers;
-    auto alloc = [&](int64_t cols, ElementType type, Matrix* m) -> absl::Status {
-      absl::StatusOr<std::unique_ptr<Buffer>> b = backend_.Allocate(tokens, cols, type);
-      if (!b.ok()) return b.status();
-      *m = (*b)->matrix();
-      buffers.push_back(*std::move(b));
-      return absl::OkStatus();
-    };
-    Matrix hm, x, update, q_lat, q, compressed, latent, kv, attn, partial, gate, up;
-    BENCH_RETURN_IF_ERROR(alloc(h, act, &hm));
-    BENCH_RETURN_IF_ERROR(alloc(h, act, &x));
-    BENCH_RETURN_IF_ERROR(alloc(h, act, &update));
-    BENCH_RETURN_IF_ERROR(alloc(c_.q_lora_rank, act, &q_lat));
-    BENCH_RETURN_IF_ERROR(alloc(heads * c_.qk_head_dim(), act, &q));
-    BENCH_RETURN_IF_ERROR(alloc(c_.kv_lora_rank + c_.qk_rope_head_dim, act, &compressed));
-    BENCH_RETURN_IF_ERROR(alloc(c_.kv_lora_rank, act, &latent));
-    BENCH_RETURN_IF_ERROR(alloc(heads * (c_.qk_nope_head_dim + c_.v_head_dim), act, &kv));
-    BENCH_RETURN_IF_ERROR(alloc(heads * c_.v_head_dim, act, &attn));
-    BENCH_RETURN_IF_ERROR(alloc(2 * h, ElementType::kF32, &partial));  // routed | shared
-    BENCH_RETURN_IF_ERROR(alloc(layers_[0].shared_gate.out, act, &gate));
-    BENCH_RETURN_IF_ERROR(alloc(layers_[0].shared_gate.out, act, &up));
-    BENCH_RETURN_IF_ERROR(backend_.Synchronize());  // the allocations, before the default stream writes
-    if (int s = cuda::LaunchFillPattern(hm.data, tokens * h, true, 99, nullptr); s != 0) {
-      return absl::InternalError("LaunchFillPattern (hidden states)");
-    }
-    if (cudaError_t s = cudaDeviceSynchronize(); s != cudaSuccess) {
-      return absl::InternalError(absl::StrCat("filling the hidden states: ", cudaGetErrorString(s)));
-    }
-    absl::StatusOr<std::unique_ptr<Routing>> routing = backend_.AllocateRouting(tokens, c_.num_experts_per_tok);
-    if (!routing.ok()) return routing.status();
+    absl::StatusOr<std::unique_ptr<Activations>> made = Prepare(tokens, sample_length);
+    if (!made.ok()) return made.status();
+    Activations& a = **made;
     ClassTimes times;
     Clock::time_point mark = Clock::now();
     // Drains the stream and books the time since the last mark to `op_class`.
@@ -266,56 +234,64 @@ class Bench {
       mark = now;
       return absl::OkStatus();
     };
-    const float eps = static_cast<float>(c_.rms_norm_eps);
-    const float scale = Model::SoftmaxScale(c_);
     *held_pairs = 0;
     BENCH_RETURN_IF_ERROR(backend_.Synchronize());
     mark = Clock::now();
     for (const Layer& layer : layers_) {
-      backend_.RmsNorm(hm, layer.input_norm, eps, x);
-      BENCH_RETURN_IF_ERROR(book("other"));
-      backend_.Linear(x, layer.q_a, q_lat, false);
-      BENCH_RETURN_IF_ERROR(book("attention projections"));
-      backend_.RmsNorm(q_lat, layer.q_a_norm, 1e-6f, q_lat);
-      BENCH_RETURN_IF_ERROR(book("other"));
-      backend_.Linear(q_lat, layer.q_b, q, false);
-      backend_.Linear(x, layer.kv_a, compressed, false);
-      BENCH_RETURN_IF_ERROR(book("attention projections"));
-      backend_.RmsNorm(compressed.Cols(0, c_.kv_lora_rank), layer.kv_a_norm, 1e-6f, latent);
-      BENCH_RETURN_IF_ERROR(book("other"));
-      backend_.Linear(latent, layer.kv_b, kv, false);
-      BENCH_RETURN_IF_ERROR(book("attention projections"));
-      const Matrix k_rope = compressed.Cols(c_.kv_lora_rank, c_.qk_rope_head_dim);
-      backend_.Rope(q, heads, c_.qk_head_dim(), c_.qk_nope_head_dim, **batch, *rope_);
-      backend_.Rope(k_rope, 1, c_.qk_rope_head_dim, 0, **batch, *rope_);
-      BENCH_RETURN_IF_ERROR(book("other"));
-      backend_.Attention(q, kv, k_rope, heads, c_.qk_nope_head_dim, c_.qk_rope_head_dim, c_.v_head_dim, **batch,
-                         scale, attn);
-      BENCH_RETURN_IF_ERROR(book("attention"));
-      backend_.Linear(attn, layer.o, partial.Cols(0, h), true);
-      BENCH_RETURN_IF_ERROR(book("attention projections"));
-      backend_.Round(partial.Cols(0, h), update);
-      backend_.Add(hm, update, hm);
-      backend_.RmsNorm(hm, layer.post_norm, eps, x);
-      BENCH_RETURN_IF_ERROR(book("other"));
-      backend_.Route(x, layer.router, **routing);
-      BENCH_RETURN_IF_ERROR(book("router"));
-      backend_.MoeExperts(x, **routing, *layer.experts, partial.Cols(0, h), true);
-      BENCH_RETURN_IF_ERROR(book("routed experts"));
-      backend_.Linear(x, layer.shared_gate, gate, false);
-      backend_.Linear(x, layer.shared_up, up, false);
-      backend_.SiluMul(gate, up, gate);
-      backend_.Linear(gate, layer.shared_down, partial.Cols(h, h), true);
-      BENCH_RETURN_IF_ERROR(book("shared expert"));
-      backend_.Round(partial.Cols(0, h), update);
-      backend_.Add(hm, update, hm);
-      backend_.Round(partial.Cols(h, h), update);
-      backend_.Add(hm, update, hm);
-      BENCH_RETURN_IF_ERROR(book("other"));
-      *held_pairs += HeldPairs(**routing, tokens);
+      BENCH_RETURN_IF_ERROR(RunLayer(layer, a, book));
+      *held_pairs += HeldPairs(*a.routing, tokens);
       mark = Clock::now();  // the routing copy is not the forward's
     }
     return times;
+  }
+
+  // How CapturedForward copies the residual stream to the host.
+  enum class CaptureMode { kNone, kInline, kOverlapped };
+
+  // One forward of the layers with no drains between ops, capturing the
+  // residual stream before every layer and after the last (forward.cc's
+  // `--capture all`), one CopyToHost per sample into pinned memory, with
+  // the copies on the compute stream (kInline) or overlapped on the copy
+  // stream (kOverlapped), or not at all: seconds to the final Synchronize.
+  // With `copies_only`, the captures alone, no layers: the copy time itself.
+  // Also the bytes copied.
+  absl::StatusOr<double> CapturedForward(int64_t tokens, int64_t sample_length, CaptureMode mode, bool copies_only,
+                                         double* bytes) {
+    absl::StatusOr<std::unique_ptr<Activations>> made = Prepare(tokens, sample_length);
+    if (!made.ok()) return made.status();
+    Activations& a = **made;
+    const int64_t points = static_cast<int64_t>(layers_.size()) + 1;
+    const size_t layer_bytes = static_cast<size_t>(tokens * c_.hidden_size) * 2;
+    *bytes = static_cast<double>(layer_bytes) * points;
+    if (mode != CaptureMode::kNone) {
+      CudaCaptureOptions options;
+      options.overlap = mode == CaptureMode::kOverlapped;
+      BENCH_RETURN_IF_ERROR(SetCudaCaptureOptions(backend_, options));
+      if (captures_ == nullptr || captures_->bytes() < layer_bytes * points) {
+        captures_.reset();
+        absl::StatusOr<std::unique_ptr<HostBuffer>> host = backend_.AllocateHost(layer_bytes * points);
+        if (!host.ok()) return host.status();
+        captures_ = *std::move(host);
+      }
+    }
+    const std::vector<int64_t>& cu = a.cu;
+    auto capture = [&](int64_t point) {
+      if (mode == CaptureMode::kNone) return;
+      char* base = static_cast<char*>(captures_->data()) + static_cast<size_t>(point) * layer_bytes;
+      for (size_t s = 0; s + 1 < cu.size(); ++s) {
+        backend_.CopyToHost(a.h.Rows(cu[s], cu[s + 1] - cu[s]), base + static_cast<size_t>(cu[s]) * c_.hidden_size * 2);
+      }
+    };
+    auto no_drain = [](const char*) { return absl::OkStatus(); };
+    BENCH_RETURN_IF_ERROR(backend_.Synchronize());
+    const Clock::time_point start = Clock::now();
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      capture(static_cast<int64_t>(l));
+      if (!copies_only) BENCH_RETURN_IF_ERROR(RunLayer(layers_[l], a, no_drain));
+    }
+    capture(points - 1);
+    BENCH_RETURN_IF_ERROR(backend_.Synchronize());
+    return std::chrono::duration<double>(Clock::now() - start).count();
   }
 
   // y[8192, 8192] = x · Wᵀ, bf16, through the backend: seconds of one.
@@ -409,6 +385,117 @@ class Bench {
   }
 
  private:
+  // One forward's staged batch and activation buffers.
+  struct Activations {
+    std::unique_ptr<StagedBatch> batch;
+    std::vector<int64_t> cu;  // the packed samples' cu_seqlens
+    std::vector<std::unique_ptr<Buffer>> buffers;
+    Matrix h, x, update, q_lat, q, compressed, latent, kv, attn, partial, gate, up;
+    std::unique_ptr<Routing> routing;
+  };
+
+  // Stages `tokens` tokens in samples of `sample_length` and allocates the
+  // activations, the residual stream filled with a fixed pattern.
+  absl::StatusOr<std::unique_ptr<Activations>> Prepare(int64_t tokens, int64_t sample_length) {
+    const int64_t h = c_.hidden_size, heads = c_.num_attention_heads / kTp;
+    auto a = std::make_unique<Activations>();
+    std::vector<int32_t> ids(static_cast<size_t>(tokens), 1);
+    a->cu = {0};
+    while (a->cu.back() < tokens) a->cu.push_back(std::min(tokens, a->cu.back() + sample_length));
+    absl::StatusOr<std::unique_ptr<StagedBatch>> batch = backend_.Stage(ids, a->cu);
+    if (!batch.ok()) return batch.status();
+    a->batch = *std::move(batch);
+    if (rope_ == nullptr || rope_->positions() < sample_length) {
+      const RopeValues values = Model::MakeRopeValues(c_, sample_length, Precision::kBf16);
+      absl::StatusOr<std::unique_ptr<RopeTable>> rope =
+          backend_.PlaceRopeTable(values.cos, values.sin, values.half_dim);
+      if (!rope.ok()) return rope.status();
+      rope_ = *std::move(rope);
+      BENCH_RETURN_IF_ERROR(backend_.Synchronize());
+    }
+    const ElementType act = ElementType::kBf16;
+    auto alloc = [&](int64_t cols, ElementType type, Matrix* m) -> absl::Status {
+      absl::StatusOr<std::unique_ptr<Buffer>> b = backend_.Allocate(tokens, cols, type);
+      if (!b.ok()) return b.status();
+      *m = (*b)->matrix();
+      a->buffers.push_back(*std::move(b));
+      return absl::OkStatus();
+    };
+    BENCH_RETURN_IF_ERROR(alloc(h, act, &a->h));
+    BENCH_RETURN_IF_ERROR(alloc(h, act, &a->x));
+    BENCH_RETURN_IF_ERROR(alloc(h, act, &a->update));
+    BENCH_RETURN_IF_ERROR(alloc(c_.q_lora_rank, act, &a->q_lat));
+    BENCH_RETURN_IF_ERROR(alloc(heads * c_.qk_head_dim(), act, &a->q));
+    BENCH_RETURN_IF_ERROR(alloc(c_.kv_lora_rank + c_.qk_rope_head_dim, act, &a->compressed));
+    BENCH_RETURN_IF_ERROR(alloc(c_.kv_lora_rank, act, &a->latent));
+    BENCH_RETURN_IF_ERROR(alloc(heads * (c_.qk_nope_head_dim + c_.v_head_dim), act, &a->kv));
+    BENCH_RETURN_IF_ERROR(alloc(heads * c_.v_head_dim, act, &a->attn));
+    BENCH_RETURN_IF_ERROR(alloc(2 * h, ElementType::kF32, &a->partial));  // routed | shared
+    BENCH_RETURN_IF_ERROR(alloc(layers_[0].shared_gate.out, act, &a->gate));
+    BENCH_RETURN_IF_ERROR(alloc(layers_[0].shared_gate.out, act, &a->up));
+    BENCH_RETURN_IF_ERROR(backend_.Synchronize());  // the allocations, before the default stream writes
+    if (int s = cuda::LaunchFillPattern(a->h.data, tokens * h, true, 99, nullptr); s != 0) {
+      return absl::InternalError("LaunchFillPattern (hidden states)");
+    }
+    if (cudaError_t s = cudaDeviceSynchronize(); s != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("filling the hidden states: ", cudaGetErrorString(s)));
+    }
+    absl::StatusOr<std::unique_ptr<Routing>> routing = backend_.AllocateRouting(tokens, c_.num_experts_per_tok);
+    if (!routing.ok()) return routing.status();
+    a->routing = *std::move(routing);
+    return a;
+  }
+
+  // Enqueues one decoder layer on `a`; `book(op_class)` after each class of
+  // ops (Forward drains the stream there to time it).
+  template <typename Book>
+  absl::Status RunLayer(const Layer& layer, Activations& a, Book&& book) {
+    const int64_t h = c_.hidden_size, heads = c_.num_attention_heads / kTp;
+    const float eps = static_cast<float>(c_.rms_norm_eps);
+    const float scale = Model::SoftmaxScale(c_);
+    const StagedBatch& batch = *a.batch;
+    backend_.RmsNorm(a.h, layer.input_norm, eps, a.x);
+    BENCH_RETURN_IF_ERROR(book("other"));
+    backend_.Linear(a.x, layer.q_a, a.q_lat, false);
+    BENCH_RETURN_IF_ERROR(book("attention projections"));
+    backend_.RmsNorm(a.q_lat, layer.q_a_norm, 1e-6f, a.q_lat);
+    BENCH_RETURN_IF_ERROR(book("other"));
+    backend_.Linear(a.q_lat, layer.q_b, a.q, false);
+    backend_.Linear(a.x, layer.kv_a, a.compressed, false);
+    BENCH_RETURN_IF_ERROR(book("attention projections"));
+    backend_.RmsNorm(a.compressed.Cols(0, c_.kv_lora_rank), layer.kv_a_norm, 1e-6f, a.latent);
+    BENCH_RETURN_IF_ERROR(book("other"));
+    backend_.Linear(a.latent, layer.kv_b, a.kv, false);
+    BENCH_RETURN_IF_ERROR(book("attention projections"));
+    const Matrix k_rope = a.compressed.Cols(c_.kv_lora_rank, c_.qk_rope_head_dim);
+    backend_.Rope(a.q, heads, c_.qk_head_dim(), c_.qk_nope_head_dim, batch, *rope_);
+    backend_.Rope(k_rope, 1, c_.qk_rope_head_dim, 0, batch, *rope_);
+    BENCH_RETURN_IF_ERROR(book("other"));
+    backend_.Attention(a.q, a.kv, k_rope, heads, c_.qk_nope_head_dim, c_.qk_rope_head_dim, c_.v_head_dim, batch,
+                       scale, a.attn);
+    BENCH_RETURN_IF_ERROR(book("attention"));
+    backend_.Linear(a.attn, layer.o, a.partial.Cols(0, h), true);
+    BENCH_RETURN_IF_ERROR(book("attention projections"));
+    backend_.Round(a.partial.Cols(0, h), a.update);
+    backend_.Add(a.h, a.update, a.h);
+    backend_.RmsNorm(a.h, layer.post_norm, eps, a.x);
+    BENCH_RETURN_IF_ERROR(book("other"));
+    backend_.Route(a.x, layer.router, *a.routing);
+    BENCH_RETURN_IF_ERROR(book("router"));
+    backend_.MoeExperts(a.x, *a.routing, *layer.experts, a.partial.Cols(0, h), true);
+    BENCH_RETURN_IF_ERROR(book("routed experts"));
+    backend_.Linear(a.x, layer.shared_gate, a.gate, false);
+    backend_.Linear(a.x, layer.shared_up, a.up, false);
+    backend_.SiluMul(a.gate, a.up, a.gate);
+    backend_.Linear(a.gate, layer.shared_down, a.partial.Cols(h, h), true);
+    BENCH_RETURN_IF_ERROR(book("shared expert"));
+    backend_.Round(a.partial.Cols(0, h), a.update);
+    backend_.Add(a.h, a.update, a.h);
+    backend_.Round(a.partial.Cols(h, h), a.update);
+    backend_.Add(a.h, a.update, a.h);
+    return book("other");
+  }
+
   // (token, slot) pairs of the routing whose expert this rank holds.
   int64_t HeldPairs(const Routing& routing, int64_t tokens) {
     std::vector<int32_t> experts(static_cast<size_t>(tokens * routing.top_k()));
@@ -426,6 +513,7 @@ class Bench {
   std::vector<Layer> layers_;
   std::unique_ptr<RopeTable> rope_;
   std::unique_ptr<Buffer> peak_x_, peak_y_, dequant_block_, dequant_pointers_;
+  std::unique_ptr<HostBuffer> captures_;  // CapturedForward's pinned targets
   LinearWeight peak_w_;
 };
 
@@ -471,6 +559,10 @@ int Main() {
   const int layers = absl::GetFlag(FLAGS_layers);
   const int repeats = absl::GetFlag(FLAGS_repeats);
   const int64_t sample_length = absl::GetFlag(FLAGS_sample_length);
+  if (absl::GetFlag(FLAGS_capture_tokens) < 0) {
+    std::fprintf(stderr, "gpu_forward: --capture-tokens must be 0 (skip) or a positive count\n");
+    return 2;
+  }
   if (token_counts.empty() || layers < 1 || repeats < 1 || sample_length < 1) {
     std::fprintf(stderr, "gpu_forward: --tokens, --layers, --repeats and --sample-length must be positive\n");
     return 2;
@@ -525,6 +617,31 @@ int Main() {
       return fail(s.status());
     }
   }
+  // The capture measurement: five runs per repeat, in rotating order.
+  const int64_t capture_tokens = absl::GetFlag(FLAGS_capture_tokens);
+  struct CaptureRun {
+    const char* name;
+    Bench::CaptureMode mode;
+    bool copies_only;
+  };
+  const std::vector<CaptureRun> capture_runs = {
+      {"forward, no captures", Bench::CaptureMode::kNone, false},
+      {"forward + captures, overlap off", Bench::CaptureMode::kInline, false},
+      {"forward + captures, overlap on", Bench::CaptureMode::kOverlapped, false},
+      {"captures alone, compute stream", Bench::CaptureMode::kInline, true},
+      {"captures alone, overlapped path", Bench::CaptureMode::kOverlapped, true},
+  };
+  std::vector<std::vector<double>> capture_seconds(capture_runs.size());
+  double capture_bytes = 0;
+  if (capture_tokens > 0) {
+    for (const CaptureRun& run : capture_runs) {  // warm-up: pinned memory, the ring, the pool
+      if (absl::StatusOr<double> s =
+              bench.CapturedForward(capture_tokens, sample_length, run.mode, run.copies_only, &capture_bytes);
+          !s.ok()) {
+        return fail(s.status());
+      }
+    }
+  }
   const double budget = absl::GetFlag(FLAGS_max_seconds);
   int done = 0;
   for (int r = 0; r < repeats; ++r) {
@@ -542,6 +659,14 @@ int Main() {
       absl::StatusOr<ClassTimes> times = bench.Forward(tokens, sample_length, &pairs[tokens]);
       if (!times.ok()) return fail(times.status());
       runs[tokens].push_back(*times);
+    }
+    for (size_t i = 0; capture_tokens > 0 && i < capture_runs.size(); ++i) {
+      const size_t k = (i + static_cast<size_t>(r)) % capture_runs.size();
+      const CaptureRun& run = capture_runs[k];
+      absl::StatusOr<double> seconds =
+          bench.CapturedForward(capture_tokens, sample_length, run.mode, run.copies_only, &capture_bytes);
+      if (!seconds.ok()) return fail(seconds.status());
+      capture_seconds[k].push_back(*seconds);
     }
     ++done;
   }
@@ -620,7 +745,36 @@ int Main() {
     absl::StrAppendFormat(&json, "}, \"routed_gemm_tflops\": %.1f, \"allreduce_mb_per_layer\": %.0f}",
                           gemm_s > 0 ? flops.routed / gemm_s / 1e12 : 0.0, reduce_bytes / 1e6);
   }
-  absl::StrAppend(&json, "]}");
+  absl::StrAppend(&json, "]");
+  if (capture_tokens > 0) {
+    // Exposed copy time: what the captures add to the forward, against the
+    // forward without captures measured in the same repeats.
+    std::vector<double> ms(capture_runs.size());
+    for (size_t k = 0; k < capture_runs.size(); ++k) ms[k] = Median(capture_seconds[k]) * 1e3;
+    std::printf("\ncapture copies at %lld tokens (samples of %lld): %d points (every layer's input and the last "
+                "output), one CopyToHost per sample, %.0f MB to pinned memory per forward\n",
+                static_cast<long long>(capture_tokens), static_cast<long long>(sample_length), layers + 1,
+                capture_bytes / 1e6);
+    for (size_t k = 0; k < capture_runs.size(); ++k) {
+      std::vector<double> v;
+      for (double x : capture_seconds[k]) v.push_back(x * 1e3);
+      std::printf("  %-34s %9.2f ms median (%s)", capture_runs[k].name, ms[k], Range(v).c_str());
+      if (capture_runs[k].copies_only) std::printf(", %.1f GB/s", capture_bytes / (ms[k] / 1e3) / 1e9);
+      std::printf("\n");
+    }
+    const double exposed_off = ms[1] - ms[0], exposed_on = ms[2] - ms[0];
+    std::printf("  copy time the forward pays: %.2f ms with the overlap off, %.2f ms with it on (%.0f%% of the "
+                "copies' own %.2f ms hidden)\n",
+                exposed_off, exposed_on, ms[3] > 0 ? 100 * (1 - exposed_on / ms[3]) : 0.0, ms[3]);
+    absl::StrAppendFormat(&json,
+                          ", \"captures\": {\"tokens\": %d, \"mb\": %.0f, \"copy_ms\": %.3f, "
+                          "\"copy_overlapped_path_ms\": %.3f, \"forward_ms\": %.3f, \"forward_overlap_off_ms\": "
+                          "%.3f, \"forward_overlap_on_ms\": %.3f, \"exposed_overlap_off_ms\": %.3f, "
+                          "\"exposed_overlap_on_ms\": %.3f}",
+                          capture_tokens, capture_bytes / 1e6, ms[3], ms[4], ms[0], ms[1], ms[2], exposed_off,
+                          exposed_on);
+  }
+  absl::StrAppend(&json, "}");
   std::printf("\nRESULT %s\n", json.c_str());
   return 0;
 }
@@ -630,7 +784,8 @@ int Main() {
 
 int main(int argc, char** argv) {
   hsx::AcceptDashedFlags(argc, argv);
-  absl::SetProgramUsageMessage("gpu_forward [--tokens=8192,32768] [--layers=2] [--repeats=3] [--max-seconds=150]");
+  absl::SetProgramUsageMessage(
+      "gpu_forward [--tokens=8192,32768] [--layers=2] [--repeats=3] [--max-seconds=150] [--capture-tokens=32768]");
   absl::ParseCommandLine(argc, argv);
   return hsx::Main();
 }

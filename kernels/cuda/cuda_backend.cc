@@ -1,7 +1,8 @@
 // cuda_backend.cc: CudaBackend, the host side of the CUDA ops: checks sizes
 // (the same checks, and messages, as the CPU backend), manages device memory
 // and enqueues kernels (ops.h), cuBLASLt GEMMs (gemm.h) and copies on one
-// stream. See cuda_backend.h for the guarantees.
+// stream, and captures' device-to-host copies on a second. See cuda_backend.h
+// for the guarantees.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -150,6 +152,8 @@ class CudaBackend : public Backend {
   std::string name() const override { return absl::StrCat("cuda:", device_); }
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
+  // SetCudaCaptureOptions (a new ring size waits for the copies in flight).
+  absl::Status SetCaptureOptions(const CudaCaptureOptions& options);
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t rows, int64_t cols, ElementType type) override;
   absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateHost(size_t bytes) override;
@@ -260,6 +264,15 @@ class CudaBackend : public Backend {
   // A copy of m (same element type, exact) with a 16-byte aligned row stride.
   absl::StatusOr<Matrix> AlignedCopy(const Matrix& m, bool load, Scratch& storage, const char* op);
 
+  // CopyToHost through the staging ring and the copy stream (cuda_backend.h,
+  // "Captures"), in chunks of whole rows that fit the ring.
+  void CopyToHostOverlapped(const Matrix& src, char* dst);
+  // The copy stream, its events and the ring, made at the first overlapped copy.
+  absl::Status EnsureStaging();
+  // Waits for the copy stream, then frees the ring (stream-ordered).
+  absl::Status ReleaseStaging();
+  cudaEvent_t Copied(int64_t ticket) const { return copied_[ticket % kCaptureMaxPendingCopies]; }
+
   int device_;
   Precision precision_;
   CudaAttention attention_;
@@ -267,6 +280,12 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;
   int32_t* host_counts_ = nullptr;  // pinned, kMaxExperts: MoE expert counts
+  CudaCaptureOptions capture_;
+  cudaStream_t copy_stream_ = nullptr;  // captures' device-to-host copies
+  cudaEvent_t snapshot_ = nullptr;      // compute stream -> copy stream: a snapshot is staged
+  std::vector<cudaEvent_t> copied_;     // by ticket % kCaptureMaxPendingCopies: its copy finished
+  std::unique_ptr<StagingRing> ring_;   // with staging_: null until the first overlapped copy
+  void* staging_ = nullptr;
   std::unique_ptr<cuda::LtGemm> gemm_;
   std::vector<void*> weights_;
   int64_t placed_bytes_ = 0;
@@ -317,6 +336,11 @@ absl::Status CudaBackend::Init() {
 
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  ReleaseStaging().IgnoreError();  // the destructor has nowhere to report it
+  if (snapshot_ != nullptr) cudaEventDestroy(snapshot_);
+  for (cudaEvent_t event : copied_) cudaEventDestroy(event);
+  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);  // the ring's stream-ordered free
   gemm_.reset();
   cudnn_.reset();
   for (void* w : weights_) cudaFree(w);
@@ -416,11 +440,122 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> CudaBackend::AllocateHost(size_t byt
 void CudaBackend::CopyToHost(const Matrix& src, void* dst) {
   if (src.rows == 0 || src.cols == 0) return;
   const size_t row = static_cast<size_t>(src.cols) * ElementSize(src.type);
+  // A row larger than the ring (only a test's tiny ring) copies in line.
+  if (capture_.overlap && static_cast<int64_t>(row) <= capture_.staging_bytes) {
+    return CopyToHostOverlapped(src, static_cast<char*>(dst));
+  }
   // Pinned targets (HostBuffers) copy asynchronously; pageable ones work too,
   // but the driver may make the call synchronous.
   Cuda(cudaMemcpy2DAsync(dst, row, src.data, static_cast<size_t>(src.ld) * ElementSize(src.type), row,
                          static_cast<size_t>(src.rows), cudaMemcpyDeviceToHost, stream_),
        "CopyToHost", ShapeOf(src));
+}
+
+// Why a snapshot rather than copying `src` itself on the copy stream: the
+// residual stream is updated in place by the next layer, and a Buffer may be
+// freed right after the op that reads it (backend.h: "releases its memory in
+// stream order"). Reading `src` on another stream would need every later op
+// that writes or frees those bytes to wait for the device-to-host copy,
+// which the backend cannot know without tracking every op's outputs, and the
+// wait would stall the next layer for a PCIe-speed copy (by arithmetic, a
+// 32k-token Kimi-K2 layer is 470 MB: ~9 ms at ~50 GB/s). The snapshot costs a
+// device-to-device copy at HBM speed (~0.2 ms for the same layer at ~4 TB/s)
+// and leaves the compute stream free.
+void CudaBackend::CopyToHostOverlapped(const Matrix& src, char* dst) {
+  if (absl::Status s = EnsureStaging(); !s.ok()) return Record(std::move(s));
+  const size_t row = static_cast<size_t>(src.cols) * ElementSize(src.type);
+  const size_t pitch = static_cast<size_t>(src.ld) * ElementSize(src.type);
+  const int64_t chunk_rows = capture_.staging_bytes / static_cast<int64_t>(row);
+  for (int64_t r = 0; r < src.rows; r += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, src.rows - r);
+    const size_t bytes = static_cast<size_t>(rows) * row;
+    absl::StatusOr<StagingRing::Reservation> slot = ring_->Reserve(static_cast<int64_t>(bytes));
+    if (!slot.ok()) return Record(absl::InternalError(absl::StrCat(name(), " CopyToHost: ", slot.status().message())));
+    char* staged = static_cast<char*>(staging_) + slot->offset;
+    const std::string what = absl::StrCat(ShapeOf(src), ", rows ", r, "..", r + rows);
+    // In order: the compute stream waits until the region's last reader has
+    // finished, snapshots the rows, and signals the copy stream, which copies
+    // the snapshot out and marks the ticket done. A failure is recorded, so
+    // the batch fails and no later copy's bytes are ever read.
+    if ((slot->wait_for >= 0 &&
+         !Cuda(cudaStreamWaitEvent(stream_, Copied(slot->wait_for), 0), "CopyToHost", "waiting for the ring")) ||
+        !Cuda(cudaMemcpy2DAsync(staged, row, src.at(r, 0), pitch, row, static_cast<size_t>(rows),
+                                cudaMemcpyDeviceToDevice, stream_),
+              "CopyToHost snapshot", what) ||
+        !Cuda(cudaEventRecord(snapshot_, stream_), "CopyToHost", "recording the snapshot") ||
+        !Cuda(cudaStreamWaitEvent(copy_stream_, snapshot_, 0), "CopyToHost", "waiting for the snapshot") ||
+        !Cuda(cudaMemcpyAsync(dst + static_cast<size_t>(r) * row, staged, bytes, cudaMemcpyDeviceToHost,
+                              copy_stream_),
+              "CopyToHost", what) ||
+        !Cuda(cudaEventRecord(Copied(slot->ticket), copy_stream_), "CopyToHost", "recording the copy")) {
+      return;
+    }
+  }
+}
+
+absl::Status CudaBackend::EnsureStaging() {
+  if (ring_ != nullptr) return absl::OkStatus();
+  auto fail = [&](cudaError_t status, const char* what) {
+    cudaGetLastError();
+    return CudaError(status, "CopyToHost", what);
+  };
+  // The stream and events belong to the current device: make it this rank's.
+  if (cudaError_t s = cudaSetDevice(device_); s != cudaSuccess) return fail(s, "cudaSetDevice");
+  if (copy_stream_ == nullptr) {
+    if (cudaError_t s = cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking); s != cudaSuccess) {
+      copy_stream_ = nullptr;
+      return fail(s, "creating the copy stream");
+    }
+  }
+  if (snapshot_ == nullptr) {
+    if (cudaError_t s = cudaEventCreateWithFlags(&snapshot_, cudaEventDisableTiming); s != cudaSuccess) {
+      snapshot_ = nullptr;
+      return fail(s, "creating an event");
+    }
+  }
+  while (static_cast<int64_t>(copied_.size()) < kCaptureMaxPendingCopies) {
+    cudaEvent_t event = nullptr;
+    if (cudaError_t s = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); s != cudaSuccess) {
+      return fail(s, "creating an event");
+    }
+    copied_.push_back(event);
+  }
+  if (cudaError_t s = cudaMallocAsync(&staging_, static_cast<size_t>(capture_.staging_bytes), stream_);
+      s != cudaSuccess) {
+    staging_ = nullptr;
+    return fail(s, absl::StrCat("the capture staging ring: asked ", MiB(capture_.staging_bytes)).c_str());
+  }
+  ring_ = std::make_unique<StagingRing>(capture_.staging_bytes, kCaptureMaxPendingCopies);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ReleaseStaging() {
+  absl::Status status;
+  if (copy_stream_ != nullptr) {
+    if (cudaError_t s = cudaStreamSynchronize(copy_stream_); s != cudaSuccess) {
+      status = CudaError(s, "CopyToHost", "waiting for the capture copies");
+    }
+  }
+  // The copy stream is idle, so every snapshot it read has been written:
+  // freeing in the compute stream's order is safe.
+  FreeAsync(staging_, stream_);
+  staging_ = nullptr;
+  ring_.reset();
+  return status;
+}
+
+absl::Status CudaBackend::SetCaptureOptions(const CudaCaptureOptions& options) {
+  if (options.staging_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name(), ": capture staging ring of ", options.staging_bytes, " bytes (at least 1)"));
+  }
+  // A ring of another size replaces this one once its copies have finished;
+  // switching the overlap alone keeps it (copies in flight finish either way:
+  // Synchronize waits for both streams).
+  absl::Status status;
+  if (options.staging_bytes != capture_.staging_bytes) status = ReleaseStaging();
+  capture_ = options;
+  return status;
 }
 
 void CudaBackend::CopyFromHost(const void* src, const Matrix& dst) {
@@ -432,12 +567,24 @@ void CudaBackend::CopyFromHost(const void* src, const Matrix& dst) {
 }
 
 absl::Status CudaBackend::Synchronize() {
-  if (cudaError_t s = cudaStreamSynchronize(stream_); s != cudaSuccess) {
+  const cudaError_t compute = cudaStreamSynchronize(stream_);
+  const cudaError_t copy = copy_stream_ != nullptr ? cudaStreamSynchronize(copy_stream_) : cudaSuccess;
+  if (compute != cudaSuccess) {
     Record(cuda::ClassifyCudaError(
         absl::InternalError(absl::StrCat(name(), " Synchronize: an op enqueued since the last Synchronize failed on "
-                                         "the device: ", cudaGetErrorName(s), ": ", cudaGetErrorString(s))),
-        s, device_));
+                                         "the device: ", cudaGetErrorName(compute), ": ",
+                                         cudaGetErrorString(compute))),
+        compute, device_));
   }
+  if (copy != cudaSuccess) {
+    Record(cuda::ClassifyCudaError(
+        absl::InternalError(absl::StrCat(name(), " Synchronize: a capture copy enqueued since the last Synchronize "
+                                         "failed on the device: ", cudaGetErrorName(copy), ": ",
+                                         cudaGetErrorString(copy))),
+        copy, device_));
+  }
+  // Both streams are idle: no copy reads the ring any more.
+  if (compute == cudaSuccess && copy == cudaSuccess && ring_ != nullptr) ring_->Clear();
   absl::Status error = std::move(error_);
   error_ = absl::OkStatus();
   return error;
@@ -1110,7 +1257,31 @@ absl::StatusOr<CudaMemory> CudaMemoryInfo(int device) {
   return CudaMemory{static_cast<int64_t>(free), static_cast<int64_t>(total)};
 }
 
+absl::StatusOr<CudaCaptureOptions> CudaCaptureOptionsFromEnv() {
+  CudaCaptureOptions options;
+  const char* value = std::getenv("HSX_CUDA_CAPTURE_OVERLAP");
+  if (value == nullptr || std::strcmp(value, "") == 0 || std::strcmp(value, "1") == 0) return options;
+  if (std::strcmp(value, "0") == 0) {
+    options.overlap = false;
+    return options;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("HSX_CUDA_CAPTURE_OVERLAP='", value,
+                   "': expected 1 (capture copies on a second stream, overlapping compute; the default) or 0 (on "
+                   "the compute stream)"));
+}
+
+absl::Status SetCudaCaptureOptions(Backend& backend, const CudaCaptureOptions& options) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("backend ", backend.name(), " is not a CUDA backend"));
+  }
+  return cuda->SetCaptureOptions(options);
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision precision, CudaAttention attention) {
+  absl::StatusOr<CudaCaptureOptions> capture = CudaCaptureOptionsFromEnv();
+  if (!capture.ok()) return capture.status();
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) return count.status();
   if (device < 0 || device >= *count) {
@@ -1119,6 +1290,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision p
   }
   auto backend = std::make_unique<CudaBackend>(device, precision, attention);
   if (absl::Status s = backend->Init(); !s.ok()) return s;
+  if (absl::Status s = backend->SetCaptureOptions(*capture); !s.ok()) return s;
   return backend;
 }
 

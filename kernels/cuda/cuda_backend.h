@@ -1,9 +1,11 @@
 // cuda_backend.h: the CUDA implementation of kernels/backend.h (contract v2)
 // for one rank on one device.
 //
-// Every op is enqueued on one stream of the device; Synchronize() waits for it
-// and returns the first error recorded since the previous call (a bad size, a
-// failed launch, a cuBLASLt failure, or a device fault while the stream ran).
+// Every op is enqueued on one stream of the device (a capture's copy to the
+// host finishes on a second one: "Captures" below); Synchronize() waits for
+// both and returns the first error recorded since the previous call (a bad
+// size, a failed launch, a cuBLASLt failure, or a device fault while a stream
+// ran).
 // Every error names the device, the op and the sizes.
 //
 // Memory. Activations, staged batches, routings and per-op scratch come from
@@ -34,6 +36,22 @@
 // tolerance. The exception is Attention under CudaAttention::kCudnn: cuDNN's
 // SDPA (fp32 scores, online softmax) agrees with the reference only within
 // bf16 tolerance.
+//
+// Captures. CopyToHost, with capture overlap on (the default), does not copy
+// to the host on the compute stream: it snapshots the rows into a device
+// staging ring there (a device-to-device copy, at HBM speed) and copies the
+// snapshot to the pinned host buffer on a second stream, which waits for the
+// snapshot with an event. The device-to-host copy (PCIe speed, the slow part)
+// then runs while the ops enqueued after it compute, and the source may be
+// overwritten (the residual stream is updated in place) or freed at once, as
+// the contract allows. The ring (kCaptureStagingBytes from the pool, taken at
+// the backend's first overlapped copy, so only a capturing rank holds one)
+// takes copies in chunks of whole rows; a region is reused only after the
+// compute stream has waited, on the device, for the copy that read it
+// (kernels/staging_ring.h), so a copy-out that falls behind slows the compute
+// stream down instead of losing rows. Synchronize() waits for both streams and
+// reports errors from either. With overlap off, CopyToHost copies on the
+// compute stream, in line with every other op.
 #ifndef HSX_KERNELS_CUDA_CUDA_BACKEND_H_
 #define HSX_KERNELS_CUDA_CUDA_BACKEND_H_
 
@@ -43,6 +61,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/staging_ring.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
 
@@ -53,9 +72,10 @@ namespace hsx {
 // (cudnn_attention.h; bf16 only, not yet validated on a GPU).
 enum class CudaAttention { kReference, kCudnn };
 
-// A CUDA backend on device `device`. FailedPrecondition "no CUDA device: ..."
-// (with the CUDA error string) where the machine has none or fewer than
-// device + 1. With CudaAttention::kCudnn, FailedPrecondition with the reason
+// A CUDA backend on device `device`, with the capture options of
+// CudaCaptureOptionsFromEnv() (whose error comes first). FailedPrecondition
+// "no CUDA device: ..." (with the CUDA error string) where the machine has
+// none or fewer than device + 1. With CudaAttention::kCudnn, FailedPrecondition with the reason
 // where cuDNN cannot serve (not built in, library missing, fp32 activations):
 // an explicit request is never silently replaced by the reference kernel.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision precision,
@@ -93,6 +113,24 @@ struct CudaRank {
   CUstream_st* stream = nullptr;
 };
 absl::StatusOr<CudaRank> CudaRankOf(Backend& backend);
+
+// How a CUDA backend copies captures to the host (see "Captures" above).
+struct CudaCaptureOptions {
+  bool overlap = true;                            // on a second stream, through the staging ring
+  int64_t staging_bytes = kCaptureStagingBytes;  // the ring, allocated at the first overlapped copy
+};
+
+// The options the environment asks for: HSX_CUDA_CAPTURE_OVERLAP=0 turns the
+// overlap off, 1 (or unset, or empty) leaves it on; any other value is
+// InvalidArgument naming the variable. MakeCudaBackend applies them.
+absl::StatusOr<CudaCaptureOptions> CudaCaptureOptionsFromEnv();
+
+// Changes the capture options of a backend made by MakeCudaBackend, between
+// batches (a new ring size first waits for the copies in flight and frees the
+// old ring).
+// InvalidArgument for another backend or staging_bytes < 1; the error of a
+// copy that failed while it waited.
+absl::Status SetCudaCaptureOptions(Backend& backend, const CudaCaptureOptions& options);
 
 // Memory every weight placement leaves free for activations and scratch.
 inline constexpr int64_t kCudaReservedBytes = int64_t{1} << 30;

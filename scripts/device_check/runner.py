@@ -196,8 +196,9 @@ class CpuPipeline(Step):
 
 
 class GpuForward(Step):
-    """bench/gpu_forward: one rank's share of Kimi-K2 layers at 8k and 32k tokens per forward;
-    its RESULT line (JSON) becomes the summary. Runs without a GPU too, where the binary itself
+    """bench/gpu_forward: one rank's share of Kimi-K2 layers at 8k and 32k tokens per forward,
+    and the capture copy time at 32k with the overlap off and on; its RESULT line (JSON) becomes
+    the summary. Runs without a GPU too, where the binary itself
     must say "no GPU" and exit 0. --max-seconds keeps it inside its timeout."""
 
     binaries = ("gpu_forward",)
@@ -205,11 +206,12 @@ class GpuForward(Step):
 
     def __init__(self):
         super().__init__("gpu_forward", "bench/gpu_forward: one rank of Kimi-K2 at 8k and 32k tokens"
-                         " (tokens/s, TFLOP/s per op class against a cuBLAS BF16 peak)")
+                         " (tokens/s, TFLOP/s per op class against a cuBLAS BF16 peak; the capture copy"
+                         " time the forward pays with the overlap off and on)")
 
     def run(self, ctx):
         argv = [ctx.binary("gpu_forward"), "--tokens=8192,32768", "--layers=2", "--repeats=3",
-                "--max-seconds=110"]
+                "--max-seconds=110", "--capture-tokens=32768"]
         outcome = ctx.execute(argv, self.timeout_s)
         if outcome.timed_out:
             return {"status": "timeout", "summary": "killed at its time limit, after %.0f s" % outcome.seconds}
@@ -242,6 +244,11 @@ def summarize_forward(result):
         parts.append("%dk: %.0f tok/s (proj %.0f, routed %.0f [GEMMs %.0f], attn %.1f TF/s)" % (
             f["tokens"] // 1024, f["tokens_per_s"], classes["attention projections"]["tflops"],
             classes["routed experts"]["tflops"], f["routed_gemm_tflops"], classes["attention"]["tflops"]))
+    captures = result.get("captures")
+    if captures:
+        parts.append("captures %dk (%.0f MB): copies %.1f ms, paid %.1f ms overlap off, %.1f ms on" % (
+            captures["tokens"] // 1024, captures["mb"], captures["copy_ms"], captures["exposed_overlap_off_ms"],
+            captures["exposed_overlap_on_ms"]))
     return "; ".join(parts)
 
 
@@ -251,7 +258,8 @@ STEPS = [
     BundleCheck(),
     GTestSuite("cuda_kernels", "hsx_cuda_tests", "CUDA kernels and the backend's per-op conformance against"
                " the CPU reference (tests/cuda)", timeout_s=150,
-               gtest_filter="-CudaModelTest.*:*RowsDoNotDependOn*:*TensorParallel*:*CudaCommunicator*:Cudnn*"),
+               gtest_filter="-CudaModelTest.*:*RowsDoNotDependOn*:*TensorParallel*:*CudaCommunicator*:Cudnn*"
+                            ":*CudaCapture*"),
     GTestSuite("oracle", "hsx_cuda_tests", "--device cuda against the CPU backend, whole model"
                " (fp32 1e-5, bf16 2e-2)", timeout_s=120, gtest_filter="CudaModelTest.MatchesTheCpuBackend*"),
     GTestSuite("batch_invariance", "hsx_cuda_tests", "a sample's states bitwise the same solo and in any"
@@ -264,6 +272,10 @@ STEPS = [
                " transport) against TP 1 (fp32 1e-5), TP 8 batch invariance bitwise, the transports against the"
                " host plan bitwise, abort; NCCL where >= 2 GPUs", timeout_s=120,
                gtest_filter="Devices/TensorParallelTest.*/cuda:Transports/CudaCommunicatorTest.*"),
+    GTestSuite("capture_overlap", "hsx_cuda_tests", "captures copied on a second stream through the staging"
+               " ring hold the source as it was when copied (in-place updates, sub-range copies per sample, tiny"
+               " rings that wrap), and the tiny model's captures with the overlap on equal those with it off,"
+               " bitwise", timeout_s=90, gtest_filter="*CudaCapture*"),
     GpuForward(),
     CpuPipeline(),
     GTestSuite("cpu_unit", "hsx_unit_tests", "CPU unit tests (tests/unit)", timeout_s=180),

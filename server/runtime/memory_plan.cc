@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/staging_ring.h"
 #include "server/model/tensor_specs.h"
 
 namespace hsx {
@@ -132,7 +133,9 @@ int64_t BackendScratchBytesPerRank(const ModelConfig& c, int tp, int64_t tokens,
     plan_check = std::max(plan_check, (n * k + kPlanRows * k + kPlanRows * n) * 4);
     if (precision == Precision::kFp32) f32_weight_copy = std::max(f32_weight_copy, n * k * 4);
   }
-  return kWorkspaceBytes + std::max(plan_check, moe) + f32_weight_copy;
+  // The capture staging ring (kernels/cuda/cuda_backend.h): only the rank
+  // that captures allocates it; counted for every rank, an upper bound.
+  return kWorkspaceBytes + std::max(plan_check, moe) + f32_weight_copy + kCaptureStagingBytes;
 }
 
 namespace {

@@ -55,10 +55,10 @@ int64_t ForwardBytesPerRank(const ModelConfig& config, int tp, int64_t tokens, P
 
 // Device bytes one rank's backend takes besides weights and the forward's
 // buffers: the cuBLASLt workspace, the largest GEMM plan check (kPlanRows
-// rows of the widest shape), and the largest op's transient scratch, which
+// rows of the widest shape), the largest op's transient scratch, which
 // for a MoE model is MoeExperts at `tokens` (router logits, the expert
 // permutation, gathered rows, gate/up, outputs, and the rank's experts
-// dequantised to bf16).
+// dequantised to bf16), and the capture staging ring (kCaptureStagingBytes).
 int64_t BackendScratchBytesPerRank(const ModelConfig& config, int tp, int64_t tokens, Precision precision);
 
 // The plan of one GPU.

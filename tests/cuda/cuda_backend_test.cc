@@ -49,33 +49,8 @@ class Values {
   uint64_t state_;
 };
 
-// Host bytes of `values` as `type` (bf16 rounds).
-std::vector<char> Encode(const std::vector<float>& values, ElementType type) {
-  std::vector<char> bytes(values.size() * ElementSize(type));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (type == ElementType::kF32) {
-      std::memcpy(&bytes[i * 4], &values[i], 4);
-    } else {
-      const uint16_t bits = FloatToBf16(values[i]);
-      std::memcpy(&bytes[i * 2], &bits, 2);
-    }
-  }
-  return bytes;
-}
-
-std::vector<float> Decode(const std::vector<char>& bytes, ElementType type) {
-  std::vector<float> values(bytes.size() / ElementSize(type));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (type == ElementType::kF32) {
-      std::memcpy(&values[i], &bytes[i * 4], 4);
-    } else {
-      uint16_t bits;
-      std::memcpy(&bits, &bytes[i * 2], 2);
-      values[i] = Bf16ToFloat(bits);
-    }
-  }
-  return values;
-}
+using ::hsx::testing::Decode;
+using ::hsx::testing::Encode;
 
 // One backend's copy of a matrix, kept alive by the fixture.
 struct Side {

@@ -1,4 +1,5 @@
-// cuda_test_util.h: what the CUDA tests share: why there is no device here.
+// cuda_test_util.h: what the CUDA tests share: why there is no device here,
+// host bytes of a matrix, the tiny test model.
 #ifndef HSX_TESTS_CUDA_CUDA_TEST_UTIL_H_
 #define HSX_TESTS_CUDA_CUDA_TEST_UTIL_H_
 
@@ -6,10 +7,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/bf16.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "server/model/random_model.h"
 #include "server/model/sample_states.h"
@@ -21,6 +24,34 @@ namespace hsx::testing {
 inline std::string NoCudaDeviceReason() {
   absl::StatusOr<int> count = CudaDeviceCount();
   return count.ok() ? std::string() : std::string(count.status().message());
+}
+
+// Host bytes of `values` as `type` (bf16 rounds).
+inline std::vector<char> Encode(const std::vector<float>& values, ElementType type) {
+  std::vector<char> bytes(values.size() * ElementSize(type));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (type == ElementType::kF32) {
+      std::memcpy(&bytes[i * 4], &values[i], 4);
+    } else {
+      const uint16_t bits = FloatToBf16(values[i]);
+      std::memcpy(&bytes[i * 2], &bits, 2);
+    }
+  }
+  return bytes;
+}
+
+inline std::vector<float> Decode(const std::vector<char>& bytes, ElementType type) {
+  std::vector<float> values(bytes.size() / ElementSize(type));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (type == ElementType::kF32) {
+      std::memcpy(&values[i], &bytes[i * 4], 4);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, &bytes[i * 2], 2);
+      values[i] = Bf16ToFloat(bits);
+    }
+  }
+  return values;
 }
 
 // The whole-model tests' model: the tiny preset with 4 layers and a vocabulary

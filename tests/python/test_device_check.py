@@ -91,7 +91,8 @@ def test_run_here_says_no_gpu_and_exits_0(bundle, tmp_path):
             assert forward["status"] == "skip" and forward["summary"].startswith("gpu_forward: no GPU: "), forward
     else:
         assert forward["status"] == "not built", forward
-    for gpu_suite in ("oracle", "batch_invariance", "tensor_parallel"):  # CUDA tests: they skip here, saying why
+    # CUDA tests: they skip here, saying why
+    for gpu_suite in ("oracle", "batch_invariance", "tensor_parallel", "capture_overlap"):
         assert step(report, gpu_suite)["status"] in (("pass",) if have_gpu() else ("skip", "pass")), \
             step(report, gpu_suite)
     cuda = step(report, "cuda_kernels")
@@ -213,6 +214,10 @@ def test_gpu_forward_result_line_and_summary():
     assert result["peak_tflops"] == 771.2
     assert runner.summarize_forward(result) == (
         "peak 771 TF/s; dequant 1.50 ms (2900 GB/s); 8k: 51234 tok/s (proj 512, routed 301 [GEMMs 402], attn 4.6 TF/s)")
+    result["captures"] = {"tokens": 32768, "mb": 1409.3, "copy_ms": 28.04, "exposed_overlap_off_ms": 27.5,
+                          "exposed_overlap_on_ms": 1.25}
+    assert runner.summarize_forward(result).endswith(
+        "; captures 32k (1409 MB): copies 28.0 ms, paid 27.5 ms overlap off, 1.2 ms on")
     assert runner.parse_bench_result("RESULT {broken\n") is None
     assert runner.parse_bench_result("no result line\n") is None
 
