@@ -14,10 +14,8 @@ To get an older binary: check out its sources, build the hsx-dump target, copy b
 """
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,31 +37,20 @@ def main():
     if args.repeats < 3:
         parser.error("--repeats must be at least 3")
     bin_dir = Path(args.bin_dir)
-    work = Path(tempfile.mkdtemp(prefix="hsx-dump-ab-"))
-    try:
-        model = sc.make_model(bin_dir, work)
-        samples = sc.write_samples(work / "samples.jsonl", 64, 32000, 512, 2048)
+    with sc.workspace(bin_dir, "hsx-dump-ab-") as (work, model, samples):
         binaries = {"A": args.a, "B": args.b}
         results = {"A": [], "B": []}
         with HsxServer(bin_dir, model, "--capture", "0", "--max-batch-tokens", "8192") as server:
             for r in range(args.repeats + 1):  # round 0 warms up
                 for name in (["A", "B"] if r % 2 == 0 else ["B", "A"]):
-                    out = work / "out"
-                    shutil.rmtree(out, ignore_errors=True)
-                    stdout, cpu = sc.child([binaries[name], "--server", server.address, "--input", samples,
-                                            "--out", out, "--capture", "0", "--dtype", args.dtype,
-                                            "--concurrency", "4", *(["--discard"] if args.mode == "discard" else [])])
-                    m = sc.SUMMARY.search(stdout)
-                    if not m:
-                        raise SystemExit(f"no summary in hsx-dump's output:\n{stdout}")
+                    nbytes, cpu = sc.run_dump(binaries[name], server.address, samples, work / "out", args.dtype,
+                                              args.mode == "discard")
                     if r > 0:
-                        results[name].append(cpu * 1e9 / int(m.group(2)))
+                        results[name].append(cpu * 1e9 / nbytes)
         print(f"hsx-dump {args.mode}, {args.dtype}, {args.repeats} interleaved repeats, CPU-ns per byte:")
         for name in ("A", "B"):
             print(f"  {name} {sc.fmt(results[name])}  {binaries[name]}")
         print(f"  B / A {statistics.median(results['B']) / statistics.median(results['A']):.2f}")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

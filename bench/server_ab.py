@@ -15,10 +15,8 @@ A_BIN_DIR and B_BIN_DIR hold an hsx-server each (e.g. a build of an older commit
 """
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,10 +37,7 @@ def main():
     if args.repeats < 3:
         parser.error("--repeats must be at least 3")
     bin_dir = Path(args.bin_dir)
-    work = Path(tempfile.mkdtemp(prefix="hsx-server-ab-"))
-    try:
-        model = sc.make_model(bin_dir, work)
-        samples = sc.write_samples(work / "samples.jsonl", 64, 32000, 512, 2048)
+    with sc.workspace(bin_dir, "hsx-server-ab-") as (work, model, samples):
         flags = ["--capture", "0", "--max-batch-tokens", "8192"]
         results = {"A": [], "B": []}
         with HsxServer(Path(args.a), model, *flags) as a, HsxServer(Path(args.b), model, *flags) as b:
@@ -52,15 +47,8 @@ def main():
                     server = servers[name]
                     pid = server.proc.pid
                     before, engine_before = sc.proc_cpu(pid), sc.engine_cpu(pid)
-                    out = work / "out"
-                    shutil.rmtree(out, ignore_errors=True)
-                    stdout, _ = sc.child([bin_dir / "hsx-dump", "--server", server.address, "--input", samples,
-                                          "--out", out, "--capture", "0", "--dtype", args.dtype,
-                                          "--concurrency", "4", "--discard"])
-                    m = sc.SUMMARY.search(stdout)
-                    if not m:
-                        raise SystemExit(f"no summary in hsx-dump's output:\n{stdout}")
-                    total = int(m.group(2))
+                    total, _ = sc.run_dump(bin_dir / "hsx-dump", server.address, samples, work / "out", args.dtype,
+                                           discard=True)
                     cpu, engine = sc.proc_cpu(pid) - before, sc.engine_cpu(pid) - engine_before
                     if r > 0:
                         results[name].append((cpu * 1e9 / total, engine * 1e9 / total))
@@ -74,8 +62,6 @@ def main():
             medians[name] = statistics.median(whole)
             print(f"  {name} whole {sc.fmt(whole)}  engine {sc.fmt(engine)}  streaming {sc.fmt(streaming)}  {path}")
         print(f"  B / A (whole) {medians['B'] / medians['A']:.2f}")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ socket receiver, python / hsx-dump --discard. The server's peak RSS (VmHWM) is p
 """
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -101,6 +102,18 @@ def make_model(bin_dir, work):
     return wide_model(bin_dir, work, hidden_size=7168, vocab_size=32000, n_routed_experts=0)
 
 
+@contextlib.contextmanager
+def workspace(bin_dir, prefix, samples=64):
+    """A temporary directory (under $HSX_BENCH_DIR if set) with the set-up's model and samples,
+    removed afterwards: yields (work, model, samples_path)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("HSX_BENCH_DIR")))
+    try:
+        model = make_model(bin_dir, work)
+        yield work, model, write_samples(work / "samples.jsonl", samples, 32000, 512, 2048)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def write_samples(path, count, vocab, lo, hi, seed=0):
     rng = random.Random(seed)
     with open(path, "w") as f:
@@ -108,6 +121,19 @@ def write_samples(path, count, vocab, lo, hi, seed=0):
             n = rng.randint(lo, hi)
             f.write(json.dumps({"id": str(i), "input_ids": [rng.randrange(vocab) for _ in range(n)]}) + "\n")
     return path
+
+
+def run_dump(hsx_dump, address, samples, out_dir, dtype, discard):
+    """One hsx-dump pass of the set-up (--capture 0, --concurrency 4) into a fresh out_dir, removed
+    afterwards: (bytes it reports, its CPU seconds)."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    stdout, cpu = child([hsx_dump, "--server", address, "--input", samples, "--out", out_dir, "--capture", "0",
+                         "--dtype", dtype, "--concurrency", "4", *(["--discard"] if discard else [])])
+    shutil.rmtree(out_dir, ignore_errors=True)
+    m = SUMMARY.search(stdout)
+    if not m:
+        raise SystemExit(f"no summary in hsx-dump's output:\n{stdout}")
+    return int(m.group(2)), cpu
 
 
 # --- the socket baseline: two child processes -------------------------------------------------
@@ -190,18 +216,8 @@ def hsx_side(server, cmd):
 
 
 def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags, names):
-    flags = ["--capture", "0", "--dtype", dtype, "--concurrency", "4"]
-
     def dump(discard):
-        out_dir = work / "out"
-        shutil.rmtree(out_dir, ignore_errors=True)
-        stdout, cpu = child([bin_dir / "hsx-dump", "--server", server.address, "--input", samples, "--out", out_dir,
-                             *(["--discard"] if discard else []), *flags])
-        shutil.rmtree(out_dir, ignore_errors=True)
-        m = SUMMARY.search(stdout)
-        if not m:
-            raise SystemExit(f"no summary in hsx-dump's output:\n{stdout}")
-        return int(m.group(2)), cpu
+        return run_dump(bin_dir / "hsx-dump", server.address, samples, work / "out", dtype, discard)
 
     def python():
         stdout, _ = child([sys.executable, __file__, "--role", "python", "--address", server.address,
@@ -282,10 +298,7 @@ def main():
     if args.repeats < 3:
         parser.error("--repeats must be at least 3 (a median and a range need them)")
     bin_dir = Path(args.bin_dir)
-    work = Path(tempfile.mkdtemp(prefix="hsx-stream-cost-", dir=os.environ.get("HSX_BENCH_DIR")))
-    try:
-        model = make_model(bin_dir, work)
-        samples = write_samples(work / "samples.jsonl", args.samples, 32000, 512, 2048)
+    with workspace(bin_dir, "hsx-stream-cost-", args.samples) as (work, model, samples):
         print(f"stream_cost: hidden 7168, vocab 32000, --capture 0, {args.samples} samples of 512-2048 tokens, "
               f"concurrency 4, {args.repeats} interleaved repeats; value = median [min-max] CPU-ns per byte; "
               f"ratios of medians")
@@ -294,8 +307,6 @@ def main():
             total, runs, hwm = bench_dtype(bin_dir, work, model, samples, dtype, args.repeats, args.server_flag, names)
             report(dtype, total, runs, hwm, names)
             sys.stdout.flush()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

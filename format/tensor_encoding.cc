@@ -133,6 +133,20 @@ HSX_VECTOR_CLONES uint32_t CheckFloatBits(const uint32_t* in, int64_t n, uint32_
   return bad;
 }
 
+// XXH64 (seed 0) of a tensor's bytes, fed block by block.
+class BlockHash {
+ public:
+  BlockHash() : state_(XXH64_createState()) { XXH64_reset(state_, 0); }
+  ~BlockHash() { XXH64_freeState(state_); }
+  BlockHash(const BlockHash&) = delete;
+  BlockHash& operator=(const BlockHash&) = delete;
+  void Update(const void* bytes, size_t n) { XXH64_update(state_, bytes, n); }
+  uint64_t Digest() const { return XXH64_digest(state_); }
+
+ private:
+  XXH64_state_t* state_;
+};
+
 }  // namespace
 
 int64_t CheckEncoded(const void* bytes, int64_t count, OutputDType dtype, bool* nonzero) {
@@ -159,8 +173,7 @@ int64_t CheckEncoded(const void* bytes, int64_t count, OutputDType dtype, bool* 
 
 TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype) {
   TensorEncoding result;
-  XXH64_state_t* hash = XXH64_createState();
-  XXH64_reset(hash, 0);
+  BlockHash hash;
   const int64_t size = OutputDTypeSize(dtype);
   uint32_t nonzero = 0;
   for (int64_t begin = 0; begin < count; begin += kEncodeBlock) {
@@ -178,18 +191,16 @@ TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype) {
       std::memcpy(&result.bad_value, &u, sizeof(u));
       break;
     }
-    XXH64_update(hash, block, n * size);
+    hash.Update(block, n * size);
   }
   result.nonzero = nonzero != 0;
-  result.xxh64 = XXH64_digest(hash);
-  XXH64_freeState(hash);
+  result.xxh64 = hash.Digest();
   return result;
 }
 
 TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst) {
   TensorEncoding result;
-  XXH64_state_t* hash = XXH64_createState();
-  XXH64_reset(hash, 0);
+  BlockHash hash;
   const uint32_t limit = dtype == OutputDType::kFp16 ? kFp16Limit : kF32Inf;
   const int64_t out_size = OutputDTypeSize(dtype);
   alignas(64) uint32_t wide[kEncodeBlock];
@@ -242,11 +253,10 @@ TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, Ou
       }
       break;
     }
-    XXH64_update(hash, out, n * out_size);
+    hash.Update(out, n * out_size);
   }
   result.nonzero = nonzero != 0;
-  result.xxh64 = XXH64_digest(hash);
-  XXH64_freeState(hash);
+  result.xxh64 = hash.Digest();
   return result;
 }
 
