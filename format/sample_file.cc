@@ -75,10 +75,9 @@ namespace {
 // CheckEncodedValues' errors, from a receiver's findings for `count` tensors
 // starting at `first`, with CheckEncodedValues' order: the first non-finite
 // value by row, then by layer; then the first all-zero layer.
-absl::Status CheckedStatus(const EncodedSample& sample, const std::string& bytes, size_t first, size_t count,
+absl::Status CheckedStatus(const EncodedSample& sample, size_t first, size_t count,
                            const std::vector<std::string>& names) {
   const EncodedValueCheck& check = *sample.values_checked;
-  const int64_t size = OutputDTypeSize(sample.dtype);
   int64_t bad_row = -1;
   size_t bad = 0;
   for (size_t l = 0; l < count; ++l) {
@@ -89,13 +88,8 @@ absl::Status CheckedStatus(const EncodedSample& sample, const std::string& bytes
     }
   }
   if (bad_row >= 0) {
-    const int64_t column = check.first_bad[first + bad] % sample.hidden;
-    const size_t offset = static_cast<size_t>(((bad_row * static_cast<int64_t>(count) + static_cast<int64_t>(bad)) *
-                                                   sample.hidden + column) * size);
-    const float value = DecodeValues(
-        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()) + offset, size), sample.dtype)[0];
-    return absl::DataLossError(absl::StrCat("non-finite value (", value, ") in ", names[bad], " row ", bad_row,
-                                            " column ", column));
+    return absl::DataLossError(absl::StrCat("non-finite value (", check.bad_value[first + bad], ") in ", names[bad],
+                                            " row ", bad_row, " column ", check.first_bad[first + bad] % sample.hidden));
   }
   for (size_t l = 0; l < count; ++l) {
     if (!check.nonzero[first + l]) return absl::DataLossError(absl::StrCat(names[l], " is all zeros"));
@@ -114,11 +108,12 @@ absl::Status CheckSampleValues(const EncodedSample& sample, const std::vector<st
   const std::vector<std::string> final_name = {"the final-norm state"};
   const size_t tensors = layers + (sample.has_final_norm ? 1 : 0);
   if (sample.values_checked && sample.values_checked->nonzero.size() == tensors &&
-      sample.values_checked->first_bad.size() == tensors) {
-    if (absl::Status s = CheckedStatus(sample, sample.hidden_states, 0, layers, names); !s.ok()) return s;
-    if (sample.has_final_norm) return CheckedStatus(sample, sample.final_norm, layers, 1, final_name);
+      sample.values_checked->first_bad.size() == tensors && sample.values_checked->bad_value.size() == tensors) {
+    if (absl::Status s = CheckedStatus(sample, 0, layers, names); !s.ok()) return s;
+    if (sample.has_final_norm) return CheckedStatus(sample, layers, 1, final_name);
     return absl::OkStatus();
   }
+  if (sample.dropped) return absl::DataLossError("the states were dropped without a record of their value check");
   if (absl::Status s = CheckEncodedValues(Bytes(sample.hidden_states), sample.dtype, sample.tokens,
                                           static_cast<int64_t>(layers), sample.hidden, names);
       !s.ok()) {
