@@ -15,9 +15,6 @@
 namespace hsx {
 namespace {
 
-std::span<const uint8_t> AsBytes(const std::string& s) {
-  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
-}
 
 std::span<const uint8_t> AsBytes(const std::vector<int64_t>& v) {
   return {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(int64_t)};
@@ -37,9 +34,14 @@ EncodedSample EncodeSampleStates(const SampleStates& states, OutputDType dtype) 
   sample.tokens = states.tokens;
   sample.hidden = states.hidden;
   sample.dtype = dtype;
-  AppendEncoded(states.hidden_states, dtype, &sample.hidden_states);
+  const size_t size = static_cast<size_t>(OutputDTypeSize(dtype));
+  sample.hidden_states = StateBytes(states.hidden_states.size() * size);
+  EncodeValues(states.hidden_states, dtype, sample.hidden_states.data());
   sample.has_final_norm = !states.final_norm.empty();
-  if (sample.has_final_norm) AppendEncoded(states.final_norm, dtype, &sample.final_norm);
+  if (sample.has_final_norm) {
+    sample.final_norm = StateBytes(states.final_norm.size() * size);
+    EncodeValues(states.final_norm, dtype, sample.final_norm.data());
+  }
   return sample;
 }
 
@@ -97,10 +99,6 @@ absl::Status CheckedStatus(const EncodedSample& sample, size_t first, size_t cou
   return absl::OkStatus();
 }
 
-std::span<const uint8_t> Bytes(const std::string& s) {
-  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
-}
-
 }  // namespace
 
 absl::Status CheckSampleValues(const EncodedSample& sample, const std::vector<std::string>& names) {
@@ -114,13 +112,13 @@ absl::Status CheckSampleValues(const EncodedSample& sample, const std::vector<st
     return absl::OkStatus();
   }
   if (sample.dropped) return absl::DataLossError("the states were dropped without a record of their value check");
-  if (absl::Status s = CheckEncodedValues(Bytes(sample.hidden_states), sample.dtype, sample.tokens,
+  if (absl::Status s = CheckEncodedValues(sample.hidden_states.bytes(), sample.dtype, sample.tokens,
                                           static_cast<int64_t>(layers), sample.hidden, names);
       !s.ok()) {
     return s;
   }
   if (sample.has_final_norm) {
-    return CheckEncodedValues(Bytes(sample.final_norm), sample.dtype, sample.tokens, 1, sample.hidden, final_name);
+    return CheckEncodedValues(sample.final_norm.bytes(), sample.dtype, sample.tokens, 1, sample.hidden, final_name);
   }
   return absl::OkStatus();
 }
@@ -149,13 +147,13 @@ absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
     writer.AddView(name, type, std::move(shape), bytes);
   };
   const DType type = ToSafetensorsDType(sample.dtype);
-  add("hidden_states", type, {tokens, layers, sample.hidden}, AsBytes(sample.hidden_states),
+  add("hidden_states", type, {tokens, layers, sample.hidden}, sample.hidden_states.bytes(),
       sample.hidden_states_xxh64);
   const std::vector<int64_t> ids(input.input_ids.begin(), input.input_ids.end());
   add("token_ids", DType::kI64, {tokens}, AsBytes(ids));
   if (input.loss_mask) add("loss_mask", DType::kI64, {tokens}, AsBytes(*input.loss_mask));
   if (sample.has_final_norm) {
-    add("final_norm_hidden_states", type, {tokens, sample.hidden}, AsBytes(sample.final_norm), sample.final_norm_xxh64);
+    add("final_norm_hidden_states", type, {tokens, sample.hidden}, sample.final_norm.bytes(), sample.final_norm_xxh64);
   }
   const bool has_last = !sample.capture_ids.empty() && sample.capture_ids.back() == info.num_layers;
   writer.SetMetadata("format", "pt");

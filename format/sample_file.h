@@ -27,6 +27,7 @@
 #include "format/safetensors.h"
 #include "format/safetensors_writer.h"
 #include "format/sample_states.h"
+#include "format/state_bytes.h"
 
 namespace hsx {
 
@@ -57,9 +58,9 @@ struct EncodedSample {
   int64_t tokens = 0;
   int64_t hidden = 0;
   OutputDType dtype = OutputDType::kBf16;
-  std::string hidden_states;      // [tokens, capture_ids.size(), hidden], little-endian dtype
+  StateBytes hidden_states;       // [tokens, capture_ids.size(), hidden], little-endian dtype
   bool has_final_norm = false;
-  std::string final_norm;         // [tokens, hidden] when has_final_norm
+  StateBytes final_norm;          // [tokens, hidden] when has_final_norm
   // Set by a receiver that checked the values on arrival; CheckSampleValues
   // then reports from it instead of reading the states again.
   std::optional<EncodedValueCheck> values_checked;

@@ -98,8 +98,9 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
   sample_.has_final_norm = h.final_norm();
   row_bytes_ = sample_.hidden * OutputDTypeSize(sample_.dtype);
   if (mode_ == Mode::kAssemble) {
-    sample_.hidden_states.resize(static_cast<size_t>(tokens * static_cast<int64_t>(ids.size()) * row_bytes_));
-    if (sample_.has_final_norm) sample_.final_norm.resize(static_cast<size_t>(tokens * row_bytes_));
+    // Not zero-filled: the chunks write every byte before the trailer is accepted.
+    sample_.hidden_states = StateBytes(static_cast<size_t>(tokens * static_cast<int64_t>(ids.size()) * row_bytes_));
+    if (sample_.has_final_norm) sample_.final_norm = StateBytes(static_cast<size_t>(tokens * row_bytes_));
   } else {
     sample_.dropped.emplace();
   }

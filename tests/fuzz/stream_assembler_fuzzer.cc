@@ -217,11 +217,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Check(sample.capture_ids == s.expect.capture_ids && sample.has_final_norm == s.expect.final_norm);
   for (int64_t t = 0; t < s.expect.num_tokens; ++t) {
     for (size_t l = 0; l < layers; ++l) {
-      Check(sample.hidden_states.compare((t * layers + l) * s.row_bytes, s.row_bytes, s.received[l],
+      Check(sample.hidden_states.view().compare((t * layers + l) * s.row_bytes, s.row_bytes, s.received[l],
                                          t * s.row_bytes, s.row_bytes) == 0);
     }
     if (s.expect.final_norm) {
-      Check(sample.final_norm.compare(t * s.row_bytes, s.row_bytes, s.received.back(), t * s.row_bytes,
+      Check(sample.final_norm.view().compare(t * s.row_bytes, s.row_bytes, s.received.back(), t * s.row_bytes,
                                       s.row_bytes) == 0);
     }
   }
