@@ -51,6 +51,13 @@ struct EncodedValueCheck {
   std::vector<float> bad_value;    // that value, decoded (for the error message)
 };
 
+// How many bytes of each tensor a receiver verified and dropped (see
+// EncodedSample::dropped).
+struct DroppedStates {
+  int64_t hidden_states_bytes = 0;
+  int64_t final_norm_bytes = 0;
+};
+
 // One sample's states already in the output dtype: what an Extractor
 // delivers, so that remote bytes go to disk without a decode/encode round trip.
 struct EncodedSample {
@@ -73,12 +80,8 @@ struct EncodedSample {
   // Set by a receiver that verified the states as they arrived and kept no
   // copy of them (StreamAssembler's verify-only mode, hsx-dump --discard):
   // hidden_states and final_norm are then empty, values_checked holds the
-  // value checks, and these are the numbers of bytes that arrived.
-  struct Dropped {
-    int64_t hidden_states_bytes = 0;
-    int64_t final_norm_bytes = 0;
-  };
-  std::optional<Dropped> dropped;
+  // value checks, and this the numbers of bytes that arrived.
+  std::optional<DroppedStates> dropped;
 
   // Bytes of each tensor: held, or received and dropped.
   int64_t hidden_states_bytes() const {
