@@ -92,6 +92,8 @@ class StreamAssembler {
   // The next `length` bytes of the current tensor's values, which may start
   // or end inside a value (pieces split anywhere): hashed and checked.
   void HashAndCheck(const char* bytes, size_t length);
+  // `count` whole values of the current tensor at `bytes` (any alignment):
+  // the first bad one and whether any is non-zero go to values_checked.
   void CheckValues(const char* bytes, int64_t count);
   absl::Status OnTrailer(const v1::Trailer& t);
 

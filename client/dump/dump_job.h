@@ -40,6 +40,8 @@ struct DumpOptions {
   // cancelled, and RunDump returns Cancelled once the journal is consistent.
   const std::atomic<bool>* interrupted = nullptr;
   // Verify every sample, then drop it: no files, no journal (--discard).
+  // The extractor is asked not to keep the states (ExtractSpec::keep_states),
+  // so a remote sample is verified as it arrives and never assembled.
   bool discard = false;
 };
 
