@@ -72,7 +72,10 @@ int64_t OutputDTypeSize(OutputDType dtype) { return dtype == OutputDType::kFp32 
 void AppendEncoded(std::span<const float> values, OutputDType dtype, std::string* out) {
   const size_t start = out->size();
   out->resize(start + values.size() * OutputDTypeSize(dtype));
-  char* dst = out->data() + start;
+  EncodeValues(values, dtype, out->data() + start);
+}
+
+void EncodeValues(std::span<const float> values, OutputDType dtype, char* dst) {
   if (dtype == OutputDType::kFp32) {
     std::memcpy(dst, values.data(), values.size() * sizeof(float));
     return;

@@ -28,6 +28,8 @@ int64_t OutputDTypeSize(OutputDType dtype);
 
 // Appends float32 values converted to the output dtype's bytes.
 void AppendEncoded(std::span<const float> values, OutputDType dtype, std::string* out);
+// The same into `out`, which holds values.size() * OutputDTypeSize(dtype) bytes.
+void EncodeValues(std::span<const float> values, OutputDType dtype, char* out);
 // The inverse (exact for values that came from AppendEncoded).
 std::vector<float> DecodeValues(std::span<const uint8_t> bytes, OutputDType dtype);
 

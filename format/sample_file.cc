@@ -15,9 +15,6 @@
 namespace hsx {
 namespace {
 
-std::span<const uint8_t> AsBytes(const std::string& s) {
-  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
-}
 
 std::span<const uint8_t> AsBytes(const std::vector<int64_t>& v) {
   return {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(int64_t)};
@@ -37,9 +34,14 @@ EncodedSample EncodeSampleStates(const SampleStates& states, OutputDType dtype) 
   sample.tokens = states.tokens;
   sample.hidden = states.hidden;
   sample.dtype = dtype;
-  AppendEncoded(states.hidden_states, dtype, &sample.hidden_states);
+  const size_t size = static_cast<size_t>(OutputDTypeSize(dtype));
+  sample.hidden_states = StateBytes(states.hidden_states.size() * size);
+  EncodeValues(states.hidden_states, dtype, sample.hidden_states.data());
   sample.has_final_norm = !states.final_norm.empty();
-  if (sample.has_final_norm) AppendEncoded(states.final_norm, dtype, &sample.final_norm);
+  if (sample.has_final_norm) {
+    sample.final_norm = StateBytes(states.final_norm.size() * size);
+    EncodeValues(states.final_norm, dtype, sample.final_norm.data());
+  }
   return sample;
 }
 
@@ -75,10 +77,9 @@ namespace {
 // CheckEncodedValues' errors, from a receiver's findings for `count` tensors
 // starting at `first`, with CheckEncodedValues' order: the first non-finite
 // value by row, then by layer; then the first all-zero layer.
-absl::Status CheckedStatus(const EncodedSample& sample, const std::string& bytes, size_t first, size_t count,
+absl::Status CheckedStatus(const EncodedSample& sample, size_t first, size_t count,
                            const std::vector<std::string>& names) {
   const EncodedValueCheck& check = *sample.values_checked;
-  const int64_t size = OutputDTypeSize(sample.dtype);
   int64_t bad_row = -1;
   size_t bad = 0;
   for (size_t l = 0; l < count; ++l) {
@@ -89,22 +90,13 @@ absl::Status CheckedStatus(const EncodedSample& sample, const std::string& bytes
     }
   }
   if (bad_row >= 0) {
-    const int64_t column = check.first_bad[first + bad] % sample.hidden;
-    const size_t offset = static_cast<size_t>(((bad_row * static_cast<int64_t>(count) + static_cast<int64_t>(bad)) *
-                                                   sample.hidden + column) * size);
-    const float value = DecodeValues(
-        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()) + offset, size), sample.dtype)[0];
-    return absl::DataLossError(absl::StrCat("non-finite value (", value, ") in ", names[bad], " row ", bad_row,
-                                            " column ", column));
+    return absl::DataLossError(absl::StrCat("non-finite value (", check.bad_value[first + bad], ") in ", names[bad],
+                                            " row ", bad_row, " column ", check.first_bad[first + bad] % sample.hidden));
   }
   for (size_t l = 0; l < count; ++l) {
     if (!check.nonzero[first + l]) return absl::DataLossError(absl::StrCat(names[l], " is all zeros"));
   }
   return absl::OkStatus();
-}
-
-std::span<const uint8_t> Bytes(const std::string& s) {
-  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
 
 }  // namespace
@@ -114,18 +106,19 @@ absl::Status CheckSampleValues(const EncodedSample& sample, const std::vector<st
   const std::vector<std::string> final_name = {"the final-norm state"};
   const size_t tensors = layers + (sample.has_final_norm ? 1 : 0);
   if (sample.values_checked && sample.values_checked->nonzero.size() == tensors &&
-      sample.values_checked->first_bad.size() == tensors) {
-    if (absl::Status s = CheckedStatus(sample, sample.hidden_states, 0, layers, names); !s.ok()) return s;
-    if (sample.has_final_norm) return CheckedStatus(sample, sample.final_norm, layers, 1, final_name);
+      sample.values_checked->first_bad.size() == tensors && sample.values_checked->bad_value.size() == tensors) {
+    if (absl::Status s = CheckedStatus(sample, 0, layers, names); !s.ok()) return s;
+    if (sample.has_final_norm) return CheckedStatus(sample, layers, 1, final_name);
     return absl::OkStatus();
   }
-  if (absl::Status s = CheckEncodedValues(Bytes(sample.hidden_states), sample.dtype, sample.tokens,
+  if (sample.dropped) return absl::DataLossError("the states were dropped without a record of their value check");
+  if (absl::Status s = CheckEncodedValues(sample.hidden_states.bytes(), sample.dtype, sample.tokens,
                                           static_cast<int64_t>(layers), sample.hidden, names);
       !s.ok()) {
     return s;
   }
   if (sample.has_final_norm) {
-    return CheckEncodedValues(Bytes(sample.final_norm), sample.dtype, sample.tokens, 1, sample.hidden, final_name);
+    return CheckEncodedValues(sample.final_norm.bytes(), sample.dtype, sample.tokens, 1, sample.hidden, final_name);
   }
   return absl::OkStatus();
 }
@@ -154,13 +147,13 @@ absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
     writer.AddView(name, type, std::move(shape), bytes);
   };
   const DType type = ToSafetensorsDType(sample.dtype);
-  add("hidden_states", type, {tokens, layers, sample.hidden}, AsBytes(sample.hidden_states),
+  add("hidden_states", type, {tokens, layers, sample.hidden}, sample.hidden_states.bytes(),
       sample.hidden_states_xxh64);
   const std::vector<int64_t> ids(input.input_ids.begin(), input.input_ids.end());
   add("token_ids", DType::kI64, {tokens}, AsBytes(ids));
   if (input.loss_mask) add("loss_mask", DType::kI64, {tokens}, AsBytes(*input.loss_mask));
   if (sample.has_final_norm) {
-    add("final_norm_hidden_states", type, {tokens, sample.hidden}, AsBytes(sample.final_norm), sample.final_norm_xxh64);
+    add("final_norm_hidden_states", type, {tokens, sample.hidden}, sample.final_norm.bytes(), sample.final_norm_xxh64);
   }
   const bool has_last = !sample.capture_ids.empty() && sample.capture_ids.back() == info.num_layers;
   writer.SetMetadata("format", "pt");

@@ -27,6 +27,7 @@
 #include "format/safetensors.h"
 #include "format/safetensors_writer.h"
 #include "format/sample_states.h"
+#include "format/state_bytes.h"
 
 namespace hsx {
 
@@ -40,11 +41,21 @@ struct SampleFileInfo {
 };
 
 // CheckEncodedValues' findings, made by a receiver while the bytes were in
-// cache (StreamAssembler checks each row as it lands): one entry per tensor
-// of an EncodedSample, its layers in order, then the final norm.
+// cache (StreamAssembler checks each piece of a chunk as it arrives): one
+// entry per tensor of an EncodedSample, its layers in order, then the final
+// norm. Self-contained (the bad value is recorded too), so that it holds for
+// a sample whose states were not kept.
 struct EncodedValueCheck {
   std::vector<char> nonzero;       // some value is neither +0 nor -0
   std::vector<int64_t> first_bad;  // row * hidden + column of the first non-finite value, or -1
+  std::vector<float> bad_value;    // that value, decoded (for the error message)
+};
+
+// How many bytes of each tensor a receiver verified and dropped (see
+// EncodedSample::dropped).
+struct DroppedStates {
+  int64_t hidden_states_bytes = 0;
+  int64_t final_norm_bytes = 0;
 };
 
 // One sample's states already in the output dtype: what an Extractor
@@ -54,9 +65,9 @@ struct EncodedSample {
   int64_t tokens = 0;
   int64_t hidden = 0;
   OutputDType dtype = OutputDType::kBf16;
-  std::string hidden_states;      // [tokens, capture_ids.size(), hidden], little-endian dtype
+  StateBytes hidden_states;       // [tokens, capture_ids.size(), hidden], little-endian dtype
   bool has_final_norm = false;
-  std::string final_norm;         // [tokens, hidden] when has_final_norm
+  StateBytes final_norm;          // [tokens, hidden] when has_final_norm
   // Set by a receiver that checked the values on arrival; CheckSampleValues
   // then reports from it instead of reading the states again.
   std::optional<EncodedValueCheck> values_checked;
@@ -66,6 +77,19 @@ struct EncodedSample {
   // again for the file's checksums. Whoever changes the bytes resets these.
   std::optional<uint64_t> hidden_states_xxh64;
   std::optional<uint64_t> final_norm_xxh64;
+  // Set by a receiver that verified the states as they arrived and kept no
+  // copy of them (StreamAssembler's verify-only mode, hsx-dump --discard):
+  // hidden_states and final_norm are then empty, values_checked holds the
+  // value checks, and this the numbers of bytes that arrived.
+  std::optional<DroppedStates> dropped;
+
+  // Bytes of each tensor: held, or received and dropped.
+  int64_t hidden_states_bytes() const {
+    return dropped ? dropped->hidden_states_bytes : static_cast<int64_t>(hidden_states.size());
+  }
+  int64_t final_norm_bytes() const {
+    return dropped ? dropped->final_norm_bytes : static_cast<int64_t>(final_norm.size());
+  }
 };
 
 // Encodes float32 states (the in-process engine's output) into `dtype`.

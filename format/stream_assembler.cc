@@ -1,12 +1,11 @@
 // stream_assembler.cc: the checks and the reassembly of one response stream.
 #include "format/stream_assembler.h"
 
-#include "format/tensor_encoding.h"
-
 #include <google/protobuf/io/coded_stream.h>
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -25,8 +24,8 @@ std::string TensorName(int capture_id) {
 
 }  // namespace
 
-StreamAssembler::StreamAssembler(StreamExpectation expect)
-    : expect_(std::move(expect)), hash_(XXH64_createState()) {
+StreamAssembler::StreamAssembler(StreamExpectation expect, Mode mode)
+    : expect_(std::move(expect)), mode_(mode), hash_(XXH64_createState()) {
   XXH64_reset(hash_, 0);
 }
 
@@ -98,12 +97,18 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
   sample_.dtype = expect_.dtype;
   sample_.has_final_norm = h.final_norm();
   row_bytes_ = sample_.hidden * OutputDTypeSize(sample_.dtype);
-  sample_.hidden_states.resize(static_cast<size_t>(tokens * static_cast<int64_t>(ids.size()) * row_bytes_));
-  if (sample_.has_final_norm) sample_.final_norm.resize(static_cast<size_t>(tokens * row_bytes_));
+  if (mode_ == Mode::kAssemble) {
+    // Not zero-filled: the chunks write every byte before the trailer is accepted.
+    sample_.hidden_states = StateBytes(static_cast<size_t>(tokens * static_cast<int64_t>(ids.size()) * row_bytes_));
+    if (sample_.has_final_norm) sample_.final_norm = StateBytes(static_cast<size_t>(tokens * row_bytes_));
+  } else {
+    sample_.dropped.emplace();
+  }
   tensors_ = ids;
   if (sample_.has_final_norm) tensors_.push_back(-1);
   sample_.values_checked = EncodedValueCheck{std::vector<char>(tensors_.size(), 0),
-                                             std::vector<int64_t>(tensors_.size(), -1)};
+                                             std::vector<int64_t>(tensors_.size(), -1),
+                                             std::vector<float>(tensors_.size(), 0.0f)};
   XXH64_reset(hash_, 0);
   return absl::OkStatus();
 }
@@ -143,39 +148,21 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
                                             size, " bytes, expected ", num_rows * row_bytes_,
                                             " (whole rows of ", sample_.hidden, " values)"));
   }
-  // Where byte `offset` of this chunk goes: rows of one tensor are contiguous
-  // in the final norm, interleaved with the other layers in hidden_states.
-  const int64_t layers = static_cast<int64_t>(sample_.capture_ids.size());
-  const int64_t layer = static_cast<int64_t>(current_);
-  auto destination = [&](int64_t offset) -> char* {
-    const int64_t row = rows_ + offset / row_bytes_;
-    char* base = want < 0 ? reinterpret_cast<char*>(sample_.final_norm.data()) + row * row_bytes_
-                          : reinterpret_cast<char*>(sample_.hidden_states.data()) + (row * layers + layer) * row_bytes_;
-    return base + offset % row_bytes_;
-  };
-  const bool contiguous = want < 0 || layers == 1;
-  EncodedValueCheck& check = *sample_.values_checked;
+  // Block by block, so that the copy, the hash and the check read bytes
+  // still in L1.
+  constexpr size_t kBlock = 16 << 10;
   int64_t offset = 0;
-  int64_t checked_rows = 0;  // of this chunk
   for (const auto& [bytes, length] : data) {
-    // Copy the piece (row by row where rows interleave), then hash it and
-    // check the rows it completed while they are in cache.
     for (size_t done = 0; done < length;) {
-      const int64_t at = offset + static_cast<int64_t>(done);
-      const size_t n = contiguous ? length - done
-                                  : std::min<size_t>(length - done, static_cast<size_t>(row_bytes_ - at % row_bytes_));
-      std::memcpy(destination(at), bytes + done, n);
+      const size_t n = std::min(length - done, kBlock);
+      if (mode_ == Mode::kAssemble) CopyIntoSample(bytes + done, n, offset);
+      HashAndCheck(bytes + done, n);
       done += n;
+      offset += static_cast<int64_t>(n);
     }
-    XXH64_update(hash_, bytes, length);
-    offset += static_cast<int64_t>(length);
-    for (; checked_rows < offset / row_bytes_; ++checked_rows) {
-      if (check.first_bad[current_] >= 0) continue;  // already an error: VerifySample reports the first
-      bool any = false;
-      const int64_t bad = CheckEncoded(destination(checked_rows * row_bytes_), sample_.hidden, sample_.dtype, &any);
-      check.nonzero[current_] |= any;
-      if (bad >= 0) check.first_bad[current_] = (rows_ + checked_rows) * sample_.hidden + bad;
-    }
+  }
+  if (mode_ == Mode::kVerifyOnly) {
+    (want < 0 ? sample_.dropped->final_norm_bytes : sample_.dropped->hidden_states_bytes) += offset;
   }
   rows_ += num_rows;
   if (rows_ == tokens) {
@@ -183,8 +170,64 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
     XXH64_reset(hash_, 0);
     ++current_;
     rows_ = 0;
+    values_ = 0;
   }
   return absl::OkStatus();
+}
+
+void StreamAssembler::CopyIntoSample(const char* bytes, size_t length, int64_t offset) {
+  // Rows of one tensor are contiguous in the final norm, interleaved with
+  // the other layers in hidden_states: there, copy row piece by row piece.
+  const int want = tensors_[current_];
+  const int64_t layers = static_cast<int64_t>(sample_.capture_ids.size());
+  const bool contiguous = want < 0 || layers == 1;
+  for (size_t done = 0; done < length;) {
+    const int64_t at = offset + static_cast<int64_t>(done);
+    const int64_t row = rows_ + at / row_bytes_;
+    char* base = want < 0 ? sample_.final_norm.data() + row * row_bytes_
+                          : sample_.hidden_states.data() + (row * layers + static_cast<int64_t>(current_)) * row_bytes_;
+    const size_t n = contiguous ? length - done
+                                : std::min<size_t>(length - done, static_cast<size_t>(row_bytes_ - at % row_bytes_));
+    std::memcpy(base + at % row_bytes_, bytes + done, n);
+    done += n;
+  }
+}
+
+void StreamAssembler::HashAndCheck(const char* bytes, size_t length) {
+  XXH64_update(hash_, bytes, length);
+  const size_t size = static_cast<size_t>(OutputDTypeSize(sample_.dtype));
+  if (carried_ > 0) {  // complete the value the last piece began
+    const size_t n = std::min(size - carried_, length);
+    std::memcpy(carry_ + carried_, bytes, n);
+    carried_ += n;
+    bytes += n;
+    length -= n;
+    if (carried_ < size) return;
+    CheckValues(carry_, 1);
+    carried_ = 0;
+  }
+  CheckValues(bytes, static_cast<int64_t>(length / size));
+  carried_ = length % size;
+  std::memcpy(carry_, bytes + length - carried_, carried_);
+}
+
+void StreamAssembler::CheckValues(const char* bytes, int64_t count) {
+  EncodedValueCheck& check = *sample_.values_checked;
+  // After a bad value the tensor is an error already: CheckSampleValues
+  // reports its first one.
+  if (count > 0 && check.first_bad[current_] < 0) {
+    bool any = false;
+    const int64_t bad = CheckEncoded(bytes, count, sample_.dtype, &any);
+    check.nonzero[current_] |= any;
+    if (bad >= 0) {
+      const size_t size = static_cast<size_t>(OutputDTypeSize(sample_.dtype));
+      check.first_bad[current_] = values_ + bad;
+      check.bad_value[current_] = DecodeValues(
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes) + bad * static_cast<int64_t>(size), size),
+          sample_.dtype)[0];
+    }
+  }
+  values_ += count;
 }
 
 namespace {

@@ -11,6 +11,13 @@
 // hash equals the request's; nothing follows the trailer. Any violation is a
 // DATA_LOSS status naming what was wrong, and the assembler accepts nothing
 // more after one.
+//
+// Two modes share every one of these checks and differ only in where the
+// rows go: kAssemble copies them into the sample (the bytes of the output
+// file); kVerifyOnly keeps nothing (hsx-dump --discard): each piece of a
+// chunk is hashed and value-checked in place, straight from the received
+// slices, and Take() returns the sample without its states
+// (EncodedSample::dropped, with the byte counts that arrived).
 #ifndef HSX_FORMAT_STREAM_ASSEMBLER_H_
 #define HSX_FORMAT_STREAM_ASSEMBLER_H_
 
@@ -48,7 +55,9 @@ struct StreamExpectation {
 
 class StreamAssembler {
  public:
-  explicit StreamAssembler(StreamExpectation expect);
+  enum class Mode { kAssemble, kVerifyOnly };
+
+  explicit StreamAssembler(StreamExpectation expect, Mode mode = Mode::kAssemble);
   ~StreamAssembler();
   StreamAssembler(const StreamAssembler&) = delete;
   StreamAssembler& operator=(const StreamAssembler&) = delete;
@@ -56,14 +65,16 @@ class StreamAssembler {
   // Takes the next message of the stream.
   absl::Status Consume(const v1::ExtractResponse& response);
   // The same, from the message's bytes as gRPC received them: a Chunk's
-  // framing is read by hand and its data copied from the received slices
-  // straight into the sample, hashed in the same pass (no protobuf string in
-  // between); other messages (and a Chunk with fields this code does not
-  // know) go through the generated parser.
+  // framing is read by hand and its data hashed and value-checked in the
+  // received slices (and, when assembling, copied from them straight into
+  // the sample in the same pass; no protobuf string in between); other
+  // messages (and a Chunk with fields this code does not know) go through
+  // the generated parser.
   absl::Status Consume(const grpc::ByteBuffer& message);
   // True once a valid trailer arrived: the sample is whole and verified.
   bool complete() const { return trailer_; }
-  // The assembled sample; call once, after complete().
+  // The assembled sample (without its states in kVerifyOnly mode); call
+  // once, after complete().
   EncodedSample Take() { return std::move(sample_); }
   // For "the stream ended without a trailer (N of M tensors complete)".
   size_t tensors_complete() const { return current_; }
@@ -76,9 +87,18 @@ class StreamAssembler {
   // Pieces of a chunk's data, in order (received slices, or one string).
   using Pieces = std::vector<std::pair<const char*, size_t>>;
   absl::Status OnChunkData(int32_t capture_id, int64_t first_row, int64_t num_rows, const Pieces& data);
+  // Bytes [offset, offset + length) of the current chunk (kAssemble only).
+  void CopyIntoSample(const char* bytes, size_t length, int64_t offset);
+  // The next `length` bytes of the current tensor's values, which may start
+  // or end inside a value (pieces split anywhere): hashed and checked.
+  void HashAndCheck(const char* bytes, size_t length);
+  // `count` whole values of the current tensor at `bytes` (any alignment):
+  // the first bad one and whether any is non-zero go to values_checked.
+  void CheckValues(const char* bytes, int64_t count);
   absl::Status OnTrailer(const v1::Trailer& t);
 
   const StreamExpectation expect_;
+  const Mode mode_;
   absl::Status error_;
   bool header_ = false;
   bool trailer_ = false;
@@ -87,6 +107,9 @@ class StreamAssembler {
   std::vector<int> tensors_;  // capture ids in order, then -1 for the final norm
   size_t current_ = 0;        // the tensor being received
   int64_t rows_ = 0;          // rows of it received
+  int64_t values_ = 0;        // of it checked (whole values)
+  char carry_[8];             // the first bytes of a value split between two pieces
+  size_t carried_ = 0;
   XXH64_state_t* hash_;
   std::vector<uint64_t> digests_;
 };

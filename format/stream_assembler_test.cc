@@ -4,6 +4,7 @@
 // refused with DATA_LOSS naming what was wrong, and nothing is accepted after.
 #include "format/stream_assembler.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -211,16 +212,13 @@ TEST(StreamAssemblerTest, EveryCorruptionIsRefused) {
   }
 }
 
-// The assembler checks each row's values as it lands (values_checked); the
-// errors it leads to must be exactly those of reading the states again.
-// Streams are corrupted in their chunks' bytes with the trailer's checksums
-// recomputed, as a sender that does not check would send them.
-TEST(StreamAssemblerTest, ValuesCheckedOnArrivalGiveTheSameErrorsAsACheckAfterwards) {
-  const std::vector<std::string> names = {"capture id 2", "capture id 3", "capture id 7"};
-  // (tensor index, row, column) of values set to all-ones bytes (NaN in every dtype); a row of -1
-  // zeroes the whole tensor.
-  using Edit = std::vector<std::tuple<int, int64_t, int64_t>>;
-  const std::vector<std::pair<Edit, std::string>> cases = {
+// (tensor index, row, column) of values set to all-ones bytes (NaN in every
+// dtype); a row of -1 zeroes the whole tensor.
+using Edit = std::vector<std::tuple<int, int64_t, int64_t>>;
+
+// The value errors each edit leads to ("" when none).
+const std::vector<std::pair<Edit, std::string>>& ValueCases() {
+  static const auto* cases = new std::vector<std::pair<Edit, std::string>>{
       {{}, ""},
       {{{2, 1, 3}, {0, 3, 0}}, "non-finite value (nan) in capture id 7 row 1 column 3"},
       {{{1, 2, 1}, {0, 2, 2}}, "non-finite value (nan) in capture id 2 row 2 column 2"},
@@ -230,37 +228,143 @@ TEST(StreamAssemblerTest, ValuesCheckedOnArrivalGiveTheSameErrorsAsACheckAfterwa
       {{{3, 2, 1}}, "non-finite value (nan) in the final-norm state row 2 column 1"},
       {{{3, -1, 0}}, "the final-norm state is all zeros"},
   };
+  return *cases;
+}
+
+// Stream(dtype, true) with `edits` made in its chunks' bytes and the
+// trailer's checksums recomputed, as a sender that does not check would send it.
+std::vector<v1::ExtractResponse> EditedStream(OutputDType dtype, const Edit& edits) {
+  std::vector<v1::ExtractResponse> stream = Stream(dtype, true);
+  const int64_t size = OutputDTypeSize(dtype);
+  for (const auto& [tensor, row, column] : edits) {
+    for (int c = 0; c < 3; ++c) {  // chunks hold rows 0-1, 2-3, 4
+      std::string* data = stream[1 + 3 * tensor + c].mutable_chunk()->mutable_data();
+      if (row < 0) {
+        std::fill(data->begin(), data->end(), '\0');
+      } else if (row / 2 == c) {
+        data->replace(static_cast<size_t>(((row % 2) * kHidden + column) * size), size, size, '\xff');
+      }
+    }
+  }
+  for (int k = 0; k < 4; ++k) {
+    std::string bytes;
+    for (int c = 0; c < 3; ++c) bytes += stream[1 + 3 * k + c].chunk().data();
+    stream.back().mutable_trailer()->mutable_checksums(k)->set_xxh64(Xxh64(bytes.data(), bytes.size()));
+  }
+  return stream;
+}
+
+const std::vector<std::string> kNames = {"capture id 2", "capture id 3", "capture id 7"};
+
+// The assembler checks each piece's values as it lands (values_checked); the
+// errors it leads to must be exactly those of reading the states again.
+TEST(StreamAssemblerTest, ValuesCheckedOnArrivalGiveTheSameErrorsAsACheckAfterwards) {
   for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
-    for (const auto& [edits, message] : cases) {
+    for (const auto& [edits, message] : ValueCases()) {
       SCOPED_TRACE(OutputDTypeName(dtype) + ": " + message);
-      std::vector<v1::ExtractResponse> stream = Stream(dtype, true);
-      const int64_t size = OutputDTypeSize(dtype);
-      for (const auto& [tensor, row, column] : edits) {
-        for (int c = 0; c < 3; ++c) {  // chunks hold rows 0-1, 2-3, 4
-          std::string* data = stream[1 + 3 * tensor + c].mutable_chunk()->mutable_data();
-          if (row < 0) {
-            std::fill(data->begin(), data->end(), '\0');
-          } else if (row / 2 == c) {
-            data->replace(static_cast<size_t>(((row % 2) * kHidden + column) * size), size, size, '\xff');
-          }
-        }
-      }
-      for (int k = 0; k < 4; ++k) {
-        std::string bytes;
-        for (int c = 0; c < 3; ++c) bytes += stream[1 + 3 * k + c].chunk().data();
-        stream.back().mutable_trailer()->mutable_checksums(k)->set_xxh64(Xxh64(bytes.data(), bytes.size()));
-      }
+      const std::vector<v1::ExtractResponse> stream = EditedStream(dtype, edits);
       StreamAssembler a(Expect(dtype, true));
       ASSERT_TRUE(Feed(a, stream).ok()) << Feed(a, stream);
       EncodedSample got = a.Take();
       ASSERT_TRUE(got.values_checked.has_value());
-      const absl::Status on_arrival = CheckSampleValues(got, names);
+      const absl::Status on_arrival = CheckSampleValues(got, kNames);
       got.values_checked.reset();
-      const absl::Status afterwards = CheckSampleValues(got, names);
+      const absl::Status afterwards = CheckSampleValues(got, kNames);
       EXPECT_EQ(on_arrival, afterwards);
       EXPECT_EQ(std::string(on_arrival.message()), message);
     }
   }
+}
+
+// The serialized messages of `stream`, each cut into slices whose lengths
+// follow `cuts` cyclically (as a transport may deliver them): with odd
+// lengths, values and rows are split between slices.
+std::vector<grpc::ByteBuffer> Sliced(const std::vector<v1::ExtractResponse>& stream, const std::vector<size_t>& cuts) {
+  std::vector<grpc::ByteBuffer> out;
+  size_t k = 0;
+  for (const v1::ExtractResponse& r : stream) {
+    const std::string bytes = r.SerializeAsString();
+    std::vector<grpc::Slice> slices;
+    for (size_t at = 0; at < bytes.size();) {
+      const size_t n = std::min(bytes.size() - at, cuts[k++ % cuts.size()]);
+      slices.emplace_back(bytes.data() + at, n);
+      at += n;
+    }
+    out.emplace_back(slices.data(), slices.size());
+  }
+  return out;
+}
+
+// What one mode concludes about a stream: the first error, else the value
+// checks' verdict; and the sample it delivers.
+struct Outcome {
+  absl::Status status;
+  bool has_sample = false;
+  EncodedSample sample;
+};
+
+Outcome Judge(StreamAssembler& a, absl::Status fed) {
+  if (!fed.ok()) return {fed};
+  if (!a.complete()) return {absl::DataLossError("incomplete")};
+  Outcome o{absl::OkStatus(), true, a.Take()};
+  o.status = CheckSampleValues(o.sample, kNames);
+  return o;
+}
+
+// hsx-dump --discard verifies chunks in the received slices without
+// assembling them (kVerifyOnly), carrying the bytes of a value split between
+// two slices. Cut at odd offsets, every stream must get the verdict the
+// assembling path gives its parsed messages: the same value errors (row,
+// column and value), the same checksum errors (which print the digest), the
+// same digests handed on, and the byte counts of what it dropped.
+TEST(StreamAssemblerTest, VerifyOnlyFromSlicesCutMidValueGivesTheAssemblingVerdicts) {
+  const std::vector<std::vector<size_t>> cut_patterns = {{1}, {3}, {5, 1, 7, 3}, {13, 2, 9}, {1000}};
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+    // The value cases, and two whose checksums no longer match (bytes changed
+    // after the trailer was made).
+    std::vector<std::pair<std::string, std::vector<v1::ExtractResponse>>> streams;
+    for (const auto& [edits, message] : ValueCases()) streams.emplace_back(message, EditedStream(dtype, edits));
+    streams.emplace_back("flipped bit", Stream(dtype, true));
+    (*streams.back().second[5].mutable_chunk()->mutable_data())[3] ^= 0x10;
+    streams.emplace_back("NaN, trailer not updated", Stream(dtype, true));
+    streams.back().second[11].mutable_chunk()->mutable_data()->replace(1, 4, 4, '\xff');
+    for (const auto& [what, stream] : streams) {
+      for (const std::vector<size_t>& cuts : cut_patterns) {
+        SCOPED_TRACE(OutputDTypeName(dtype) + ": " + what + ", cuts of " + std::to_string(cuts[0]) + "...");
+        StreamAssembler assembling(Expect(dtype, true));
+        StreamAssembler verifying(Expect(dtype, true), StreamAssembler::Mode::kVerifyOnly);
+        absl::Status fed;
+        for (const grpc::ByteBuffer& message : Sliced(stream, cuts)) {
+          if (fed = verifying.Consume(message); !fed.ok()) break;
+        }
+        const Outcome want = Judge(assembling, Feed(assembling, stream));
+        const Outcome got = Judge(verifying, fed);
+        EXPECT_EQ(got.status, want.status);
+        if (what.empty()) EXPECT_TRUE(got.status.ok()) << got.status;
+        ASSERT_EQ(got.has_sample, want.has_sample);
+        if (!want.has_sample) continue;  // refused at the trailer
+        ASSERT_TRUE(got.sample.dropped.has_value());
+        EXPECT_TRUE(got.sample.hidden_states.empty());
+        EXPECT_TRUE(got.sample.final_norm.empty());
+        EXPECT_EQ(got.sample.hidden_states_bytes(), static_cast<int64_t>(want.sample.hidden_states.size()));
+        EXPECT_EQ(got.sample.final_norm_bytes(), static_cast<int64_t>(want.sample.final_norm.size()));
+        EXPECT_EQ(got.sample.final_norm_xxh64, want.sample.final_norm_xxh64);
+        ASSERT_TRUE(got.sample.final_norm_xxh64.has_value());
+        EXPECT_EQ(*got.sample.final_norm_xxh64, Xxh64(want.sample.final_norm.data(), want.sample.final_norm.size()));
+      }
+    }
+  }
+  // One layer: its digest is handed on too.
+  StreamAssembler assembling(Expect(OutputDType::kBf16, false, {3}));
+  StreamAssembler verifying(Expect(OutputDType::kBf16, false, {3}), StreamAssembler::Mode::kVerifyOnly);
+  const std::vector<v1::ExtractResponse> stream = Stream(OutputDType::kBf16, false, {3});
+  ASSERT_TRUE(Feed(assembling, stream).ok());
+  for (const grpc::ByteBuffer& message : Sliced(stream, {3, 1})) ASSERT_TRUE(verifying.Consume(message).ok());
+  ASSERT_TRUE(assembling.complete() && verifying.complete());
+  const EncodedSample a = assembling.Take(), v = verifying.Take();
+  ASSERT_TRUE(v.hidden_states_xxh64.has_value());
+  EXPECT_EQ(v.hidden_states_xxh64, a.hidden_states_xxh64);
+  EXPECT_EQ(v.hidden_states_bytes(), static_cast<int64_t>(a.hidden_states.size()));
 }
 
 // The digests the assembler verified are handed on for the file's checksums

@@ -112,22 +112,39 @@ void F32ToFp16(const uint32_t* in, int64_t n, uint16_t* out) {
 void F32ToFp16(const uint32_t* in, int64_t n, uint16_t* out) { F32ToFp16Scalar(in, n, out); }
 #endif
 
+// The receiver's checks read values where they arrived, at any byte offset
+// (a value may start at an odd address in a gRPC slice): loaded with memcpy,
+// which the vectoriser turns into unaligned loads, not through a cast.
+uint16_t Load16(const unsigned char* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+uint32_t Load32(const unsigned char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
 // Encoded 16-bit values (bf16: exponent 0x7f80; fp16: 0x7c00).
-HSX_VECTOR_CLONES uint32_t CheckHalfBits(const uint16_t* in, int64_t n, uint16_t exponent, uint32_t* nonzero) {
+HSX_VECTOR_CLONES uint32_t CheckHalfBits(const unsigned char* in, int64_t n, uint16_t exponent, uint32_t* nonzero) {
   uint16_t bad = 0, nz = 0;
   for (int64_t i = 0; i < n; ++i) {
-    bad |= (in[i] & exponent) == exponent;
-    nz |= in[i] & 0x7fffu;
+    const uint16_t v = Load16(in + 2 * i);
+    bad |= (v & exponent) == exponent;
+    nz |= v & 0x7fffu;
   }
   *nonzero |= nz;
   return bad;
 }
 
-HSX_VECTOR_CLONES uint32_t CheckFloatBits(const uint32_t* in, int64_t n, uint32_t* nonzero) {
+HSX_VECTOR_CLONES uint32_t CheckFloatBits(const unsigned char* in, int64_t n, uint32_t* nonzero) {
   uint32_t bad = 0, nz = 0;
   for (int64_t i = 0; i < n; ++i) {
-    bad |= (in[i] & 0x7f800000u) == 0x7f800000u;
-    nz |= in[i] & 0x7fffffffu;
+    const uint32_t v = Load32(in + 4 * i);
+    bad |= (v & 0x7f800000u) == 0x7f800000u;
+    nz |= v & 0x7fffffffu;
   }
   *nonzero |= nz;
   return bad;
@@ -150,21 +167,22 @@ class BlockHash {
 }  // namespace
 
 int64_t CheckEncoded(const void* bytes, int64_t count, OutputDType dtype, bool* nonzero) {
+  const auto* in = static_cast<const unsigned char*>(bytes);
   uint32_t nz = 0;
   uint32_t bad;
   const uint16_t exponent = dtype == OutputDType::kBf16 ? 0x7f80u : 0x7c00u;
   // The common case (all fine) takes one vectorised pass; a bad value is then located.
   if (dtype == OutputDType::kFp32) {
-    bad = CheckFloatBits(static_cast<const uint32_t*>(bytes), count, &nz);
+    bad = CheckFloatBits(in, count, &nz);
   } else {
-    bad = CheckHalfBits(static_cast<const uint16_t*>(bytes), count, exponent, &nz);
+    bad = CheckHalfBits(in, count, exponent, &nz);
   }
   *nonzero = *nonzero || nz != 0;
   if (!bad) return -1;
   for (int64_t i = 0; i < count; ++i) {
     if (dtype == OutputDType::kFp32) {
-      if ((static_cast<const uint32_t*>(bytes)[i] & 0x7f800000u) == 0x7f800000u) return i;
-    } else if ((static_cast<const uint16_t*>(bytes)[i] & exponent) == exponent) {
+      if ((Load32(in + 4 * i) & 0x7f800000u) == 0x7f800000u) return i;
+    } else if ((Load16(in + 2 * i) & exponent) == exponent) {
       return i;
     }
   }

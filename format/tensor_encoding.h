@@ -41,7 +41,8 @@ TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype);
 // The receiving side's check of values already encoded: the index of the
 // first of `count` values at `bytes` (little-endian `dtype`) that is not
 // finite in its own dtype (all exponent bits set), or -1. ORs into *nonzero
-// whether any value is neither +0 nor -0. Vectorised like EncodeTensor.
+// whether any value is neither +0 nor -0. Vectorised like EncodeTensor;
+// `bytes` needs no alignment (values are read where they arrived).
 int64_t CheckEncoded(const void* bytes, int64_t count, OutputDType dtype, bool* nonzero);
 
 }  // namespace hsx

@@ -92,6 +92,9 @@ absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
   const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());
   const int64_t size = OutputDTypeSize(sample.dtype);
   const int64_t tokens = static_cast<int64_t>(input.input_ids.size());
+  if (sample.dropped && spec.keep_states) {
+    return absl::InternalError(absl::StrCat(where, ": the states were dropped on arrival, but are to be kept"));
+  }
   if (sample.capture_ids != spec.capture.ids()) {
     return absl::DataLossError(absl::StrCat(where, ": received capture ids ", IdsText(sample.capture_ids),
                                             ", requested ", IdsText(spec.capture.ids())));
@@ -103,20 +106,20 @@ absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
   if (sample.tokens != tokens) {
     return absl::DataLossError(absl::StrCat(where, ": ", sample.tokens, " rows of states for ", tokens, " tokens"));
   }
-  if (sample.hidden < 1 ||
-      static_cast<int64_t>(sample.hidden_states.size()) != tokens * layers * sample.hidden * size) {
-    return absl::DataLossError(absl::StrCat(where, ": ", sample.hidden_states.size(), " bytes of states for [",
+  if (sample.hidden < 1 || sample.hidden_states_bytes() != tokens * layers * sample.hidden * size) {
+    return absl::DataLossError(absl::StrCat(where, ": ", sample.hidden_states_bytes(), " bytes of states for [",
                                             tokens, ", ", layers, ", ", sample.hidden, "] ",
                                             OutputDTypeName(sample.dtype)));
   }
   if (sample.has_final_norm != spec.capture.final_norm() ||
-      (sample.has_final_norm && static_cast<int64_t>(sample.final_norm.size()) != tokens * sample.hidden * size)) {
+      (sample.has_final_norm && sample.final_norm_bytes() != tokens * sample.hidden * size)) {
     return absl::DataLossError(absl::StrCat(where, ": final norm state ",
                                             spec.capture.final_norm() ? "missing or misshapen" : "not requested"));
   }
   std::vector<std::string> names;
   for (int id : sample.capture_ids) names.push_back(absl::StrCat("capture id ", id));
-  // Checked on arrival by the stream assembler (values_checked), else read here.
+  // Checked on arrival by the stream assembler (values_checked; the only
+  // record when the states were dropped), else read here.
   if (absl::Status s = CheckSampleValues(sample, names); !s.ok()) {
     return absl::DataLossError(absl::StrCat(where, ": ", s.message()));
   }
@@ -216,7 +219,7 @@ class DumpRun {
   DumpRun(const std::vector<InputSample>& samples, Extractor& extractor, const DumpOptions& options,
           DumpStats* stats)
       : samples_(samples), extractor_(extractor), options_(options), stats_(stats),
-        spec_{options.capture, options.dtype}, run_token_(RandomToken()) {}
+        spec_{options.capture, options.dtype, /*keep_states=*/!options.discard}, run_token_(RandomToken()) {}
 
   absl::Status Run() {
     *stats_ = DumpStats();
@@ -357,7 +360,7 @@ class DumpRun {
   absl::Status Persist(const InputSample& input, const EncodedSample& sample, int64_t* bytes, bool* written) {
     if (absl::Status s = VerifySample(input, spec_, sample); !s.ok()) return s;
     if (options_.discard) {  // a throughput or smoke run: verified, then dropped
-      *bytes = static_cast<int64_t>(sample.hidden_states.size() + sample.final_norm.size());
+      *bytes = sample.hidden_states_bytes() + sample.final_norm_bytes();
       *written = true;
       return absl::OkStatus();
     }

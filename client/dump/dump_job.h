@@ -40,6 +40,8 @@ struct DumpOptions {
   // cancelled, and RunDump returns Cancelled once the journal is consistent.
   const std::atomic<bool>* interrupted = nullptr;
   // Verify every sample, then drop it: no files, no journal (--discard).
+  // The extractor is asked not to keep the states (ExtractSpec::keep_states),
+  // so a remote sample is verified as it arrives and never assembled.
   bool discard = false;
 };
 
@@ -55,7 +57,9 @@ struct DumpStats {
 
 // Checks what a consumer relies on, on the bytes that will be written: shape
 // [len(input_ids), L, H] with the requested capture ids, dtype and final norm,
-// finite values, no all-zero layer.
+// finite values, no all-zero layer. A sample delivered without its states
+// (spec.keep_states false) is judged from the receiver's record of them: the
+// byte counts that arrived and the value checks made on arrival.
 absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
                           const EncodedSample& sample);
 

@@ -22,6 +22,10 @@ namespace hsx {
 struct ExtractSpec {
   CaptureSpec capture;  // ids ascending
   OutputDType dtype = OutputDType::kBf16;
+  // False when the caller only verifies and drops each sample (--discard):
+  // an extractor may then check the states as they arrive and deliver the
+  // sample without them (EncodedSample::dropped), which VerifySample accepts.
+  bool keep_states = true;
 };
 
 class Extractor {

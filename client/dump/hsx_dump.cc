@@ -93,7 +93,9 @@ ABSL_FLAG(std::string, progress, "auto", "auto (a bar on a terminal, else a line
 ABSL_FLAG(double, progress_interval, 10, "Seconds between plain progress lines.");
 ABSL_FLAG(int, writer_threads, 2, "Threads that verify, write and journal samples.");
 ABSL_FLAG(bool, discard, false, "Verify every sample, then drop it: no files and no journal "
-          "(a throughput or smoke run against a server). --out gets only an empty journal.");
+          "(a throughput or smoke run against a server). Every check of a written sample runs (echoes, "
+          "shapes, row order, checksums, finite and non-zero values), on the received bytes as they "
+          "arrive, without assembling the sample. --out gets only an empty journal.");
 
 namespace {
 

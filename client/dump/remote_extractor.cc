@@ -193,14 +193,18 @@ class RemoteExtractor::Impl {
 // One attempt of one sample: an Extract call and the reassembly of its stream.
 // The responses are read as raw byte buffers (the generated method's path,
 // with ByteBuffer as the response type): the assembler copies a chunk's rows
-// from the received slices straight into the sample (stream_assembler.h).
+// from the received slices straight into the sample, or, when the caller
+// does not keep the states (--discard), checks them there and keeps nothing
+// (stream_assembler.h).
 // Owned by shared pointers: its own (self_, from Start to the end of OnDone)
 // and, briefly, CancelAll's; so gRPC's last reaction and a concurrent cancel
 // never see it freed.
 class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
  public:
   Attempt(RemoteExtractor::Impl* impl, std::shared_ptr<SampleCall> call, size_t server)
-      : impl_(impl), call_(std::move(call)), server_(server), assembler_(Expectation(*impl_, *call_)) {}
+      : impl_(impl), call_(std::move(call)), server_(server),
+        assembler_(Expectation(*impl_, *call_), call_->spec.keep_states ? StreamAssembler::Mode::kAssemble
+                                                                         : StreamAssembler::Mode::kVerifyOnly) {}
 
   void Start(std::shared_ptr<Attempt> self) {
     self_ = std::move(self);

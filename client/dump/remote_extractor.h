@@ -19,8 +19,11 @@
 // dtype, final norm, hidden size); chunks hold whole rows, layer after layer
 // in the header's order, each layer's rows in order without gaps or overlaps;
 // every tensor's XXH64 equals the trailer's; the trailer's token hash equals
-// the request's. Values (finite, no all-zero layer) are checked after the
-// transport by the shared VerifySample.
+// the request's. Values (finite, no all-zero layer) are checked as each
+// piece arrives and reported after the transport by the shared VerifySample.
+// When the spec does not keep the states (--discard) nothing is assembled:
+// the same checks run on the received slices and the sample is delivered
+// without its states.
 #ifndef HSX_CLIENT_DUMP_REMOTE_EXTRACTOR_H_
 #define HSX_CLIENT_DUMP_REMOTE_EXTRACTOR_H_
 

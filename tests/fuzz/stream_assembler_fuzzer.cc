@@ -8,15 +8,22 @@
 //   - a message made wrong is accepted (a check is missing),
 //   - a correct message is rejected (a check is too strict), or
 //   - a stream the assembler calls complete differs from the shadow in any
-//     byte (the reassembly is wrong).
+//     byte (the reassembly is wrong), or
+//   - a second assembler in verify-only mode (hsx-dump --discard), fed the
+//     same messages' bytes cut into slices of a fuzzed length (values split
+//     between slices), reaches another verdict or other value findings.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "format/stream_assembler.h"
+
+#include <grpcpp/support/byte_buffer.h>
 
 namespace {
 
@@ -102,6 +109,14 @@ void Check(bool condition) {
   if (!condition) __builtin_trap();
 }
 
+// The message's bytes in slices of `cut` bytes.
+grpc::ByteBuffer Sliced(const hsx::v1::ExtractResponse& message, size_t cut) {
+  const std::string bytes = message.SerializeAsString();
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size(); at += cut) slices.emplace_back(bytes.data() + at, std::min(cut, bytes.size() - at));
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -122,6 +137,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (s.expect.final_norm) s.tensors.push_back(-1);
   s.received.resize(s.tensors.size());
   hsx::StreamAssembler assembler(s.expect);
+  hsx::StreamAssembler verifier(s.expect, hsx::StreamAssembler::Mode::kVerifyOnly);
+  const size_t cut = 1 + in.ConsumeIntegralInRange<size_t>(0, 12);
 
   while (in.remaining_bytes() > 0) {
     const uint8_t op = in.ConsumeIntegral<uint8_t>();
@@ -198,6 +215,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (assembler.complete()) valid = false;  // nothing may follow the trailer
     const absl::Status status = assembler.Consume(message);
     Check(status.ok() == valid);
+    Check(verifier.Consume(Sliced(message, cut)) == status);
     if (!status.ok()) return 0;
     if (message.has_header()) s.header = true;
     if (message.has_chunk()) {
@@ -211,17 +229,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (!assembler.complete()) return 0;
   // A complete stream: the file bytes are the shadow's rows, interleaved [T, L, H].
+  Check(verifier.complete());
   const hsx::EncodedSample sample = assembler.Take();
+  const hsx::EncodedSample verified = verifier.Take();
+  Check(verified.dropped && verified.hidden_states.empty() && verified.final_norm.empty());
+  Check(verified.hidden_states_bytes() == static_cast<int64_t>(sample.hidden_states.size()) &&
+        verified.final_norm_bytes() == static_cast<int64_t>(sample.final_norm.size()));
+  // The same findings: the first bad value (NaN != NaN: its bits compared)
+  // and, for a tensor without one, whether any value is non-zero (after a
+  // bad value the rest of a tensor is not looked at: the error is decided).
+  const hsx::EncodedValueCheck& got = *verified.values_checked;
+  const hsx::EncodedValueCheck& want = *sample.values_checked;
+  Check(got.first_bad == want.first_bad);
+  for (size_t i = 0; i < want.first_bad.size(); ++i) {
+    Check(std::memcmp(&got.bad_value[i], &want.bad_value[i], sizeof(float)) == 0);
+    Check(want.first_bad[i] >= 0 || got.nonzero[i] == want.nonzero[i]);
+  }
   const size_t layers = s.expect.capture_ids.size();
   Check(sample.tokens == s.expect.num_tokens && sample.hidden == s.hidden);
   Check(sample.capture_ids == s.expect.capture_ids && sample.has_final_norm == s.expect.final_norm);
   for (int64_t t = 0; t < s.expect.num_tokens; ++t) {
     for (size_t l = 0; l < layers; ++l) {
-      Check(sample.hidden_states.compare((t * layers + l) * s.row_bytes, s.row_bytes, s.received[l],
+      Check(sample.hidden_states.view().compare((t * layers + l) * s.row_bytes, s.row_bytes, s.received[l],
                                          t * s.row_bytes, s.row_bytes) == 0);
     }
     if (s.expect.final_norm) {
-      Check(sample.final_norm.compare(t * s.row_bytes, s.row_bytes, s.received.back(), t * s.row_bytes,
+      Check(sample.final_norm.view().compare(t * s.row_bytes, s.row_bytes, s.received.back(), t * s.row_bytes,
                                       s.row_bytes) == 0);
     }
   }

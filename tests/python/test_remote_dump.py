@@ -414,6 +414,37 @@ def test_a_bad_stream_is_never_written(run, fake_server, tmp_path, mode, message
 
 
 @pytest.mark.parametrize("mode,message", FAULTS, ids=[f[0] for f in FAULTS])
+def test_discard_refuses_what_the_disk_path_refuses(run, fake_server, tmp_path, mode, message):
+    """--discard verifies in place (no sample assembled), with every check and message of the disk path."""
+    fake_server.mode, fake_server.calls = mode, 0
+    inputs = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": list(range(7))}])
+    proc = run("hsx-dump", "--server", fake_server.address, "--input", inputs, "--out", tmp_path / "out",
+               "--discard", expect_ok=False)
+    assert "hsx-dump: error: sample 0 (id 0): " in proc.stderr and message in proc.stderr, proc.stderr
+    assert fake_server.calls == 1, "retried a non-retryable failure"
+    assert "verified and discarded 0 samples" in proc.stdout and "failed 1" in proc.stdout, proc.stdout
+
+
+def test_discard_counts_the_bytes_the_files_hold(run, tools, tiny, tmp_path):
+    """--discard against a real server, chunks of 1000 bytes (rows and values split between them):
+    every sample verified, and the state bytes it counts are those the disk run writes."""
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(12))
+    out = tmp_path / "out"
+    with HsxServer(tools, tiny, "--max-chunk-bytes", "1000") as server:
+        run("hsx-dump", "--server", server.address, "--input", inputs, "--out", out, "--final-norm")
+        proc = run("hsx-dump", "--server", server.address, "--input", inputs, "--out", tmp_path / "discarded",
+                   "--final-norm", "--discard")
+    state_bytes = 0
+    for name in files(out):
+        tensors = load_file(str(out / name))
+        state_bytes += sum(tensors[k].numel() * tensors[k].element_size()
+                           for k in ("hidden_states", "final_norm_hidden_states"))
+    assert "verified and discarded 12 samples" in proc.stdout and "failed 0" in proc.stdout, proc.stdout
+    assert f" {state_bytes} bytes" in proc.stdout, (state_bytes, proc.stdout)
+    assert files(tmp_path / "discarded") == []
+
+
+@pytest.mark.parametrize("mode,message", FAULTS, ids=[f[0] for f in FAULTS])
 def test_the_python_client_refuses_what_hsx_dump_refuses(fake_server, mode, message):
     """hsx.Client against the same server: the model it announced (hidden size) is checked too."""
     import hsx

@@ -124,10 +124,10 @@ TEST(WrittenDigest, EqualsTheDigestOfTheFileReadBack) {
   sample.tokens = tokens;
   sample.hidden = hidden;
   sample.dtype = OutputDType::kBf16;
-  sample.hidden_states.resize(static_cast<size_t>(tokens * 2 * hidden * 2));
-  for (size_t i = 0; i < sample.hidden_states.size(); ++i) sample.hidden_states[i] = static_cast<char>(i * 131 + 7);
+  sample.hidden_states = StateBytes(static_cast<size_t>(tokens * 2 * hidden * 2));
+  for (size_t i = 0; i < sample.hidden_states.size(); ++i) sample.hidden_states.data()[i] = static_cast<char>(i * 131 + 7);
   sample.has_final_norm = true;
-  sample.final_norm.assign(static_cast<size_t>(tokens * hidden * 2), '\x3f');
+  sample.final_norm = StateBytes(std::string(static_cast<size_t>(tokens * hidden * 2), '\x3f'));
   SampleFileInfo info;
   info.model_name = "m";
   info.num_layers = 2;

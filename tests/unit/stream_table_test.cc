@@ -4,7 +4,11 @@
 // extractor applies them (a rejected message wins over the status the stream
 // ends with; an OK end without a trailer is incomplete). The Python client runs
 // the same table (tests/python/test_stream_table.py); each case must reach the
-// same verdict in both, with the same message fragment.
+// same verdict in both, with the same message fragment. Each case runs twice:
+// assembling the sample from the parsed messages (hsx-dump writing files),
+// and verifying in place without keeping the states (hsx-dump --discard),
+// from the messages' bytes cut into 3-byte slices so that values straddle
+// slices.
 #include <algorithm>
 #include <fstream>
 #include <ostream>
@@ -57,7 +61,15 @@ struct Verdict {
   std::string message;
 };
 
-Verdict Judge(const json& c) {
+// The serialized message in slices of 3 bytes (values of every dtype split).
+grpc::ByteBuffer InSlices(const v1::ExtractResponse& response) {
+  const std::string bytes = response.SerializeAsString();
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size(); at += 3) slices.emplace_back(bytes.data() + at, std::min<size_t>(3, bytes.size() - at));
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+Verdict Judge(const json& c, StreamAssembler::Mode mode) {
   const json& r = c["request"];
   InputSample input;
   input.id = r["sample_id"].get<std::string>();
@@ -70,6 +82,7 @@ Verdict Judge(const json& c) {
   absl::StatusOr<OutputDType> dtype = ParseOutputDType(r["dtype"].get<std::string>());
   if (!dtype.ok()) return {"bad_table", std::string(dtype.status().message())};
   spec.dtype = *dtype;
+  spec.keep_states = mode == StreamAssembler::Mode::kAssemble;  // as DumpRun sets it for --discard
   StreamExpectation expect;  // as remote_extractor.cc's Attempt::Expectation fills it
   expect.sample_id = input.id;
   expect.num_tokens = static_cast<int64_t>(input.input_ids.size());
@@ -81,11 +94,13 @@ Verdict Judge(const json& c) {
   expect.num_layers = r["num_layers"].get<int64_t>();
   expect.model_name = r["model_name"].get<std::string>();
 
-  StreamAssembler assembler(expect);
+  StreamAssembler assembler(expect, mode);
   for (const json& m : c["messages"]) {
     v1::ExtractResponse response;
     if (!google::protobuf::util::JsonStringToMessage(m.dump(), &response).ok()) return {"bad_table", m.dump()};
-    if (absl::Status s = assembler.Consume(response); !s.ok()) {
+    const absl::Status s =
+        mode == StreamAssembler::Mode::kAssemble ? assembler.Consume(response) : assembler.Consume(InSlices(response));
+    if (!s.ok()) {
       return {absl::IsDataLoss(s) ? "data_loss" : "other", std::string(s.message())};
     }
   }
@@ -102,13 +117,18 @@ Verdict Judge(const json& c) {
 
 class StreamTable : public ::testing::TestWithParam<Case> {};
 
-TEST_P(StreamTable, SameVerdictAsThePythonClient) {
-  const json& c = GetParam().row;
+void ExpectTableVerdict(const json& c, StreamAssembler::Mode mode) {
   ASSERT_TRUE(c.contains("messages")) << "tests/streams/malformed_streams.json is missing or unreadable";
-  const Verdict v = Judge(c);
+  const Verdict v = Judge(c, mode);
   EXPECT_EQ(v.kind, c["verdict"].get<std::string>()) << c["what"] << ": " << v.message;
   EXPECT_NE(v.message.find(c["message"].get<std::string>()), std::string::npos)
       << c["what"] << ": expected '" << c["message"].get<std::string>() << "' in '" << v.message << "'";
+}
+
+TEST_P(StreamTable, SameVerdictAsThePythonClient) { ExpectTableVerdict(GetParam().row, StreamAssembler::Mode::kAssemble); }
+
+TEST_P(StreamTable, SameVerdictWhenVerifyingInPlace) {
+  ExpectTableVerdict(GetParam().row, StreamAssembler::Mode::kVerifyOnly);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, StreamTable, ::testing::ValuesIn(Cases()),
