@@ -198,8 +198,8 @@ TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype) {
     const int64_t n = std::min(kEncodeBlock, count - begin);
     const char* block = static_cast<const char*>(src) + begin * size;
     const uint32_t bad = dtype == OutputDType::kFp32
-                             ? CheckFloatBits(reinterpret_cast<const uint32_t*>(block), n, &nonzero)
-                             : CheckHalfBits(reinterpret_cast<const uint16_t*>(block), n, 0x7f80u, &nonzero);
+                             ? CheckFloatBits(reinterpret_cast<const unsigned char*>(block), n, &nonzero)
+                             : CheckHalfBits(reinterpret_cast<const unsigned char*>(block), n, 0x7f80u, &nonzero);
     if (bad) {  // rare: locate the value, the stream fails
       bool ignored = false;
       result.bad_index = begin + CheckEncoded(block, n, dtype, &ignored);
