@@ -15,7 +15,8 @@
 namespace hsx {
 namespace {
 
-// Idle capture buffers the model keeps beyond the one always kept.
+// Idle capture buffers the model keeps at least (more when a batch's captures
+// add up to more: HostBufferPool::RaiseIdleCap).
 constexpr size_t kIdleCaptureBytes = size_t{1} << 30;
 
 // HF's yarn_get_mscale.
@@ -309,6 +310,12 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   result.type = backend_.activation_type();
   result.cu_seqlens = batch.cu_seqlens;
   if (captures_here) {
+    // A batch's captures are one buffer per sample: the pool keeps a whole
+    // batch's worth idle, so the next batch allocates nothing (a fresh
+    // pinned buffer on CUDA costs far more than a memcpy).
+    size_t batch_bytes = 0;
+    for (int64_t s = 0; s < result.num_samples(); ++s) batch_bytes += result.SampleBytes(s);
+    host_pool_->RaiseIdleCap(batch_bytes);
     for (int64_t s = 0; s < result.num_samples(); ++s) {
       HSX_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> buffer, host_pool_->Get(result.SampleBytes(s)));
       result.samples.push_back(std::move(buffer));

@@ -108,6 +108,11 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> HostBufferPool::Get(size_t bytes) {
   return std::unique_ptr<HostBuffer>(new Lease(state_, std::move(buffer), bytes));
 }
 
+void HostBufferPool::RaiseIdleCap(size_t bytes) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->max_idle_bytes = std::max(state_->max_idle_bytes, bytes);
+}
+
 size_t HostBufferPool::idle_bytes() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->idle_bytes;

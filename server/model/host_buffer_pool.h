@@ -36,6 +36,11 @@ class HostBufferPool {
   // contents unspecified; it returns to the pool when destroyed.
   absl::StatusOr<std::unique_ptr<HostBuffer>> Get(size_t bytes);
 
+  // Lets the pool keep at least `bytes` idle from now on (never lowers the
+  // cap): what one batch's buffers add up to, so that a steady stream of
+  // batches of many buffers reuses them all.
+  void RaiseIdleCap(size_t bytes);
+
   // For tests and metrics.
   size_t idle_bytes() const;
   int64_t allocations() const;  // buffers the allocator had to make

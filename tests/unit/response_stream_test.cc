@@ -558,6 +558,28 @@ TEST(HostBufferPoolTest, ReusesAndBoundsIdleBuffers) {
   EXPECT_GT(pool.idle_bytes(), 0u);
 }
 
+TEST(HostBufferPoolTest, ARaisedCapKeepsAWholeBatchOfBuffers) {
+  // A batch's captures are one buffer per sample: with the cap raised to the
+  // batch's total, the next batch of the same shape allocates nothing.
+  HostBufferPool pool(HostBufferPool::HeapAllocator(), 1 << 20);
+  auto batch = [&pool] {
+    std::vector<std::unique_ptr<HostBuffer>> buffers;
+    for (int i = 0; i < 4; ++i) buffers.push_back(*pool.Get(1 << 20));
+  };
+  batch();
+  batch();
+  EXPECT_EQ(pool.allocations(), 7) << "the default cap keeps one of the four";
+  pool.RaiseIdleCap(4 << 20);
+  batch();
+  const int64_t before = pool.allocations();
+  batch();
+  EXPECT_EQ(pool.allocations(), before);
+  EXPECT_EQ(pool.idle_bytes(), size_t{4} << 20);
+  pool.RaiseIdleCap(1 << 20);  // never lowers it
+  batch();
+  EXPECT_EQ(pool.allocations(), before);
+}
+
 TEST(HostBufferPoolTest, BuffersMayOutliveThePool) {
   std::unique_ptr<HostBuffer> kept;
   {
