@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import grpc
 import numpy as np
@@ -87,6 +87,85 @@ def _dtype_name(value: int) -> str:
         return ""
 
 
+class ChunkView(NamedTuple):
+    """A Chunk's fields, its data a view of the received message's bytes (no copy)."""
+
+    capture_id: int
+    first_row: int
+    num_rows: int
+    data: bytes | memoryview
+
+
+def parse_response(message: bytes) -> hsx_pb2.ExtractResponse | ChunkView:
+    """The Extract stream's response deserializer: a ChunkView for a chunk as the
+    generated serializer writes it (ExtractResponse{chunk: Chunk{capture_id = 1,
+    first_row = 2, num_rows = 3, data = 4}}, each field at most once; what
+    format/response_framing.h sends), else the generated parser's
+    ExtractResponse. The generated parser copies a chunk's data twice (into the
+    message, and again on every read of .data); here it is a view of the
+    message. Anything else, unknown fields, repeats or malformed bytes included,
+    goes to the generated parser, so the result (or the DecodeError) is always
+    what it gives."""
+    return _parse_chunk(message) or hsx_pb2.ExtractResponse.FromString(message)
+
+
+_CHUNK_TAG = (2 << 3) | 2  # ExtractResponse.chunk, length-delimited
+_CHUNK_VARINTS = {(1 << 3) | 0: 0, (2 << 3) | 0: 1, (3 << 3) | 0: 2}  # tag -> index in ChunkView
+_DATA_TAG = (4 << 3) | 2
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """(value, next position) of the varint at pos as an unsigned 64-bit value;
+    (-1, pos) for one that is truncated, longer than 10 bytes or over 64 bits."""
+    value, shift = 0, 0
+    while pos < len(buf) and shift < 70:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (value, pos) if value < (1 << 64) else (-1, pos)
+        shift += 7
+    return -1, pos
+
+
+def _parse_chunk(buf: bytes) -> ChunkView | None:
+    """The ChunkView of a message that is one chunk and nothing else, each of its
+    fields at most once; None for any other message (parse_response's fast path)."""
+    if not buf or buf[0] != _CHUNK_TAG:
+        return None
+    size, pos = _varint(buf, 1)
+    if size < 0 or pos + size != len(buf):
+        return None
+    fields: list[Any] = [0, 0, 0, b""]
+    seen = set()
+    while pos < len(buf):
+        tag = buf[pos]  # one byte: the known tags are below 128 (a longer encoding goes to the generated parser)
+        pos += 1
+        if tag in seen:
+            return None
+        seen.add(tag)
+        if tag in _CHUNK_VARINTS:
+            value, pos = _varint(buf, pos)
+            if value < 0:
+                return None
+            fields[_CHUNK_VARINTS[tag]] = value
+        elif tag == _DATA_TAG:
+            size, pos = _varint(buf, pos)
+            if size < 0 or pos + size > len(buf):
+                return None
+            fields[3] = memoryview(buf)[pos:pos + size]
+            pos += size
+        else:  # an unknown field, or a known one with another wire type
+            return None
+    capture_id, first_row, num_rows, data = fields
+    # Two's complement as the generated parser reads them: int32 keeps the low 32 bits.
+    return ChunkView(_signed(capture_id & 0xFFFFFFFF, 32), _signed(first_row, 64), _signed(num_rows, 64), data)
+
+
+def _signed(value: int, bits: int) -> int:
+    return value - (1 << bits) if value >= 1 << (bits - 1) else value
+
+
 class StreamDecoder:
     """The checks and reassembly of one Extract response stream, message by
     message: a port of the C++ StreamAssembler (format/stream_assembler.cc) with
@@ -117,14 +196,16 @@ class StreamDecoder:
         self._digests: list[int] = []
         self._hidden_states: np.ndarray | None = None
         self._final: np.ndarray | None = None
+        self._values: list[_ValueScan] = []  # per tensor
 
     @property
     def complete(self) -> bool:
         """True once a valid trailer arrived."""
         return self._trailer
 
-    def consume(self, response: hsx_pb2.ExtractResponse) -> None:
-        """Takes the next message; raises IntegrityError if the stream is wrong."""
+    def consume(self, response: hsx_pb2.ExtractResponse | ChunkView) -> None:
+        """Takes the next message (as parse_response gives it, or the generated
+        ExtractResponse); raises IntegrityError if the stream is wrong."""
         if self._error is None:
             try:
                 self._dispatch(response)
@@ -143,9 +224,13 @@ class StreamDecoder:
             raise IntegrityError(f"{where}: the stream ended without a trailer ({self._current} of "
                                  f"{len(self._tensors)} tensors complete)")
         names = [_tensor_name(c) for c in self._header.capture_ids]
+        layers = len(names)
         try:
-            _check_values(self._hidden_states, names)
-            if self._final is not None:
+            # The chunks were scanned as they came; _check_values finds and names
+            # the first bad value (in row order) only where a scan saw one.
+            if not all(v.clean for v in self._values[:layers]):
+                _check_values(self._hidden_states, names)
+            if self._final is not None and not self._values[layers].clean:
                 _check_values(self._final[:, None, :], ["the final-norm state"])
         except _Reject as reject:
             raise IntegrityError(f"{where}: {reject}") from None
@@ -159,14 +244,18 @@ class StreamDecoder:
         return Sample(tensors, capture_ids=list(self._header.capture_ids), sample_id=self._expect.sample_id,
                       index=index)
 
-    def _dispatch(self, response: hsx_pb2.ExtractResponse) -> None:
+    def _dispatch(self, response: hsx_pb2.ExtractResponse | ChunkView) -> None:
         if self._trailer:
             raise _Reject("a message after the trailer")
+        if isinstance(response, ChunkView):
+            self._on_chunk(response)
+            return
         part = response.WhichOneof("part")
         if part == "header":
             self._on_header(response.header)
         elif part == "chunk":
-            self._on_chunk(response.chunk)
+            c = response.chunk
+            self._on_chunk(ChunkView(c.capture_id, c.first_row, c.num_rows, c.data))
         elif part == "trailer":
             self._on_trailer(response.trailer)
         elif part == "summary":
@@ -214,9 +303,10 @@ class StreamDecoder:
             self._final = np.empty((tokens, hidden), dtype=dtype)
             self._targets.append(self._final)
             self._tensors = ids + [FINAL_NORM]
+        self._values = [_ValueScan(e.dtype) for _ in self._tensors]
         self._hasher.reset()
 
-    def _on_chunk(self, c: hsx_pb2.Chunk) -> None:
+    def _on_chunk(self, c: ChunkView) -> None:
         if self._header is None:
             raise _Reject("a chunk before the header")
         if self._current >= len(self._tensors):
@@ -233,9 +323,17 @@ class StreamDecoder:
         if len(c.data) != c.num_rows * self._row_bytes:
             raise _Reject(f"a chunk of {c.num_rows} rows of {_tensor_name(want)} holds {len(c.data)} bytes, expected "
                           f"{c.num_rows * self._row_bytes} (whole rows of {self._header.hidden_size} values)")
-        block = np.frombuffer(c.data, dtype=self._dtype).reshape(c.num_rows, self._header.hidden_size)
-        self._targets[self._current][rows:rows + c.num_rows] = block
-        self._hasher.update(c.data)
+        # One pass per piece over bytes still in cache: hash, copy into place, scan the values.
+        target = self._targets[self._current]
+        data = memoryview(c.data)
+        step = max(1, _PIECE_BYTES // self._row_bytes)
+        for first in range(0, c.num_rows, step):
+            n = min(step, c.num_rows - first)
+            piece = data[first * self._row_bytes:(first + n) * self._row_bytes]
+            self._hasher.update(piece)
+            target[rows + first:rows + first + n] = np.frombuffer(piece, dtype=self._dtype).reshape(
+                n, self._header.hidden_size)
+            self._values[self._current].scan(piece)
         self._rows += c.num_rows
         if self._rows == tokens:
             self._digests.append(self._hasher.intdigest())
@@ -293,9 +391,45 @@ def _check_values(array: np.ndarray, names: list[str]) -> None:
     for l, ok in enumerate(nonzero):
         if not ok:
             raise _Reject(f"{names[l]} is all zeros")
+    raise AssertionError(f"hsx internal error: a value scan flagged {', '.join(names)}, _check_values found nothing")
 
 
-def assemble(responses: Iterable[hsx_pb2.ExtractResponse], expect: StreamExpectation,
+# Chunks are hashed, copied and scanned in pieces of about this size, so that
+# the three passes read bytes still in the core's cache.
+_PIECE_BYTES = 256 << 10
+_SCRATCH = threading.local()
+
+
+class _ValueScan:
+    """Whether one tensor's values, scanned piece by piece as they arrive, are
+    all finite with at least one non-zero: the checks _check_values makes, in one
+    pass of two vectorised operations. A value's bits without the sign are at
+    least the exponent mask exactly when its exponent is all ones (inf or nan),
+    and zero exactly when it is +-0; so the largest of them says both. clean is
+    False when either check fails; _check_values then names the failure."""
+
+    def __init__(self, dtype: str) -> None:
+        self._uint = np.dtype(np.uint32 if NUMPY_DTYPES[dtype].itemsize == 4 else np.uint16)
+        self._exponent = _EXPONENT[dtype]
+        self._magnitude = self._uint.type((1 << (8 * self._uint.itemsize - 1)) - 1)
+        self._finite = True
+        self._nonzero = False
+
+    @property
+    def clean(self) -> bool:
+        return self._finite and self._nonzero
+
+    def scan(self, piece: memoryview) -> None:
+        bits = np.frombuffer(piece, dtype=self._uint)
+        scratch = getattr(_SCRATCH, "buffer", None)
+        if scratch is None or scratch.nbytes < bits.nbytes or scratch.dtype != self._uint:
+            scratch = _SCRATCH.buffer = np.empty(max(bits.nbytes, _PIECE_BYTES) // self._uint.itemsize, self._uint)
+        largest = int(np.bitwise_and(bits, self._magnitude, out=scratch[:bits.size]).max())
+        self._finite &= largest < self._exponent
+        self._nonzero |= largest > 0
+
+
+def assemble(responses: Iterable[hsx_pb2.ExtractResponse | ChunkView], expect: StreamExpectation,
              loss_mask: Sequence[int] | None = None, use_torch: bool = False, index: int | None = None) -> Sample:
     """Reads one Extract stream and returns a verified Sample (or raises IntegrityError;
     a gRPC error of the stream propagates as grpc.RpcError)."""
@@ -329,6 +463,10 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(target, options=channel_options)
         self._stub = hsx_pb2_grpc.HiddenStatesStub(self._channel)
+        # Extract with parse_response: chunks' rows are read where grpcio put them.
+        self._extract = self._channel.unary_stream(
+            "/hsx.v1.HiddenStates/Extract", request_serializer=hsx_pb2.ExtractRequest.SerializeToString,
+            response_deserializer=parse_response)
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
         self.target = target
         self.timeout = timeout
@@ -388,7 +526,7 @@ class Client:
             sample_id=expect.sample_id, token_ids=token_ids, capture_ids=list(capture or []),
             dtype=DTYPES[dtype] if dtype else hsx_pb2.DTYPE_UNSPECIFIED, final_norm=final_norm)
         return self._call(lambda: assemble(
-            self._stub.Extract(request, timeout=self.timeout, metadata=self._metadata),
+            self._extract(request, timeout=self.timeout, metadata=self._metadata),
             expect, loss_mask=loss_mask, use_torch=torch, index=index))
 
     def extract_many(self, samples: Iterable[Sequence[int] | Mapping[str, Any]], concurrency: int = 8,
