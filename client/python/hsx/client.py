@@ -323,17 +323,11 @@ class StreamDecoder:
         if len(c.data) != c.num_rows * self._row_bytes:
             raise _Reject(f"a chunk of {c.num_rows} rows of {_tensor_name(want)} holds {len(c.data)} bytes, expected "
                           f"{c.num_rows * self._row_bytes} (whole rows of {self._header.hidden_size} values)")
-        # One pass per piece over bytes still in cache: hash, copy into place, scan the values.
-        target = self._targets[self._current]
-        data = memoryview(c.data)
-        step = max(1, _PIECE_BYTES // self._row_bytes)
-        for first in range(0, c.num_rows, step):
-            n = min(step, c.num_rows - first)
-            piece = data[first * self._row_bytes:(first + n) * self._row_bytes]
-            self._hasher.update(piece)
-            target[rows + first:rows + first + n] = np.frombuffer(piece, dtype=self._dtype).reshape(
-                n, self._header.hidden_size)
-            self._values[self._current].scan(piece)
+        # The rows are read where grpcio put them: hashed, copied into place once, scanned.
+        self._hasher.update(c.data)
+        self._targets[self._current][rows:rows + c.num_rows] = np.frombuffer(c.data, dtype=self._dtype).reshape(
+            c.num_rows, self._header.hidden_size)
+        self._values[self._current].scan(c.data)
         self._rows += c.num_rows
         if self._rows == tokens:
             self._digests.append(self._hasher.intdigest())
@@ -394,14 +388,11 @@ def _check_values(array: np.ndarray, names: list[str]) -> None:
     raise AssertionError(f"hsx internal error: a value scan flagged {', '.join(names)}, _check_values found nothing")
 
 
-# Chunks are hashed, copied and scanned in pieces of about this size, so that
-# the three passes read bytes still in the core's cache.
-_PIECE_BYTES = 256 << 10
-_SCRATCH = threading.local()
+_SCRATCH = threading.local()  # per thread: _ValueScan's scratch array
 
 
 class _ValueScan:
-    """Whether one tensor's values, scanned piece by piece as they arrive, are
+    """Whether one tensor's values, scanned chunk by chunk as they arrive, are
     all finite with at least one non-zero: the checks _check_values makes, in one
     pass of two vectorised operations. A value's bits without the sign are at
     least the exponent mask exactly when its exponent is all ones (inf or nan),
@@ -419,11 +410,12 @@ class _ValueScan:
     def clean(self) -> bool:
         return self._finite and self._nonzero
 
-    def scan(self, piece: memoryview) -> None:
-        bits = np.frombuffer(piece, dtype=self._uint)
+    def scan(self, data: bytes | memoryview) -> None:
+        """Takes the next rows' bytes."""
+        bits = np.frombuffer(data, dtype=self._uint)
         scratch = getattr(_SCRATCH, "buffer", None)
-        if scratch is None or scratch.nbytes < bits.nbytes or scratch.dtype != self._uint:
-            scratch = _SCRATCH.buffer = np.empty(max(bits.nbytes, _PIECE_BYTES) // self._uint.itemsize, self._uint)
+        if scratch is None or scratch.size < bits.size or scratch.dtype != self._uint:
+            scratch = _SCRATCH.buffer = np.empty(bits.size, self._uint)
         largest = int(np.bitwise_and(bits, self._magnitude, out=scratch[:bits.size]).max())
         self._finite &= largest < self._exponent
         self._nonzero |= largest > 0
