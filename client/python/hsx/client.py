@@ -223,15 +223,18 @@ class StreamDecoder:
         if not self._trailer:
             raise IntegrityError(f"{where}: the stream ended without a trailer ({self._current} of "
                                  f"{len(self._tensors)} tensors complete)")
-        names = [_tensor_name(c) for c in self._header.capture_ids]
-        layers = len(names)
+        layers = len(self._header.capture_ids)
+        checks = [(self._hidden_states, [_tensor_name(c) for c in self._header.capture_ids], self._values[:layers])]
+        if self._final is not None:
+            checks.append((self._final[:, None, :], ["the final-norm state"], self._values[layers:]))
         try:
             # The chunks were scanned as they came; _check_values finds and names
-            # the first bad value (in row order) only where a scan saw one.
-            if not all(v.clean for v in self._values[:layers]):
-                _check_values(self._hidden_states, names)
-            if self._final is not None and not self._values[layers].clean:
-                _check_values(self._final[:, None, :], ["the final-norm state"])
+            # the first bad value (in row order) where a scan saw one.
+            for array, names, scans in checks:
+                if not all(scan.clean for scan in scans):
+                    _check_values(array, names)
+                    raise AssertionError(f"hsx internal error: a value scan flagged {', '.join(names)}, "
+                                         "_check_values found nothing")
         except _Reject as reject:
             raise IntegrityError(f"{where}: {reject}") from None
         tensors = {"hidden_states": self._hidden_states, "token_ids": np.asarray(token_ids, dtype=np.int64)}
@@ -385,7 +388,6 @@ def _check_values(array: np.ndarray, names: list[str]) -> None:
     for l, ok in enumerate(nonzero):
         if not ok:
             raise _Reject(f"{names[l]} is all zeros")
-    raise AssertionError(f"hsx internal error: a value scan flagged {', '.join(names)}, _check_values found nothing")
 
 
 _SCRATCH = threading.local()  # per thread: _ValueScan's scratch array
