@@ -390,21 +390,23 @@ def _check_values(array: np.ndarray, names: list[str]) -> None:
             raise _Reject(f"{names[l]} is all zeros")
 
 
-_SCRATCH = threading.local()  # per thread: _ValueScan's scratch array
-
-
 class _ValueScan:
     """Whether one tensor's values, scanned chunk by chunk as they arrive, are
-    all finite with at least one non-zero: the checks _check_values makes, in one
-    pass of two vectorised operations. A value's bits without the sign are at
-    least the exponent mask exactly when its exponent is all ones (inf or nan),
-    and zero exactly when it is +-0; so the largest of them says both. clean is
-    False when either check fails; _check_values then names the failure."""
+    all finite with at least one non-zero: the checks _check_values makes, in two
+    read-only vectorised passes. A value's bits without the sign (its magnitude)
+    are at least the exponent mask exactly when its exponent is all ones (inf or
+    nan), and zero exactly when it is +-0; so the largest magnitude says both.
+    It is the larger of the largest value read as a signed integer (the values
+    with the sign clear) and the largest read as unsigned, less the sign bit (the
+    values with the sign set). clean is False when either check fails;
+    _check_values then names the failure."""
 
     def __init__(self, dtype: str) -> None:
-        self._uint = np.dtype(np.uint32 if NUMPY_DTYPES[dtype].itemsize == 4 else np.uint16)
+        bits = 8 * NUMPY_DTYPES[dtype].itemsize
+        self._int = np.dtype(f"<i{bits // 8}")
+        self._uint = np.dtype(f"<u{bits // 8}")
+        self._sign = 1 << (bits - 1)
         self._exponent = _EXPONENT[dtype]
-        self._magnitude = self._uint.type((1 << (8 * self._uint.itemsize - 1)) - 1)
         self._finite = True
         self._nonzero = False
 
@@ -414,11 +416,10 @@ class _ValueScan:
 
     def scan(self, data: bytes | memoryview) -> None:
         """Takes the next rows' bytes."""
-        bits = np.frombuffer(data, dtype=self._uint)
-        scratch = getattr(_SCRATCH, "buffer", None)
-        if scratch is None or scratch.size < bits.size or scratch.dtype != self._uint:
-            scratch = _SCRATCH.buffer = np.empty(bits.size, self._uint)
-        largest = int(np.bitwise_and(bits, self._magnitude, out=scratch[:bits.size]).max())
+        signed = np.frombuffer(data, dtype=self._int)
+        sign_clear = max(int(signed.max()), 0)  # negative when every value has the sign set
+        sign_set = max(int(signed.view(self._uint).max()) - self._sign, 0)  # below the sign bit when none has it
+        largest = max(sign_clear, sign_set)
         self._finite &= largest < self._exponent
         self._nonzero |= largest > 0
 
