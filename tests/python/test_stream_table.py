@@ -1,6 +1,7 @@
 """The shared malformed-stream table (tests/streams/malformed_streams.json) through
 the Python client: hsx.client.StreamDecoder behind Client's own error handling, fed
-the table's messages instead of a server's. tests/unit/stream_table_test.cc runs the
+the table's messages instead of a server's, both as the generated parser gives them
+and serialized and read back by Client's response deserializer (parse_response). tests/unit/stream_table_test.cc runs the
 same table through the C++ assembler; each case must reach the same verdict, with
 the same message fragment, in both."""
 
@@ -14,7 +15,7 @@ import pytest
 from google.protobuf import json_format
 
 import hsx
-from hsx.client import StreamExpectation, assemble
+from hsx.client import StreamExpectation, assemble, parse_response
 from hsx.v1 import hsx_pb2
 
 STREAMS = Path(__file__).resolve().parents[1] / "streams"
@@ -34,14 +35,17 @@ class StreamEnded(grpc.RpcError):
         return self._message
 
 
-def responses(case):
+def responses(case, wire=False):
+    """The case's messages as the generated parser gives them, or (wire) as
+    Client's deserializer gives them from their serialized bytes."""
     for message in case["messages"]:
-        yield json_format.ParseDict(message, hsx_pb2.ExtractResponse())
+        response = json_format.ParseDict(message, hsx_pb2.ExtractResponse())
+        yield parse_response(response.SerializeToString()) if wire else response
     if "end" in case:
         raise StreamEnded(grpc.StatusCode[case["end"]["code"]], case["end"]["message"])
 
 
-def judge(case):
+def judge(case, wire):
     """(verdict, message) of the Python client for one case: as Client.extract handles a stream."""
     r = case["request"]
     expect = StreamExpectation(sample_id=r["sample_id"], token_ids=tuple(r["token_ids"]),
@@ -49,7 +53,7 @@ def judge(case):
                                hidden_size=r["hidden_size"], num_layers=r["num_layers"], model_name=r["model_name"])
     client = hsx.Client("127.0.0.1:1", retries=0)  # never connects: only its error handling is used
     try:
-        client._call(lambda: assemble(responses(case), expect))
+        client._call(lambda: assemble(responses(case, wire), expect))
     except hsx.IntegrityError as error:
         return "data_loss", str(error)
     except hsx.ServerError as error:
@@ -59,9 +63,10 @@ def judge(case):
     return "ok", ""
 
 
+@pytest.mark.parametrize("wire", [False, True], ids=["parsed", "wire"])
 @pytest.mark.parametrize("case", TABLE, ids=[c["name"] for c in TABLE])
-def test_same_verdict_as_the_cpp_assembler(case):
-    verdict, message = judge(case)
+def test_same_verdict_as_the_cpp_assembler(case, wire):
+    verdict, message = judge(case, wire)
     assert verdict == case["verdict"], f"{case['what']}: {message}"
     assert case["message"] in message, f"{case['what']}: expected {case['message']!r} in {message!r}"
 
@@ -84,7 +89,7 @@ def test_an_accepted_stream_is_the_sample_sent():
     r = case["request"]
     expect = StreamExpectation(sample_id="s", token_ids=tuple(r["token_ids"]), capture_ids=tuple(r["capture_ids"]),
                                final_norm=True, hidden_size=4, num_layers=8, model_name="fake")
-    sample = assemble(responses(case), expect, loss_mask=[1, 0, 1, 1, 0], index=3)
+    sample = assemble(responses(case, wire=True), expect, loss_mask=[1, 0, 1, 1, 0], index=3)
     assert isinstance(sample, hsx.Sample) and sample.index == 3 and sample.sample_id == "s"
     assert sample.capture_ids == r["capture_ids"]
     assert sample["hidden_states"].shape == (5, 4, 4) and sample["final_norm_hidden_states"].shape == (5, 4)

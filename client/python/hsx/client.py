@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import grpc
 import numpy as np
@@ -87,6 +87,85 @@ def _dtype_name(value: int) -> str:
         return ""
 
 
+class ChunkView(NamedTuple):
+    """A Chunk's fields, its data a view of the received message's bytes (no copy)."""
+
+    capture_id: int
+    first_row: int
+    num_rows: int
+    data: bytes | memoryview
+
+
+def parse_response(message: bytes) -> hsx_pb2.ExtractResponse | ChunkView:
+    """The Extract stream's response deserializer: a ChunkView for a chunk as the
+    generated serializer writes it (ExtractResponse{chunk: Chunk{capture_id = 1,
+    first_row = 2, num_rows = 3, data = 4}}, each field at most once; what
+    format/response_framing.h sends), else the generated parser's
+    ExtractResponse. The generated parser copies a chunk's data twice (into the
+    message, and again on every read of .data); here it is a view of the
+    message. Anything else, unknown fields, repeats or malformed bytes included,
+    goes to the generated parser, so the result (or the DecodeError) is always
+    what it gives."""
+    return _parse_chunk(message) or hsx_pb2.ExtractResponse.FromString(message)
+
+
+_CHUNK_TAG = (2 << 3) | 2  # ExtractResponse.chunk, length-delimited
+_CHUNK_VARINTS = {(1 << 3) | 0: 0, (2 << 3) | 0: 1, (3 << 3) | 0: 2}  # tag -> index in ChunkView
+_DATA_TAG = (4 << 3) | 2
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """(value, next position) of the varint at pos as an unsigned 64-bit value;
+    (-1, pos) for one that is truncated, longer than 10 bytes or over 64 bits."""
+    value, shift = 0, 0
+    while pos < len(buf) and shift < 70:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (value, pos) if value < (1 << 64) else (-1, pos)
+        shift += 7
+    return -1, pos
+
+
+def _parse_chunk(buf: bytes) -> ChunkView | None:
+    """The ChunkView of a message that is one chunk and nothing else, each of its
+    fields at most once; None for any other message (parse_response's fast path)."""
+    if not buf or buf[0] != _CHUNK_TAG:
+        return None
+    size, pos = _varint(buf, 1)
+    if size < 0 or pos + size != len(buf):
+        return None
+    fields: list[Any] = [0, 0, 0, b""]
+    seen = set()
+    while pos < len(buf):
+        tag = buf[pos]  # one byte: the known tags are below 128 (a longer encoding goes to the generated parser)
+        pos += 1
+        if tag in seen:
+            return None
+        seen.add(tag)
+        if tag in _CHUNK_VARINTS:
+            value, pos = _varint(buf, pos)
+            if value < 0:
+                return None
+            fields[_CHUNK_VARINTS[tag]] = value
+        elif tag == _DATA_TAG:
+            size, pos = _varint(buf, pos)
+            if size < 0 or pos + size > len(buf):
+                return None
+            fields[3] = memoryview(buf)[pos:pos + size]
+            pos += size
+        else:  # an unknown field, or a known one with another wire type
+            return None
+    capture_id, first_row, num_rows, data = fields
+    # Two's complement as the generated parser reads them: int32 keeps the low 32 bits.
+    return ChunkView(_signed(capture_id & 0xFFFFFFFF, 32), _signed(first_row, 64), _signed(num_rows, 64), data)
+
+
+def _signed(value: int, bits: int) -> int:
+    return value - (1 << bits) if value >= 1 << (bits - 1) else value
+
+
 class StreamDecoder:
     """The checks and reassembly of one Extract response stream, message by
     message: a port of the C++ StreamAssembler (format/stream_assembler.cc) with
@@ -117,14 +196,16 @@ class StreamDecoder:
         self._digests: list[int] = []
         self._hidden_states: np.ndarray | None = None
         self._final: np.ndarray | None = None
+        self._values: list[_ValueScan] = []  # per tensor
 
     @property
     def complete(self) -> bool:
         """True once a valid trailer arrived."""
         return self._trailer
 
-    def consume(self, response: hsx_pb2.ExtractResponse) -> None:
-        """Takes the next message; raises IntegrityError if the stream is wrong."""
+    def consume(self, response: hsx_pb2.ExtractResponse | ChunkView) -> None:
+        """Takes the next message (as parse_response gives it, or the generated
+        ExtractResponse); raises IntegrityError if the stream is wrong."""
         if self._error is None:
             try:
                 self._dispatch(response)
@@ -142,11 +223,18 @@ class StreamDecoder:
         if not self._trailer:
             raise IntegrityError(f"{where}: the stream ended without a trailer ({self._current} of "
                                  f"{len(self._tensors)} tensors complete)")
-        names = [_tensor_name(c) for c in self._header.capture_ids]
+        layers = len(self._header.capture_ids)
+        checks = [(self._hidden_states, [_tensor_name(c) for c in self._header.capture_ids], self._values[:layers])]
+        if self._final is not None:
+            checks.append((self._final[:, None, :], ["the final-norm state"], self._values[layers:]))
         try:
-            _check_values(self._hidden_states, names)
-            if self._final is not None:
-                _check_values(self._final[:, None, :], ["the final-norm state"])
+            # The chunks were scanned as they came; _check_values finds and names
+            # the first bad value (in row order) where a scan saw one.
+            for array, names, scans in checks:
+                if not all(scan.clean for scan in scans):
+                    _check_values(array, names)
+                    raise AssertionError(f"hsx internal error: a value scan flagged {', '.join(names)}, "
+                                         "_check_values found nothing")
         except _Reject as reject:
             raise IntegrityError(f"{where}: {reject}") from None
         tensors = {"hidden_states": self._hidden_states, "token_ids": np.asarray(token_ids, dtype=np.int64)}
@@ -159,14 +247,18 @@ class StreamDecoder:
         return Sample(tensors, capture_ids=list(self._header.capture_ids), sample_id=self._expect.sample_id,
                       index=index)
 
-    def _dispatch(self, response: hsx_pb2.ExtractResponse) -> None:
+    def _dispatch(self, response: hsx_pb2.ExtractResponse | ChunkView) -> None:
         if self._trailer:
             raise _Reject("a message after the trailer")
+        if isinstance(response, ChunkView):
+            self._on_chunk(response)
+            return
         part = response.WhichOneof("part")
         if part == "header":
             self._on_header(response.header)
         elif part == "chunk":
-            self._on_chunk(response.chunk)
+            c = response.chunk
+            self._on_chunk(ChunkView(c.capture_id, c.first_row, c.num_rows, c.data))
         elif part == "trailer":
             self._on_trailer(response.trailer)
         elif part == "summary":
@@ -214,9 +306,10 @@ class StreamDecoder:
             self._final = np.empty((tokens, hidden), dtype=dtype)
             self._targets.append(self._final)
             self._tensors = ids + [FINAL_NORM]
+        self._values = [_ValueScan(e.dtype) for _ in self._tensors]
         self._hasher.reset()
 
-    def _on_chunk(self, c: hsx_pb2.Chunk) -> None:
+    def _on_chunk(self, c: ChunkView) -> None:
         if self._header is None:
             raise _Reject("a chunk before the header")
         if self._current >= len(self._tensors):
@@ -233,9 +326,11 @@ class StreamDecoder:
         if len(c.data) != c.num_rows * self._row_bytes:
             raise _Reject(f"a chunk of {c.num_rows} rows of {_tensor_name(want)} holds {len(c.data)} bytes, expected "
                           f"{c.num_rows * self._row_bytes} (whole rows of {self._header.hidden_size} values)")
-        block = np.frombuffer(c.data, dtype=self._dtype).reshape(c.num_rows, self._header.hidden_size)
-        self._targets[self._current][rows:rows + c.num_rows] = block
+        # The rows are read where grpcio put them: hashed, copied into place once, scanned.
         self._hasher.update(c.data)
+        self._targets[self._current][rows:rows + c.num_rows] = np.frombuffer(c.data, dtype=self._dtype).reshape(
+            c.num_rows, self._header.hidden_size)
+        self._values[self._current].scan(c.data)
         self._rows += c.num_rows
         if self._rows == tokens:
             self._digests.append(self._hasher.intdigest())
@@ -295,7 +390,41 @@ def _check_values(array: np.ndarray, names: list[str]) -> None:
             raise _Reject(f"{names[l]} is all zeros")
 
 
-def assemble(responses: Iterable[hsx_pb2.ExtractResponse], expect: StreamExpectation,
+class _ValueScan:
+    """Whether one tensor's values, scanned chunk by chunk as they arrive, are
+    all finite with at least one non-zero: the checks _check_values makes, in two
+    read-only vectorised passes. A value's bits without the sign (its magnitude)
+    are at least the exponent mask exactly when its exponent is all ones (inf or
+    nan), and zero exactly when it is +-0; so the largest magnitude says both.
+    It is the larger of the largest value read as a signed integer (the values
+    with the sign clear) and the largest read as unsigned, less the sign bit (the
+    values with the sign set). clean is False when either check fails;
+    _check_values then names the failure."""
+
+    def __init__(self, dtype: str) -> None:
+        bits = 8 * NUMPY_DTYPES[dtype].itemsize
+        self._int = np.dtype(f"<i{bits // 8}")
+        self._uint = np.dtype(f"<u{bits // 8}")
+        self._sign = 1 << (bits - 1)
+        self._exponent = _EXPONENT[dtype]
+        self._finite = True
+        self._nonzero = False
+
+    @property
+    def clean(self) -> bool:
+        return self._finite and self._nonzero
+
+    def scan(self, data: bytes | memoryview) -> None:
+        """Takes the next rows' bytes."""
+        signed = np.frombuffer(data, dtype=self._int)
+        sign_clear = max(int(signed.max()), 0)  # negative when every value has the sign set
+        sign_set = max(int(signed.view(self._uint).max()) - self._sign, 0)  # below the sign bit when none has it
+        largest = max(sign_clear, sign_set)
+        self._finite &= largest < self._exponent
+        self._nonzero |= largest > 0
+
+
+def assemble(responses: Iterable[hsx_pb2.ExtractResponse | ChunkView], expect: StreamExpectation,
              loss_mask: Sequence[int] | None = None, use_torch: bool = False, index: int | None = None) -> Sample:
     """Reads one Extract stream and returns a verified Sample (or raises IntegrityError;
     a gRPC error of the stream propagates as grpc.RpcError)."""
@@ -329,6 +458,10 @@ class Client:
         else:
             self._channel = grpc.insecure_channel(target, options=channel_options)
         self._stub = hsx_pb2_grpc.HiddenStatesStub(self._channel)
+        # Extract with parse_response: chunks' rows are read where grpcio put them.
+        self._extract = self._channel.unary_stream(
+            "/hsx.v1.HiddenStates/Extract", request_serializer=hsx_pb2.ExtractRequest.SerializeToString,
+            response_deserializer=parse_response)
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
         self.target = target
         self.timeout = timeout
@@ -388,7 +521,7 @@ class Client:
             sample_id=expect.sample_id, token_ids=token_ids, capture_ids=list(capture or []),
             dtype=DTYPES[dtype] if dtype else hsx_pb2.DTYPE_UNSPECIFIED, final_norm=final_norm)
         return self._call(lambda: assemble(
-            self._stub.Extract(request, timeout=self.timeout, metadata=self._metadata),
+            self._extract(request, timeout=self.timeout, metadata=self._metadata),
             expect, loss_mask=loss_mask, use_torch=torch, index=index))
 
     def extract_many(self, samples: Iterable[Sequence[int] | Mapping[str, Any]], concurrency: int = 8,
