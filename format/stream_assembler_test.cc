@@ -374,6 +374,21 @@ TEST(StreamAssemblerTest, VerifyOnlyFromSlicesCutMidValueGivesTheAssemblingVerdi
   EXPECT_EQ(v.hidden_states_bytes(), static_cast<int64_t>(a.hidden_states.size()));
 }
 
+// The input line and model facts of the files these tests write.
+InputSample FileInput() {
+  InputSample input;
+  input.id = "s-1";
+  input.input_ids = kTokenIds;
+  return input;
+}
+
+SampleFileInfo FileInfo() {
+  SampleFileInfo info;
+  info.model_name = "tiny";
+  info.num_layers = 7;
+  return info;
+}
+
 std::string FileBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -389,14 +404,10 @@ std::string FileBytes(const std::string& path) {
 // path (a copy of each chunk's data) must write the same file too.
 TEST(StreamAssemblerTest, KeptSlicesWriteTheFileTheAssembledCopyWrites) {
   const std::vector<std::vector<size_t>> cut_patterns = {{1}, {3}, {5, 1, 7, 3}, {13, 2, 9}, {1000}};
-  InputSample input;
-  input.id = "s-1";
+  InputSample input = FileInput();
   input.index = 4;
-  input.input_ids = kTokenIds;
   input.loss_mask = std::vector<int64_t>{0, 1, 1, 0, 1};
-  SampleFileInfo info;
-  info.model_name = "tiny";
-  info.num_layers = 7;
+  const SampleFileInfo info = FileInfo();
   const std::string dir = ::testing::TempDir();
   for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
     for (const std::vector<int>& ids : {kIds, std::vector<int>{3}}) {
@@ -453,17 +464,11 @@ TEST(StreamAssemblerTest, MisshapenKeptPiecesWriteNoFile) {
   StreamAssembler keeping(Expect(OutputDType::kBf16, true), StreamAssembler::Mode::kKeepReceived);
   ASSERT_TRUE(Feed(keeping, Stream(OutputDType::kBf16, true)).ok());
   EncodedSample sample = keeping.Take();
-  InputSample input;
-  input.id = "s-1";
-  input.input_ids = kTokenIds;
-  SampleFileInfo info;
-  info.model_name = "tiny";
-  info.num_layers = 7;
   const std::string path = ::testing::TempDir() + "/misshapen.safetensors";
   // one layer's row moved to another: the totals match, the layers do not
   sample.received->tensors[1].push_back(sample.received->tensors[0].back());
   sample.received->tensors[0].pop_back();
-  const absl::Status s = WriteSampleFile(path, input, sample, info);
+  const absl::Status s = WriteSampleFile(path, FileInput(), sample, FileInfo());
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(s.message(), HasSubstr("misshapen states"));
   EXPECT_TRUE(FileBytes(path).empty());
@@ -484,12 +489,8 @@ TEST(StreamAssemblerTest, HandsOnTheVerifiedDigestsOfContiguousTensors) {
     if (ids.size() == 1) {
       EXPECT_EQ(*got.hidden_states_xxh64, Xxh64(got.hidden_states.data(), got.hidden_states.size()));
     }
-    InputSample input;
-    input.id = "s-1";
-    input.input_ids = kTokenIds;
-    SampleFileInfo info;
-    info.model_name = "tiny";
-    info.num_layers = 7;
+    const InputSample input = FileInput();
+    const SampleFileInfo info = FileInfo();
     const std::string dir = ::testing::TempDir();
     WrittenDigest with, without;
     ASSERT_TRUE(WriteSampleFile(dir + "/with.safetensors", input, got, info, &with).ok());
