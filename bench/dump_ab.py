@@ -32,6 +32,9 @@ def main():
     parser.add_argument("--mode", choices=["disk", "discard"], default="disk")
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--capture", default="0",
+                        help="hsx-dump's --capture (the model has one layer: ids 0 and 1; 0,1 streams two)")
+    parser.add_argument("--final-norm", action="store_true", help="hsx-dump's --final-norm")
     parser.add_argument("--bin-dir", default=str(REPO / "build" / "bin"), help="hsx-server and hsx-make-model")
     args = parser.parse_args()
     if args.repeats < 3:
@@ -40,17 +43,24 @@ def main():
     with sc.workspace(bin_dir, "hsx-dump-ab-") as (work, model, samples):
         binaries = {"A": args.a, "B": args.b}
         results = {"A": [], "B": []}
+        rss = {"A": [], "B": []}
         with HsxServer(bin_dir, model, "--capture", "0", "--max-batch-tokens", "8192") as server:
             for r in range(args.repeats + 1):  # round 0 warms up
                 for name in (["A", "B"] if r % 2 == 0 else ["B", "A"]):
+                    usage = {}
                     nbytes, cpu = sc.run_dump(binaries[name], server.address, samples, work / "out", args.dtype,
-                                              args.mode == "discard")
+                                              args.mode == "discard", args.capture, args.final_norm, usage)
                     if r > 0:
                         results[name].append(cpu * 1e9 / nbytes)
-        print(f"hsx-dump {args.mode}, {args.dtype}, {args.repeats} interleaved repeats, CPU-ns per byte:")
+                        rss[name].append(usage["usage"].ru_maxrss / 1024)  # KiB -> MiB
+        print(f"hsx-dump {args.mode}, {args.dtype}, --capture {args.capture}{' --final-norm' if args.final_norm else ''},"
+              f" {args.repeats} interleaved repeats, CPU-ns per byte:")
         for name in ("A", "B"):
             print(f"  {name} {sc.fmt(results[name])}  {binaries[name]}")
         print(f"  B / A {statistics.median(results['B']) / statistics.median(results['A']):.2f}")
+        print("peak RSS, MiB:")
+        for name in ("A", "B"):
+            print(f"  {name} {statistics.median(rss[name]):.0f} [{min(rss[name]):.0f}-{max(rss[name]):.0f}]")
 
 
 if __name__ == "__main__":

@@ -52,8 +52,9 @@ TICK = os.sysconf("SC_CLK_TCK")
 CHUNK = 1 << 20
 
 
-def child(cmd, **kwargs):
-    """Runs cmd to completion; returns (stdout, CPU seconds of the child from wait4)."""
+def child(cmd, usage_out=None, **kwargs):
+    """Runs cmd to completion; returns (stdout, CPU seconds of the child from wait4); the whole
+    rusage goes to usage_out["usage"] when usage_out is given."""
     proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
     # communicate() would reap the child through waitpid: read the pipes, then wait4 here.
     # (stderr is read after stdout: the children write little to it.)
@@ -63,6 +64,8 @@ def child(cmd, **kwargs):
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{err}")
+    if usage_out is not None:
+        usage_out["usage"] = usage
     return out, usage.ru_utime + usage.ru_stime
 
 
@@ -123,12 +126,14 @@ def write_samples(path, count, vocab, lo, hi, seed=0):
     return path
 
 
-def run_dump(hsx_dump, address, samples, out_dir, dtype, discard):
+def run_dump(hsx_dump, address, samples, out_dir, dtype, discard, capture="0", final_norm=False, usage_out=None):
     """One hsx-dump pass of the set-up (--capture 0, --concurrency 4) into a fresh out_dir, removed
-    afterwards: (bytes it reports, its CPU seconds)."""
+    afterwards: (bytes it reports, its CPU seconds); its rusage to usage_out["usage"] if given."""
     shutil.rmtree(out_dir, ignore_errors=True)
-    stdout, cpu = child([hsx_dump, "--server", address, "--input", samples, "--out", out_dir, "--capture", "0",
-                         "--dtype", dtype, "--concurrency", "4", *(["--discard"] if discard else [])])
+    stdout, cpu = child([hsx_dump, "--server", address, "--input", samples, "--out", out_dir, "--capture", capture,
+                         *(["--final-norm"] if final_norm else []),
+                         "--dtype", dtype, "--concurrency", "4", *(["--discard"] if discard else [])],
+                        usage_out=usage_out)
     shutil.rmtree(out_dir, ignore_errors=True)
     m = SUMMARY.search(stdout)
     if not m:

@@ -2,6 +2,8 @@
 #include "format/safetensors_writer.h"
 
 #include <fcntl.h>
+#include <limits.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,14 +46,22 @@ class TempFile {
     return absl::OkStatus();
   }
 
-  absl::Status Append(std::span<const uint8_t> bytes) {
-    while (!bytes.empty()) {
-      const ssize_t written = ::write(fd_, bytes.data(), bytes.size());
+  // Writes the pieces `io` (at most IOV_MAX) in order; `io` is used up.
+  absl::Status AppendV(std::span<iovec> io) {
+    while (!io.empty()) {
+      const ssize_t written = ::writev(fd_, io.data(), static_cast<int>(io.size()));
       if (written < 0) {
         if (errno == EINTR) continue;
         return Error("write failed");
       }
-      bytes = bytes.subspan(static_cast<size_t>(written));
+      // A short write: skip what went out, resume inside the piece it ended in.
+      for (size_t left = static_cast<size_t>(written); left > 0 || (!io.empty() && io[0].iov_len == 0);) {
+        const size_t n = std::min(left, io[0].iov_len);
+        io[0].iov_base = static_cast<char*>(io[0].iov_base) + n;
+        io[0].iov_len -= n;
+        left -= n;
+        if (io[0].iov_len == 0) io = io.subspan(1);
+      }
     }
     return absl::OkStatus();
   }
@@ -94,7 +104,9 @@ class TempFile {
 };
 
 // Hashes what goes to a TempFile, in blocks small enough to still be in the
-// cache when the kernel copies them (one pass over memory for both).
+// cache when the kernel copies them (one pass over memory for both): each
+// block is up to kBlock bytes of one or more pieces, hashed piece by piece,
+// then written with one writev(2).
 class HashingAppender {
  public:
   HashingAppender(TempFile& file, bool hash) : file_(file), state_(hash ? XXH64_createState() : nullptr) {
@@ -104,16 +116,36 @@ class HashingAppender {
     if (state_ != nullptr) XXH64_freeState(state_);
   }
 
-  absl::Status Append(std::span<const uint8_t> bytes) {
+  absl::Status Append(std::span<const uint8_t> bytes) { return AppendPieces({&bytes, 1}); }
+
+  absl::Status AppendPieces(std::span<const std::span<const uint8_t>> pieces) {
     constexpr size_t kBlock = 256 << 10;
-    while (!bytes.empty()) {
-      const std::span<const uint8_t> block = bytes.first(std::min(bytes.size(), kBlock));
-      if (state_ != nullptr) XXH64_update(state_, block.data(), block.size());
-      if (absl::Status s = file_.Append(block); !s.ok()) return s;
-      bytes_ += block.size();
-      bytes = bytes.subspan(block.size());
+    constexpr size_t kMaxPieces = IOV_MAX < 1024 ? IOV_MAX : 1024;
+    std::vector<iovec> block;
+    size_t block_bytes = 0;
+    auto flush = [&]() -> absl::Status {
+      if (block.empty()) return absl::OkStatus();
+      if (state_ != nullptr) {
+        for (const iovec& io : block) XXH64_update(state_, io.iov_base, io.iov_len);
+      }
+      bytes_ += block_bytes;
+      absl::Status s = file_.AppendV(block);
+      block.clear();
+      block_bytes = 0;
+      return s;
+    };
+    for (std::span<const uint8_t> piece : pieces) {
+      while (!piece.empty()) {  // a piece larger than a block is cut into blocks
+        const size_t n = std::min(piece.size(), kBlock - block_bytes);
+        block.push_back({const_cast<uint8_t*>(piece.data()), n});
+        block_bytes += n;
+        piece = piece.subspan(n);
+        if (block_bytes == kBlock || block.size() == kMaxPieces) {
+          if (absl::Status s = flush(); !s.ok()) return s;
+        }
+      }
     }
-    return absl::OkStatus();
+    return flush();
   }
 
   // A hole: hashed as the zeros it reads back as.
@@ -150,7 +182,14 @@ void SafetensorsWriter::AddView(std::string name, DType dtype, std::vector<int64
                                 std::span<const uint8_t> bytes) {
   uint64_t size = static_cast<uint64_t>(DTypeSize(dtype));
   for (int64_t dim : shape) size *= static_cast<uint64_t>(dim);
-  entries_.push_back({std::move(name), dtype, std::move(shape), nullptr, bytes, size});
+  entries_.push_back({std::move(name), dtype, std::move(shape), nullptr, {bytes}, size});
+}
+
+void SafetensorsWriter::AddPieces(std::string name, DType dtype, std::vector<int64_t> shape,
+                                  std::vector<std::span<const uint8_t>> pieces) {
+  uint64_t size = static_cast<uint64_t>(DTypeSize(dtype));
+  for (int64_t dim : shape) size *= static_cast<uint64_t>(dim);
+  entries_.push_back({std::move(name), dtype, std::move(shape), nullptr, std::move(pieces), size});
 }
 
 void SafetensorsWriter::AddBytes(std::string name, DType dtype, std::vector<int64_t> shape,
@@ -203,11 +242,13 @@ absl::Status SafetensorsWriter::Write(const std::string& path, WrittenDigest* di
       continue;
     }
     if (!entry->fill) {  // a view: written from the caller's memory
-      if (entry->view.size() != entry->bytes) {
-        return absl::InternalError(absl::StrCat(path, ": tensor ", entry->name, " has ", entry->view.size(),
+      uint64_t size = 0;
+      for (const std::span<const uint8_t>& piece : entry->view) size += piece.size();
+      if (size != entry->bytes) {
+        return absl::InternalError(absl::StrCat(path, ": tensor ", entry->name, " has ", size,
                                                 " bytes for a shape of ", entry->bytes));
       }
-      if (absl::Status s = out.Append(entry->view); !s.ok()) return s;
+      if (absl::Status s = out.AppendPieces(entry->view); !s.ok()) return s;
       continue;
     }
     buffer.assign(entry->bytes, 0);
@@ -222,8 +263,8 @@ absl::Status SafetensorsWriter::Write(const std::string& path, WrittenDigest* di
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
   TempFile file(path);
   if (absl::Status s = file.Open(); !s.ok()) return s;
-  if (absl::Status s = file.Append({reinterpret_cast<const uint8_t*>(contents.data()),
-                                    contents.size()});
+  HashingAppender out(file, /*hash=*/false);
+  if (absl::Status s = out.Append({reinterpret_cast<const uint8_t*>(contents.data()), contents.size()});
       !s.ok()) {
     return s;
   }

@@ -43,6 +43,10 @@ class SafetensorsWriter {
   // unchanged until Write() returns.
   void AddView(std::string name, DType dtype, std::vector<int64_t> shape,
                std::span<const uint8_t> bytes);
+  // The same for bytes that lie in several pieces of memory: the tensor is
+  // `pieces` one after the other, written with writev(2) straight from them.
+  void AddPieces(std::string name, DType dtype, std::vector<int64_t> shape,
+                 std::vector<std::span<const uint8_t>> pieces);
   void SetMetadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
   // Tensors of at least `bytes` bytes are not filled: Write() leaves them as
   // holes in the file, which read back as zeros (and take no disk space).
@@ -54,8 +58,8 @@ class SafetensorsWriter {
 
   // Writes everything added to `path` (temporary file, fsync, rename). When
   // `digest` is set, fills it with the file's size and XXH64, hashed block
-  // by block just before each block is written, so it equals a digest of
-  // the file read back.
+  // by block (piece by piece) just before each block is written, so it
+  // equals a digest of the file read back.
   absl::Status Write(const std::string& path, WrittenDigest* digest = nullptr) const;
 
  private:
@@ -63,8 +67,8 @@ class SafetensorsWriter {
     std::string name;
     DType dtype;
     std::vector<int64_t> shape;
-    Fill fill;                        // empty for a view
-    std::span<const uint8_t> view;    // AddView's bytes
+    Fill fill;                                  // empty for a view
+    std::vector<std::span<const uint8_t>> view;  // AddView's bytes, AddPieces' pieces
     uint64_t bytes;
   };
   std::vector<Entry> entries_;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -123,37 +124,83 @@ absl::Status CheckSampleValues(const EncodedSample& sample, const std::vector<st
   return absl::OkStatus();
 }
 
+namespace {
+
+// The sample's hidden states and final norm as pieces in file order: its
+// blocks, or the received pieces, hidden_states' rows walked t-major (row t
+// of every layer, then row t + 1). False when the received tensors are
+// misshapen.
+bool FilePieces(const EncodedSample& sample, std::vector<BytePiece>* hidden, std::vector<BytePiece>* final_norm) {
+  if (!sample.received) {
+    hidden->push_back(sample.hidden_states.bytes());
+    if (sample.has_final_norm) final_norm->push_back(sample.final_norm.bytes());
+    return true;
+  }
+  const ReceivedStates& received = *sample.received;
+  const size_t layers = sample.capture_ids.size();
+  const int64_t row = sample.hidden * OutputDTypeSize(sample.dtype);
+  if (received.tensors.size() != layers + (sample.has_final_norm ? 1 : 0)) return false;
+  for (size_t i = 0; i < received.tensors.size(); ++i) {
+    if (received.bytes(i, 1) != sample.tokens * row) return false;
+  }
+  if (sample.has_final_norm) *final_norm = received.tensors[layers];
+  if (layers == 1) {
+    *hidden = received.tensors[0];
+    return true;
+  }
+  std::vector<PieceReader> readers;
+  for (size_t l = 0; l < layers; ++l) readers.emplace_back(received.tensors[l]);
+  hidden->reserve(static_cast<size_t>(sample.tokens) * layers);
+  for (int64_t t = 0; t < sample.tokens; ++t) {
+    for (PieceReader& reader : readers) {
+      if (!reader.Take(static_cast<uint64_t>(row), hidden)) return false;
+    }
+  }
+  return true;
+}
+
+std::string PiecesXxh64Hex(const std::vector<BytePiece>& pieces) {
+  XXH64_state_t* state = XXH64_createState();
+  XXH64_reset(state, 0);
+  for (const BytePiece& piece : pieces) XXH64_update(state, piece.data(), piece.size());
+  const uint64_t digest = XXH64_digest(state);
+  XXH64_freeState(state);
+  return absl::StrFormat("%016x", digest);
+}
+
+}  // namespace
+
 absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
                              const EncodedSample& sample, const SampleFileInfo& info,
                              WrittenDigest* digest) {
   const int64_t tokens = sample.tokens;
   const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());
   const int64_t size = OutputDTypeSize(sample.dtype);
-  if (tokens != static_cast<int64_t>(input.input_ids.size()) ||
-      static_cast<int64_t>(sample.hidden_states.size()) != tokens * layers * sample.hidden * size ||
-      (sample.has_final_norm &&
-       static_cast<int64_t>(sample.final_norm.size()) != tokens * sample.hidden * size)) {
+  std::vector<BytePiece> hidden_pieces, final_pieces;
+  if (tokens != static_cast<int64_t>(input.input_ids.size()) || sample.dropped ||
+      sample.hidden_states_bytes() != tokens * layers * sample.hidden * size ||
+      (sample.has_final_norm && sample.final_norm_bytes() != tokens * sample.hidden * size) ||
+      !FilePieces(sample, &hidden_pieces, &final_pieces)) {
     return absl::InternalError(absl::StrCat("sample ", input.index, ": ", tokens,
                                             " rows of states for ", input.input_ids.size(),
                                             " tokens, or misshapen states"));
   }
   SafetensorsWriter writer;
   nlohmann::ordered_json checksums = nlohmann::ordered_json::object();
-  // The writer writes these views straight to the file (no copy of the
+  // The writer writes these pieces straight to the file (no copy of the
   // states); `sample`, `ids` and `input` outlive writer.Write below.
   auto add = [&](const std::string& name, DType type, std::vector<int64_t> shape,
-                 std::span<const uint8_t> bytes, std::optional<uint64_t> known = std::nullopt) {
-    checksums[name] = known ? absl::StrFormat("%016x", *known) : Xxh64Hex(bytes.data(), bytes.size());
-    writer.AddView(name, type, std::move(shape), bytes);
+                 std::vector<BytePiece> pieces, std::optional<uint64_t> known = std::nullopt) {
+    checksums[name] = known ? absl::StrFormat("%016x", *known) : PiecesXxh64Hex(pieces);
+    writer.AddPieces(name, type, std::move(shape), std::move(pieces));
   };
   const DType type = ToSafetensorsDType(sample.dtype);
-  add("hidden_states", type, {tokens, layers, sample.hidden}, sample.hidden_states.bytes(),
-      sample.hidden_states_xxh64);
+  add("hidden_states", type, {tokens, layers, sample.hidden}, std::move(hidden_pieces), sample.hidden_states_xxh64);
   const std::vector<int64_t> ids(input.input_ids.begin(), input.input_ids.end());
-  add("token_ids", DType::kI64, {tokens}, AsBytes(ids));
-  if (input.loss_mask) add("loss_mask", DType::kI64, {tokens}, AsBytes(*input.loss_mask));
+  add("token_ids", DType::kI64, {tokens}, {AsBytes(ids)});
+  if (input.loss_mask) add("loss_mask", DType::kI64, {tokens}, {AsBytes(*input.loss_mask)});
   if (sample.has_final_norm) {
-    add("final_norm_hidden_states", type, {tokens, sample.hidden}, sample.final_norm.bytes(), sample.final_norm_xxh64);
+    add("final_norm_hidden_states", type, {tokens, sample.hidden}, std::move(final_pieces), sample.final_norm_xxh64);
   }
   const bool has_last = !sample.capture_ids.empty() && sample.capture_ids.back() == info.num_layers;
   writer.SetMetadata("format", "pt");

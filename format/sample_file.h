@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -24,6 +25,7 @@
 #include "format/encoding.h"
 #include "format/input_sample.h"
 #include "format/layer_convention.h"
+#include "format/piece_reader.h"
 #include "format/safetensors.h"
 #include "format/safetensors_writer.h"
 #include "format/sample_states.h"
@@ -58,6 +60,27 @@ struct DroppedStates {
   int64_t final_norm_bytes = 0;
 };
 
+// The states of a sample as a receiver kept them: the pieces of memory they
+// arrived in (StreamAssembler's kKeepReceived mode keeps gRPC's received
+// slices), not copied into one block. WriteSampleFile writes the file from
+// these pieces, in file order.
+struct ReceivedStates {
+  // One entry per tensor, in stream order: each capture id's [T, H] rows,
+  // then the final norm's; each the tensor's bytes as pieces, in order (a
+  // row may be split between two pieces).
+  std::vector<std::vector<BytePiece>> tensors;
+  // Keeps the pieces' memory alive (the received slices).
+  std::shared_ptr<const void> owner;
+
+  int64_t bytes(size_t first, size_t count) const {
+    int64_t total = 0;
+    for (size_t i = first; i < first + count && i < tensors.size(); ++i) {
+      for (const BytePiece& piece : tensors[i]) total += static_cast<int64_t>(piece.size());
+    }
+    return total;
+  }
+};
+
 // One sample's states already in the output dtype: what an Extractor
 // delivers, so that remote bytes go to disk without a decode/encode round trip.
 struct EncodedSample {
@@ -82,12 +105,19 @@ struct EncodedSample {
   // hidden_states and final_norm are then empty, values_checked holds the
   // value checks, and this the numbers of bytes that arrived.
   std::optional<DroppedStates> dropped;
+  // Set by a receiver that kept the states in the memory they arrived in
+  // (StreamAssembler's kKeepReceived mode, hsx-dump writing files):
+  // hidden_states and final_norm are then empty, values_checked holds the
+  // value checks, and this the bytes.
+  std::optional<ReceivedStates> received;
 
-  // Bytes of each tensor: held, or received and dropped.
+  // Bytes of each tensor: held, kept as received, or received and dropped.
   int64_t hidden_states_bytes() const {
+    if (received) return received->bytes(0, capture_ids.size());
     return dropped ? dropped->hidden_states_bytes : static_cast<int64_t>(hidden_states.size());
   }
   int64_t final_norm_bytes() const {
+    if (received) return has_final_norm ? received->bytes(capture_ids.size(), 1) : 0;
     return dropped ? dropped->final_norm_bytes : static_cast<int64_t>(final_norm.size());
   }
 };
@@ -111,7 +141,9 @@ absl::Status CheckSampleValues(const EncodedSample& sample, const std::vector<st
 std::string SampleFileName(int64_t index);
 
 // Writes one sample's file from its encoded states (see EncodeSampleStates),
-// straight from their memory. When `digest` is set, fills it with the file's
+// straight from their memory: from hidden_states and final_norm, or from the
+// pieces of `sample.received` (the same bytes: hidden_states' rows taken
+// layer by layer, row by row, from the layers' pieces). When `digest` is set, fills it with the file's
 // size and XXH64, computed while writing (equal to hashing the file read back).
 absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
                              const EncodedSample& sample, const SampleFileInfo& info,

@@ -97,15 +97,20 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
   sample_.dtype = expect_.dtype;
   sample_.has_final_norm = h.final_norm();
   row_bytes_ = sample_.hidden * OutputDTypeSize(sample_.dtype);
+  tensors_ = ids;
+  if (sample_.has_final_norm) tensors_.push_back(-1);
   if (mode_ == Mode::kAssemble) {
     // Not zero-filled: the chunks write every byte before the trailer is accepted.
     sample_.hidden_states = StateBytes(static_cast<size_t>(tokens * static_cast<int64_t>(ids.size()) * row_bytes_));
     if (sample_.has_final_norm) sample_.final_norm = StateBytes(static_cast<size_t>(tokens * row_bytes_));
+  } else if (mode_ == Mode::kKeepReceived) {
+    kept_ = std::make_shared<std::vector<std::vector<grpc::Slice>>>();
+    sample_.received.emplace();
+    sample_.received->tensors.resize(tensors_.size());
+    sample_.received->owner = kept_;
   } else {
     sample_.dropped.emplace();
   }
-  tensors_ = ids;
-  if (sample_.has_final_norm) tensors_.push_back(-1);
   sample_.values_checked = EncodedValueCheck{std::vector<char>(tensors_.size(), 0),
                                              std::vector<int64_t>(tensors_.size(), -1),
                                              std::vector<float>(tensors_.size(), 0.0f)};
@@ -114,11 +119,17 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
 }
 
 absl::Status StreamAssembler::OnChunk(const v1::Chunk& c) {
-  return OnChunkData(c.capture_id(), c.first_row(), c.num_rows(), {{c.data().data(), c.data().size()}});
+  std::vector<grpc::Slice> slices;
+  BytePiece data(reinterpret_cast<const uint8_t*>(c.data().data()), c.data().size());
+  if (mode_ == Mode::kKeepReceived) {  // the message dies: keep a copy of its data
+    slices.emplace_back(c.data().data(), c.data().size());
+    data = BytePiece(slices[0].begin(), slices[0].size());
+  }
+  return OnChunkData(c.capture_id(), c.first_row(), c.num_rows(), {data}, &slices);
 }
 
 absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row, int64_t num_rows,
-                                          const Pieces& data) {
+                                          const Pieces& data, std::vector<grpc::Slice>* slices) {
   if (trailer_) return absl::DataLossError("a message after the trailer");
   if (!header_) return absl::DataLossError("a chunk before the header");
   if (current_ >= tensors_.size()) {
@@ -142,7 +153,7 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
                                             ") of ", TensorName(want), " are outside [0, ", tokens, ")"));
   }
   size_t size = 0;
-  for (const auto& piece : data) size += piece.second;
+  for (const BytePiece& piece : data) size += piece.size();
   if (static_cast<int64_t>(size) != num_rows * row_bytes_) {
     return absl::DataLossError(absl::StrCat("a chunk of ", num_rows, " rows of ", TensorName(want), " holds ",
                                             size, " bytes, expected ", num_rows * row_bytes_,
@@ -152,16 +163,22 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
   // still in L1.
   constexpr size_t kBlock = 16 << 10;
   int64_t offset = 0;
-  for (const auto& [bytes, length] : data) {
-    for (size_t done = 0; done < length;) {
-      const size_t n = std::min(length - done, kBlock);
+  for (const BytePiece& piece : data) {
+    const char* bytes = reinterpret_cast<const char*>(piece.data());
+    for (size_t done = 0; done < piece.size();) {
+      const size_t n = std::min(piece.size() - done, kBlock);
       if (mode_ == Mode::kAssemble) CopyIntoSample(bytes + done, n, offset);
       HashAndCheck(bytes + done, n);
       done += n;
       offset += static_cast<int64_t>(n);
     }
   }
-  if (mode_ == Mode::kVerifyOnly) {
+  if (mode_ == Mode::kKeepReceived) {
+    // The pieces stay valid: moving the vector keeps its elements in place.
+    std::vector<BytePiece>& pieces = sample_.received->tensors[current_];
+    pieces.insert(pieces.end(), data.begin(), data.end());
+    kept_->push_back(std::move(*slices));
+  } else if (mode_ == Mode::kVerifyOnly) {
     (want < 0 ? sample_.dropped->final_norm_bytes : sample_.dropped->hidden_states_bytes) += offset;
   }
   rows_ += num_rows;
@@ -230,63 +247,15 @@ void StreamAssembler::CheckValues(const char* bytes, int64_t count) {
   values_ += count;
 }
 
-namespace {
-
-// Reads protobuf wire data across received slices without copying them.
-class SliceReader {
- public:
-  explicit SliceReader(const std::vector<grpc::Slice>& slices) : slices_(slices) { Skip(); }
-  bool done() const { return index_ == slices_.size(); }
-  bool Byte(uint8_t* out) {
-    if (done()) return false;
-    *out = slices_[index_].begin()[at_++];
-    Skip();
-    return true;
-  }
-  bool Varint(uint64_t* out) {
-    *out = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      uint8_t b;
-      if (!Byte(&b)) return false;
-      *out |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if ((b & 0x80) == 0) return true;
-    }
-    return false;
-  }
-  // The next `length` bytes as pieces of the slices.
-  bool Take(uint64_t length, std::vector<std::pair<const char*, size_t>>* pieces) {
-    while (length > 0) {
-      if (done()) return false;
-      const grpc::Slice& slice = slices_[index_];
-      const size_t n = std::min<uint64_t>(length, slice.size() - at_);
-      pieces->emplace_back(reinterpret_cast<const char*>(slice.begin()) + at_, n);
-      at_ += n;
-      length -= n;
-      Skip();
-    }
-    return true;
-  }
-
- private:
-  void Skip() {
-    while (index_ < slices_.size() && at_ == slices_[index_].size()) {
-      ++index_;
-      at_ = 0;
-    }
-  }
-  const std::vector<grpc::Slice>& slices_;
-  size_t index_ = 0;
-  size_t at_ = 0;
-};
-
-}  // namespace
-
 absl::Status StreamAssembler::Consume(const grpc::ByteBuffer& message) {
   if (!error_.ok()) return error_;
   std::vector<grpc::Slice> slices;
   if (!message.Dump(&slices).ok()) return error_ = absl::DataLossError("an unreadable response message");
   // The fast path: exactly ExtractResponse{chunk: {fields 1-4}}.
-  SliceReader reader(slices);
+  std::vector<BytePiece> received;
+  received.reserve(slices.size());
+  for (const grpc::Slice& slice : slices) received.emplace_back(slice.begin(), slice.size());
+  PieceReader reader(received);
   uint8_t tag = 0;
   uint64_t length = 0;
   if (reader.Byte(&tag) && tag == ((2 << 3) | 2) && reader.Varint(&length) && length == message.Length() -
@@ -311,7 +280,7 @@ absl::Status StreamAssembler::Consume(const grpc::ByteBuffer& message) {
     }
     if (known) {
       error_ = OnChunkData(static_cast<int32_t>(fields[1]), static_cast<int64_t>(fields[2]),
-                           static_cast<int64_t>(fields[3]), data);
+                           static_cast<int64_t>(fields[3]), data, &slices);
       return error_;
     }
   }

@@ -12,12 +12,16 @@
 // DATA_LOSS status naming what was wrong, and the assembler accepts nothing
 // more after one.
 //
-// Two modes share every one of these checks and differ only in where the
-// rows go: kAssemble copies them into the sample (the bytes of the output
-// file); kVerifyOnly keeps nothing (hsx-dump --discard): each piece of a
-// chunk is hashed and value-checked in place, straight from the received
-// slices, and Take() returns the sample without its states
-// (EncodedSample::dropped, with the byte counts that arrived).
+// Three modes share every one of these checks (each piece of a chunk is
+// hashed and value-checked in place, in the received slices) and differ only
+// in where the rows go: kAssemble copies them into the sample (the bytes of
+// the output file, [T, L, H]); kKeepReceived copies nothing and keeps
+// references to the received slices instead (grpc::Slice is reference
+// counted): Take() returns each tensor's bytes as those pieces, in stream
+// order (EncodedSample::received; WriteSampleFile writes the file from them,
+// hsx-dump's disk path); kVerifyOnly keeps nothing (hsx-dump --discard) and
+// Take() returns the sample without its states (EncodedSample::dropped, with
+// the byte counts that arrived).
 #ifndef HSX_FORMAT_STREAM_ASSEMBLER_H_
 #define HSX_FORMAT_STREAM_ASSEMBLER_H_
 
@@ -26,6 +30,7 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +40,7 @@
 #include "format/sample_file.h"
 #include "hsx/v1/hsx.pb.h"
 #include "format/encoding.h"
+#include "format/piece_reader.h"
 #include "format/proto_dtype.h"
 
 namespace hsx {
@@ -55,7 +61,7 @@ struct StreamExpectation {
 
 class StreamAssembler {
  public:
-  enum class Mode { kAssemble, kVerifyOnly };
+  enum class Mode { kAssemble, kKeepReceived, kVerifyOnly };
 
   explicit StreamAssembler(StreamExpectation expect, Mode mode = Mode::kAssemble);
   ~StreamAssembler();
@@ -67,14 +73,15 @@ class StreamAssembler {
   // The same, from the message's bytes as gRPC received them: a Chunk's
   // framing is read by hand and its data hashed and value-checked in the
   // received slices (and, when assembling, copied from them straight into
-  // the sample in the same pass; no protobuf string in between); other
+  // the sample in the same pass; when keeping them, referenced; no protobuf
+  // string in between); other
   // messages (and a Chunk with fields this code does not know) go through
   // the generated parser.
   absl::Status Consume(const grpc::ByteBuffer& message);
   // True once a valid trailer arrived: the sample is whole and verified.
   bool complete() const { return trailer_; }
-  // The assembled sample (without its states in kVerifyOnly mode); call
-  // once, after complete().
+  // The assembled sample (its states as received pieces in kKeepReceived
+  // mode, without them in kVerifyOnly mode); call once, after complete().
   EncodedSample Take() { return std::move(sample_); }
   // For "the stream ended without a trailer (N of M tensors complete)".
   size_t tensors_complete() const { return current_; }
@@ -84,9 +91,11 @@ class StreamAssembler {
   absl::Status Dispatch(const v1::ExtractResponse& response);
   absl::Status OnHeader(const v1::Header& h);
   absl::Status OnChunk(const v1::Chunk& c);
-  // Pieces of a chunk's data, in order (received slices, or one string).
-  using Pieces = std::vector<std::pair<const char*, size_t>>;
-  absl::Status OnChunkData(int32_t capture_id, int64_t first_row, int64_t num_rows, const Pieces& data);
+  // Pieces of a chunk's data, in order, lying in `slices` (received, or a
+  // copy of a parsed message's data), which kKeepReceived mode takes over.
+  using Pieces = std::vector<BytePiece>;
+  absl::Status OnChunkData(int32_t capture_id, int64_t first_row, int64_t num_rows, const Pieces& data,
+                           std::vector<grpc::Slice>* slices);
   // Bytes [offset, offset + length) of the current chunk (kAssemble only).
   void CopyIntoSample(const char* bytes, size_t length, int64_t offset);
   // The next `length` bytes of the current tensor's values, which may start
@@ -112,6 +121,10 @@ class StreamAssembler {
   size_t carried_ = 0;
   XXH64_state_t* hash_;
   std::vector<uint64_t> digests_;
+  // kKeepReceived: the slices of every chunk message, which hold the pieces
+  // of sample_.received (each message's own vector, so that slices whose
+  // bytes are inline in the grpc::Slice never move).
+  std::shared_ptr<std::vector<std::vector<grpc::Slice>>> kept_;
 };
 
 }  // namespace hsx

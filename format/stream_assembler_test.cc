@@ -5,7 +5,9 @@
 #include "format/stream_assembler.h"
 
 #include <algorithm>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -333,13 +335,18 @@ TEST(StreamAssemblerTest, VerifyOnlyFromSlicesCutMidValueGivesTheAssemblingVerdi
         SCOPED_TRACE(OutputDTypeName(dtype) + ": " + what + ", cuts of " + std::to_string(cuts[0]) + "...");
         StreamAssembler assembling(Expect(dtype, true));
         StreamAssembler verifying(Expect(dtype, true), StreamAssembler::Mode::kVerifyOnly);
-        absl::Status fed;
+        StreamAssembler keeping(Expect(dtype, true), StreamAssembler::Mode::kKeepReceived);
+        absl::Status fed, kept;
         for (const grpc::ByteBuffer& message : Sliced(stream, cuts)) {
           if (fed = verifying.Consume(message); !fed.ok()) break;
+        }
+        for (const grpc::ByteBuffer& message : Sliced(stream, cuts)) {
+          if (kept = keeping.Consume(message); !kept.ok()) break;
         }
         const Outcome want = Judge(assembling, Feed(assembling, stream));
         const Outcome got = Judge(verifying, fed);
         EXPECT_EQ(got.status, want.status);
+        EXPECT_EQ(Judge(keeping, kept).status, want.status);  // kKeepReceived: the same checks
         if (what.empty()) EXPECT_TRUE(got.status.ok()) << got.status;
         ASSERT_EQ(got.has_sample, want.has_sample);
         if (!want.has_sample) continue;  // refused at the trailer
@@ -367,6 +374,106 @@ TEST(StreamAssemblerTest, VerifyOnlyFromSlicesCutMidValueGivesTheAssemblingVerdi
   EXPECT_EQ(v.hidden_states_bytes(), static_cast<int64_t>(a.hidden_states.size()));
 }
 
+// The input line and model facts of the files these tests write.
+InputSample FileInput() {
+  InputSample input;
+  input.id = "s-1";
+  input.input_ids = kTokenIds;
+  return input;
+}
+
+SampleFileInfo FileInfo() {
+  SampleFileInfo info;
+  info.model_name = "tiny";
+  info.num_layers = 7;
+  return info;
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// hsx-dump's disk path keeps the received slices (kKeepReceived) and writes
+// the file from them: hidden_states' rows walked t-major across the layers'
+// pieces, a row often split between two slices (cuts at odd offsets), the
+// final norm's pieces as they are. The file must be byte for byte the one
+// written from the assembled copy, with the same digest, for every dtype,
+// one or several layers, with and without the final norm; after the
+// messages themselves are gone (the sample holds the slices). The parsed
+// path (a copy of each chunk's data) must write the same file too.
+TEST(StreamAssemblerTest, KeptSlicesWriteTheFileTheAssembledCopyWrites) {
+  const std::vector<std::vector<size_t>> cut_patterns = {{1}, {3}, {5, 1, 7, 3}, {13, 2, 9}, {1000}};
+  InputSample input = FileInput();
+  input.index = 4;
+  input.loss_mask = std::vector<int64_t>{0, 1, 1, 0, 1};
+  const SampleFileInfo info = FileInfo();
+  const std::string dir = ::testing::TempDir();
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+    for (const std::vector<int>& ids : {kIds, std::vector<int>{3}}) {
+      for (bool final_norm : {true, false}) {
+        const std::vector<v1::ExtractResponse> stream = Stream(dtype, final_norm, ids);
+        StreamAssembler assembling(Expect(dtype, final_norm, ids));
+        ASSERT_TRUE(Feed(assembling, stream).ok());
+        ASSERT_TRUE(assembling.complete());
+        const EncodedSample want = assembling.Take();
+        WrittenDigest want_digest;
+        ASSERT_TRUE(WriteSampleFile(dir + "/copy.safetensors", input, want, info, &want_digest).ok());
+        const std::string want_bytes = FileBytes(dir + "/copy.safetensors");
+        ASSERT_EQ(want_digest.bytes, want_bytes.size());
+        for (size_t pattern = 0; pattern <= cut_patterns.size(); ++pattern) {
+          const bool parsed = pattern == cut_patterns.size();
+          SCOPED_TRACE(OutputDTypeName(dtype) + ", " + std::to_string(ids.size()) + " layers" +
+                       (final_norm ? " + final norm" : "") +
+                       (parsed ? ", parsed messages" : ", cuts of " + std::to_string(cut_patterns[pattern][0]) + "..."));
+          StreamAssembler keeping(Expect(dtype, final_norm, ids), StreamAssembler::Mode::kKeepReceived);
+          if (parsed) {
+            ASSERT_TRUE(Feed(keeping, stream).ok());
+          } else {
+            for (const grpc::ByteBuffer& message : Sliced(stream, cut_patterns[pattern])) {
+              ASSERT_TRUE(keeping.Consume(message).ok());
+            }
+          }  // the messages are gone
+          ASSERT_TRUE(keeping.complete());
+          const EncodedSample got = keeping.Take();
+          ASSERT_TRUE(got.received.has_value());
+          EXPECT_TRUE(got.hidden_states.empty());
+          EXPECT_TRUE(got.final_norm.empty());
+          EXPECT_EQ(got.hidden_states_bytes(), static_cast<int64_t>(want.hidden_states.size()));
+          EXPECT_EQ(got.final_norm_bytes(), static_cast<int64_t>(want.final_norm.size()));
+          EXPECT_EQ(got.hidden_states_xxh64, want.hidden_states_xxh64);
+          EXPECT_EQ(got.final_norm_xxh64, want.final_norm_xxh64);
+          EXPECT_TRUE(CheckSampleValues(got, kNames).ok());
+          WrittenDigest got_digest;
+          ASSERT_TRUE(WriteSampleFile(dir + "/kept.safetensors", input, got, info, &got_digest).ok());
+          const std::string got_bytes = FileBytes(dir + "/kept.safetensors");
+          EXPECT_TRUE(got_bytes == want_bytes) << "the files differ (" << got_bytes.size() << " and "
+                                               << want_bytes.size() << " bytes)";
+          EXPECT_EQ(got_digest.bytes, want_digest.bytes);
+          EXPECT_EQ(got_digest.xxh64, want_digest.xxh64);
+          EXPECT_EQ(got_digest.xxh64, Xxh64(got_bytes.data(), got_bytes.size()));
+        }
+      }
+    }
+  }
+}
+
+// Kept pieces that do not make up the tensors' shape are refused, and no
+// file is left behind.
+TEST(StreamAssemblerTest, MisshapenKeptPiecesWriteNoFile) {
+  StreamAssembler keeping(Expect(OutputDType::kBf16, true), StreamAssembler::Mode::kKeepReceived);
+  ASSERT_TRUE(Feed(keeping, Stream(OutputDType::kBf16, true)).ok());
+  EncodedSample sample = keeping.Take();
+  const std::string path = ::testing::TempDir() + "/misshapen.safetensors";
+  // one layer's row moved to another: the totals match, the layers do not
+  sample.received->tensors[1].push_back(sample.received->tensors[0].back());
+  sample.received->tensors[0].pop_back();
+  const absl::Status s = WriteSampleFile(path, FileInput(), sample, FileInfo());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), HasSubstr("misshapen states"));
+  EXPECT_TRUE(FileBytes(path).empty());
+}
+
 // The digests the assembler verified are handed on for the file's checksums
 // where the tensor is contiguous in the sample (one layer; the final norm),
 // and the file is byte for byte the one written without them.
@@ -382,12 +489,8 @@ TEST(StreamAssemblerTest, HandsOnTheVerifiedDigestsOfContiguousTensors) {
     if (ids.size() == 1) {
       EXPECT_EQ(*got.hidden_states_xxh64, Xxh64(got.hidden_states.data(), got.hidden_states.size()));
     }
-    InputSample input;
-    input.id = "s-1";
-    input.input_ids = kTokenIds;
-    SampleFileInfo info;
-    info.model_name = "tiny";
-    info.num_layers = 7;
+    const InputSample input = FileInput();
+    const SampleFileInfo info = FileInfo();
     const std::string dir = ::testing::TempDir();
     WrittenDigest with, without;
     ASSERT_TRUE(WriteSampleFile(dir + "/with.safetensors", input, got, info, &with).ok());

@@ -192,9 +192,10 @@ class RemoteExtractor::Impl {
 
 // One attempt of one sample: an Extract call and the reassembly of its stream.
 // The responses are read as raw byte buffers (the generated method's path,
-// with ByteBuffer as the response type): the assembler copies a chunk's rows
-// from the received slices straight into the sample, or, when the caller
-// does not keep the states (--discard), checks them there and keeps nothing
+// with ByteBuffer as the response type): the assembler checks a chunk's rows
+// in the received slices and keeps references to those slices as the
+// sample's states (no copy: the file is written from them), or, when the
+// caller does not keep the states (--discard), keeps nothing
 // (stream_assembler.h).
 // Owned by shared pointers: its own (self_, from Start to the end of OnDone)
 // and, briefly, CancelAll's; so gRPC's last reaction and a concurrent cancel
@@ -203,7 +204,7 @@ class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
  public:
   Attempt(RemoteExtractor::Impl* impl, std::shared_ptr<SampleCall> call, size_t server)
       : impl_(impl), call_(std::move(call)), server_(server),
-        assembler_(Expectation(*impl_, *call_), call_->spec.keep_states ? StreamAssembler::Mode::kAssemble
+        assembler_(Expectation(*impl_, *call_), call_->spec.keep_states ? StreamAssembler::Mode::kKeepReceived
                                                                          : StreamAssembler::Mode::kVerifyOnly) {}
 
   void Start(std::shared_ptr<Attempt> self) {

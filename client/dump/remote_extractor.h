@@ -13,8 +13,9 @@
 // `retries` times; any other status fails the sample with the server's
 // message.
 //
-// The response stream is reassembled into the bytes of the output file
-// ([T, L, H] interleaved) and checked before it is handed on: the header
+// The response stream is kept as the received slices (each tensor's bytes as
+// pieces, no copy; the file writer walks them in [T, L, H] file order) and
+// checked before it is handed on: the header
 // echoes the request (sample id, token count, token-id hash, capture ids,
 // dtype, final norm, hidden size); chunks hold whole rows, layer after layer
 // in the header's order, each layer's rows in order without gaps or overlaps;

@@ -138,6 +138,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   s.received.resize(s.tensors.size());
   hsx::StreamAssembler assembler(s.expect);
   hsx::StreamAssembler verifier(s.expect, hsx::StreamAssembler::Mode::kVerifyOnly);
+  hsx::StreamAssembler keeper(s.expect, hsx::StreamAssembler::Mode::kKeepReceived);
   const size_t cut = 1 + in.ConsumeIntegralInRange<size_t>(0, 12);
 
   while (in.remaining_bytes() > 0) {
@@ -216,6 +217,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const absl::Status status = assembler.Consume(message);
     Check(status.ok() == valid);
     Check(verifier.Consume(Sliced(message, cut)) == status);
+    Check(keeper.Consume(Sliced(message, cut + 1)) == status);
     if (!status.ok()) return 0;
     if (message.has_header()) s.header = true;
     if (message.has_chunk()) {
@@ -232,6 +234,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Check(verifier.complete());
   const hsx::EncodedSample sample = assembler.Take();
   const hsx::EncodedSample verified = verifier.Take();
+  // The kept slices hold each tensor's rows, in order, the messages gone.
+  Check(keeper.complete());
+  const hsx::EncodedSample kept = keeper.Take();
+  Check(kept.received && kept.received->tensors.size() == s.tensors.size());
+  for (size_t i = 0; i < s.tensors.size(); ++i) {
+    std::string bytes;
+    for (const hsx::BytePiece& piece : kept.received->tensors[i]) bytes.append(piece.begin(), piece.end());
+    Check(bytes == s.received[i]);
+  }
+  Check(kept.values_checked->first_bad == sample.values_checked->first_bad);
   Check(verified.dropped && verified.hidden_states.empty() && verified.final_norm.empty());
   Check(verified.hidden_states_bytes() == static_cast<int64_t>(sample.hidden_states.size()) &&
         verified.final_norm_bytes() == static_cast<int64_t>(sample.final_norm.size()));

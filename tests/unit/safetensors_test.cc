@@ -1,12 +1,17 @@
 // Tests the safetensors writer and the validating reader, one corruption at a time.
 #include "format/safetensors.h"
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include <xxhash.h>
+
 #include "format/safetensors_writer.h"
 #include "tests/unit/test_util.h"
 
@@ -57,6 +62,43 @@ TEST(Safetensors, RoundTripsWithAlignedOffsets) {
   std::memcpy(ints, (*file)->Data(*c).data(), 16);
   EXPECT_EQ(ints[1], -8);
   EXPECT_EQ((*file)->Find("missing"), nullptr);
+}
+
+// A tensor added as pieces is written as their concatenation, with the
+// digest of the file read back: thousands of tiny pieces (more than one
+// writev(2) takes, IOV_MAX), pieces larger than the writer's hashing block,
+// and empty ones.
+TEST(Safetensors, PiecesWriteTheirConcatenation) {
+  TempDir dir;
+  std::vector<uint8_t> bytes(3 * 1024 * 1024 + 6);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  std::vector<std::span<const uint8_t>> pieces;
+  size_t at = 0;
+  for (size_t k = 0; at < bytes.size(); ++k) {  // 5000 pieces of 0-3 bytes, then up to 700 KiB
+    const size_t n = std::min(bytes.size() - at, k < 5000 ? k % 4 : (k % 7 + 1) * 100 * 1024 + 3);
+    pieces.push_back(std::span<const uint8_t>(bytes).subspan(at, n));
+    at += n;
+  }
+  ASSERT_GT(pieces.size(), 5000u);
+  WrittenDigest as_pieces, as_view;
+  SafetensorsWriter a, b;
+  a.AddPieces("t", DType::kBF16, {static_cast<int64_t>(bytes.size() / 2)}, pieces);
+  b.AddView("t", DType::kBF16, {static_cast<int64_t>(bytes.size() / 2)}, bytes);
+  ASSERT_TRUE(a.Write(dir / "pieces.safetensors", &as_pieces).ok());
+  ASSERT_TRUE(b.Write(dir / "view.safetensors", &as_view).ok());
+  const std::string written = ReadFile(dir / "pieces.safetensors");
+  EXPECT_TRUE(written == ReadFile(dir / "view.safetensors"));
+  EXPECT_EQ(as_pieces.bytes, written.size());
+  EXPECT_EQ(as_pieces.xxh64, as_view.xxh64);
+  EXPECT_EQ(as_pieces.xxh64, XXH64(written.data(), written.size(), 0));
+  EXPECT_EQ(written.substr(written.size() - bytes.size()), std::string(bytes.begin(), bytes.end()));
+  // Pieces that do not make up the shape: refused, nothing left behind.
+  pieces.pop_back();
+  SafetensorsWriter c;
+  c.AddPieces("t", DType::kBF16, {static_cast<int64_t>(bytes.size() / 2)}, pieces);
+  const absl::Status s = c.Write(dir / "short.safetensors");
+  EXPECT_THAT(s.message(), HasSubstr("bytes for a shape of"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "short.safetensors"));
 }
 
 TEST(Safetensors, WriteLeavesNoTemporaryFiles) {
