@@ -1,6 +1,11 @@
 // Tests the safetensors writer and the validating reader, one corruption at a time.
 #include "format/safetensors.h"
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -99,6 +104,43 @@ TEST(Safetensors, PiecesWriteTheirConcatenation) {
   const absl::Status s = c.Write(dir / "short.safetensors");
   EXPECT_THAT(s.message(), HasSubstr("bytes for a shape of"));
   EXPECT_FALSE(std::filesystem::exists(dir / "short.safetensors"));
+}
+
+// A file system that takes part of a write and then refuses the rest (a full
+// disk, a quota: here the process's file-size limit, in a child process so
+// that the limit stays there): the writer resumes after the short write, then
+// reports the error naming the file, and leaves neither the file nor its
+// temporary behind. The child's exit code says which expectation failed.
+TEST(Safetensors, AWriteCutShortByTheFileSystemLeavesNothing) {
+  TempDir dir;
+  const std::string path = dir / "full.safetensors";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+    const rlimit limit = {(1 << 20) + 7, (1 << 20) + 7};  // inside a 256 KiB block, mid-piece
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(10);
+    std::vector<uint8_t> bytes(3 << 20, 0x5a);
+    std::vector<std::span<const uint8_t>> pieces;
+    for (size_t at = 0; at < bytes.size(); at += 100003) {
+      pieces.push_back(std::span<const uint8_t>(bytes).subspan(at, std::min<size_t>(100003, bytes.size() - at)));
+    }
+    SafetensorsWriter writer;
+    writer.AddPieces("t", DType::kBF16, {static_cast<int64_t>(bytes.size() / 2)}, pieces);
+    const absl::Status status = writer.Write(path);
+    if (status.ok()) _exit(1);
+    if (status.message().find(path) == std::string::npos ||
+        status.message().find("File too large") == std::string::npos) {
+      _exit(2);
+    }
+    if (!std::filesystem::is_empty(dir.path())) _exit(3);  // no file, no temporary
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the write succeeded; 2: the error does not name the file and "
+                                       "the cause; 3: something was left behind; 10: setrlimit failed";
 }
 
 TEST(Safetensors, WriteLeavesNoTemporaryFiles) {
