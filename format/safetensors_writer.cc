@@ -10,13 +10,14 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <random>
 
 #include <nlohmann/json.hpp>
-#include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "format/xxh64_stream.h"
 
 namespace hsx {
 namespace {
@@ -109,11 +110,8 @@ class TempFile {
 // then written with one writev(2).
 class HashingAppender {
  public:
-  HashingAppender(TempFile& file, bool hash) : file_(file), state_(hash ? XXH64_createState() : nullptr) {
-    if (state_ != nullptr) XXH64_reset(state_, 0);
-  }
-  ~HashingAppender() {
-    if (state_ != nullptr) XXH64_freeState(state_);
+  HashingAppender(TempFile& file, bool hash) : file_(file) {
+    if (hash) hash_.emplace();
   }
 
   absl::Status Append(std::span<const uint8_t> bytes) { return AppendPieces({&bytes, 1}); }
@@ -125,8 +123,8 @@ class HashingAppender {
     size_t block_bytes = 0;
     auto flush = [&]() -> absl::Status {
       if (block.empty()) return absl::OkStatus();
-      if (state_ != nullptr) {
-        for (const iovec& io : block) XXH64_update(state_, io.iov_base, io.iov_len);
+      if (hash_) {
+        for (const iovec& io : block) hash_->Update(io.iov_base, io.iov_len);
       }
       bytes_ += block_bytes;
       absl::Status s = file_.AppendV(block);
@@ -150,11 +148,11 @@ class HashingAppender {
 
   // A hole: hashed as the zeros it reads back as.
   absl::Status Skip(uint64_t bytes) {
-    if (state_ != nullptr) {
+    if (hash_) {
       static const std::vector<uint8_t> zeros(1 << 16, 0);
       for (uint64_t left = bytes; left > 0;) {
         const size_t n = static_cast<size_t>(std::min<uint64_t>(left, zeros.size()));
-        XXH64_update(state_, zeros.data(), n);
+        hash_->Update(zeros.data(), n);
         left -= n;
       }
     }
@@ -162,11 +160,11 @@ class HashingAppender {
     return file_.Skip(bytes);
   }
 
-  WrittenDigest digest() const { return {bytes_, state_ != nullptr ? XXH64_digest(state_) : 0}; }
+  WrittenDigest digest() const { return {bytes_, hash_ ? hash_->Digest() : 0}; }
 
  private:
   TempFile& file_;
-  XXH64_state_t* state_;
+  std::optional<Xxh64Stream> hash_;  // when the caller wants the file's digest
   uint64_t bytes_ = 0;
 };
 

@@ -5,13 +5,13 @@
 #include <cstring>
 
 #include <nlohmann/json.hpp>
-#include <xxhash.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "format/safetensors_writer.h"
 #include "format/tensor_encoding.h"
+#include "format/xxh64_stream.h"
 
 namespace hsx {
 namespace {
@@ -160,12 +160,9 @@ bool FilePieces(const EncodedSample& sample, std::vector<BytePiece>* hidden, std
 }
 
 std::string PiecesXxh64Hex(const std::vector<BytePiece>& pieces) {
-  XXH64_state_t* state = XXH64_createState();
-  XXH64_reset(state, 0);
-  for (const BytePiece& piece : pieces) XXH64_update(state, piece.data(), piece.size());
-  const uint64_t digest = XXH64_digest(state);
-  XXH64_freeState(state);
-  return absl::StrFormat("%016x", digest);
+  Xxh64Stream hash;
+  for (const BytePiece& piece : pieces) hash.Update(piece.data(), piece.size());
+  return hash.HexDigest();
 }
 
 }  // namespace

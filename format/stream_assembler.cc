@@ -25,11 +25,9 @@ std::string TensorName(int capture_id) {
 }  // namespace
 
 StreamAssembler::StreamAssembler(StreamExpectation expect, Mode mode)
-    : expect_(std::move(expect)), mode_(mode), hash_(XXH64_createState()) {
-  XXH64_reset(hash_, 0);
-}
+    : expect_(std::move(expect)), mode_(mode) {}
 
-StreamAssembler::~StreamAssembler() { XXH64_freeState(hash_); }
+StreamAssembler::~StreamAssembler() = default;
 
 absl::Status StreamAssembler::Consume(const v1::ExtractResponse& response) {
   if (!error_.ok()) return error_;  // nothing is accepted after an error
@@ -114,7 +112,7 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
   sample_.values_checked = EncodedValueCheck{std::vector<char>(tensors_.size(), 0),
                                              std::vector<int64_t>(tensors_.size(), -1),
                                              std::vector<float>(tensors_.size(), 0.0f)};
-  XXH64_reset(hash_, 0);
+  hash_.Reset();
   return absl::OkStatus();
 }
 
@@ -183,8 +181,8 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
   }
   rows_ += num_rows;
   if (rows_ == tokens) {
-    digests_.push_back(XXH64_digest(hash_));
-    XXH64_reset(hash_, 0);
+    digests_.push_back(hash_.Digest());
+    hash_.Reset();
     ++current_;
     rows_ = 0;
     values_ = 0;
@@ -211,7 +209,7 @@ void StreamAssembler::CopyIntoSample(const char* bytes, size_t length, int64_t o
 }
 
 void StreamAssembler::HashAndCheck(const char* bytes, size_t length) {
-  XXH64_update(hash_, bytes, length);
+  hash_.Update(bytes, length);
   const size_t size = static_cast<size_t>(OutputDTypeSize(sample_.dtype));
   if (carried_ > 0) {  // complete the value the last piece began
     const size_t n = std::min(size - carried_, length);

@@ -34,14 +34,13 @@
 #include <string>
 #include <vector>
 
-#include <xxhash.h>
-
 #include "absl/status/status.h"
 #include "format/sample_file.h"
 #include "hsx/v1/hsx.pb.h"
 #include "format/encoding.h"
 #include "format/piece_reader.h"
 #include "format/proto_dtype.h"
+#include "format/xxh64_stream.h"
 
 namespace hsx {
 
@@ -119,7 +118,7 @@ class StreamAssembler {
   int64_t values_ = 0;        // of it checked (whole values)
   char carry_[8];             // the first bytes of a value split between two pieces
   size_t carried_ = 0;
-  XXH64_state_t* hash_;
+  Xxh64Stream hash_;  // of the current tensor's bytes
   std::vector<uint64_t> digests_;
   // kKeepReceived: the slices of every chunk message, which hold the pieces
   // of sample_.received (each message's own vector, so that slices whose

@@ -6,12 +6,12 @@
 #include <algorithm>
 #include <cstring>
 
-#include <xxhash.h>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
 
+#include "format/xxh64_stream.h"
 #include "kernels/fp16.h"
 
 // The loops are built for AVX2 as well as the baseline, picked at load time
@@ -150,19 +150,6 @@ HSX_VECTOR_CLONES uint32_t CheckFloatBits(const unsigned char* in, int64_t n, ui
   return bad;
 }
 
-// XXH64 (seed 0) of a tensor's bytes, fed block by block.
-class BlockHash {
- public:
-  BlockHash() : state_(XXH64_createState()) { XXH64_reset(state_, 0); }
-  ~BlockHash() { XXH64_freeState(state_); }
-  BlockHash(const BlockHash&) = delete;
-  BlockHash& operator=(const BlockHash&) = delete;
-  void Update(const void* bytes, size_t n) { XXH64_update(state_, bytes, n); }
-  uint64_t Digest() const { return XXH64_digest(state_); }
-
- private:
-  XXH64_state_t* state_;
-};
 
 }  // namespace
 
@@ -191,7 +178,7 @@ int64_t CheckEncoded(const void* bytes, int64_t count, OutputDType dtype, bool* 
 
 TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype) {
   TensorEncoding result;
-  BlockHash hash;
+  Xxh64Stream hash;
   const int64_t size = OutputDTypeSize(dtype);
   uint32_t nonzero = 0;
   for (int64_t begin = 0; begin < count; begin += kEncodeBlock) {
@@ -218,7 +205,7 @@ TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype) {
 
 TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst) {
   TensorEncoding result;
-  BlockHash hash;
+  Xxh64Stream hash;
   const uint32_t limit = dtype == OutputDType::kFp16 ? kFp16Limit : kF32Inf;
   const int64_t out_size = OutputDTypeSize(dtype);
   alignas(64) uint32_t wide[kEncodeBlock];

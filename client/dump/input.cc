@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cerrno>
 #include <cstring>
@@ -16,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "format/xxh64_stream.h"
 
 namespace hsx {
 namespace {
@@ -111,8 +111,7 @@ absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path, 
                                                        std::string* xxh64) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(), &XXH64_freeState);
-  XXH64_reset(state.get(), 0);
+  Xxh64Stream hash;
   const size_t max_line = static_cast<size_t>(MaxInputLineBytes(limits));
   std::vector<InputSample> samples;
   std::string pending;  // the line being read
@@ -145,7 +144,7 @@ absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path, 
       break;
     }
     if (n == 0) break;
-    XXH64_update(state.get(), buffer.data(), static_cast<size_t>(n));
+    hash.Update(buffer.data(), static_cast<size_t>(n));
     absl::string_view chunk(buffer.data(), static_cast<size_t>(n));
     for (size_t newline; status.ok() && (newline = chunk.find('\n')) != absl::string_view::npos;) {
       pending.append(chunk.data(), newline);
@@ -161,7 +160,7 @@ absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path, 
   if (status.ok() && !pending.empty()) status = take_line(std::move(pending));
   if (!status.ok()) return status;
   if (samples.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no samples"));
-  if (xxh64 != nullptr) *xxh64 = absl::StrFormat("%016x", XXH64_digest(state.get()));
+  if (xxh64 != nullptr) *xxh64 = hash.HexDigest();
   return samples;
 }
 

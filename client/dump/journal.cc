@@ -15,12 +15,12 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <xxhash.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "format/xxh64_stream.h"
 
 namespace hsx {
 namespace {
@@ -225,8 +225,7 @@ absl::StatusOr<JournalScan> ReadJournal(const std::string& path) {
 absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Errno(path, "cannot open");
-  XXH64_state_t* state = XXH64_createState();
-  XXH64_reset(state, 0);
+  Xxh64Stream hash;
   std::vector<char> buffer(1 << 20);
   FileDigest digest;
   absl::Status status;
@@ -238,12 +237,11 @@ absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
       break;
     }
     if (n == 0) break;
-    XXH64_update(state, buffer.data(), static_cast<size_t>(n));
+    hash.Update(buffer.data(), static_cast<size_t>(n));
     digest.bytes += n;
   }
   ::close(fd);
-  digest.xxh64 = absl::StrFormat("%016x", XXH64_digest(state));
-  XXH64_freeState(state);
+  digest.xxh64 = hash.HexDigest();
   if (!status.ok()) return status;
   return digest;
 }

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/file_util.h"
+#include "format/xxh64_stream.h"
 #include "kernels/cpu/int4_dequant.h"
 
 namespace hsx {
@@ -112,21 +113,20 @@ absl::StatusOr<std::string> FullCheckpointDigest(const std::string& dir) {
   std::string material;
   absl::StatusOr<std::vector<std::string>> shards = RevisionPreamble(dir, &material);
   if (!shards.ok()) return shards.status();
-  std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(), &XXH64_freeState);
-  XXH64_reset(state.get(), 0);
-  XXH64_update(state.get(), material.data(), material.size());
+  Xxh64Stream hash;
+  hash.Update(material.data(), material.size());
   std::vector<char> buffer(8 << 20);
   for (const std::string& shard : *shards) {
     const std::string path = (fs::path(dir) / shard).string();
     std::ifstream in(path, std::ios::binary);
     if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-    XXH64_update(state.get(), shard.data(), shard.size() + 1);  // the name (and its NUL) separates shards
+    hash.Update(shard.data(), shard.size() + 1);  // the name (and its NUL) separates shards
     while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
-      XXH64_update(state.get(), buffer.data(), static_cast<size_t>(in.gcount()));
+      hash.Update(buffer.data(), static_cast<size_t>(in.gcount()));
     }
     if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
   }
-  return absl::StrFormat("%016x", XXH64_digest(state.get()));
+  return hash.HexDigest();
 }
 
 absl::StatusOr<std::string> CheckpointRevision(const std::string& dir) {
