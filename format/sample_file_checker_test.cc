@@ -3,6 +3,8 @@
 // and input line; each class of damage or disagreement is reported, naming it.
 #include "format/sample_file_checker.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -16,6 +18,15 @@
 
 namespace hsx {
 namespace {
+
+// This process's directory for hs_3.safetensors: ctest runs each test of the
+// file as its own process, in parallel, and they must not write one file.
+std::filesystem::path OwnDir() {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / ("hsx_checker_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
 constexpr int64_t kTokens = 3;
 constexpr int64_t kHidden = 4;
@@ -57,7 +68,7 @@ Written Write(const std::function<void(SampleStates&, InputSample&)>& edit = nul
   info.num_layers = 4;
   info.model_revision = "rev";
   info.compute_precision = "fp32";
-  const std::string path = (std::filesystem::path(::testing::TempDir()) / SampleFileName(input.index)).string();
+  const std::string path = (OwnDir() / SampleFileName(input.index)).string();
   const absl::Status s = WriteSampleFile(path, input, EncodeSampleStates(states, OutputDType::kBf16), info);
   EXPECT_TRUE(s.ok()) << s;
   Written w;
@@ -95,7 +106,7 @@ TEST(SampleFileCheckerTest, WrittenFileVerifies) {
 
 TEST(SampleFileCheckerTest, CheckSampleFileMapsTheFile) {
   const Written w = Write();
-  const std::string path = (std::filesystem::path(::testing::TempDir()) / "hs_3.safetensors").string();
+  const std::string path = (OwnDir() / "hs_3.safetensors").string();
   EXPECT_EQ(CheckSampleFile(path, w.entry, &w.input), std::vector<std::string>());
   absl::StatusOr<int> n = SampleFileNumLayers(path);
   ASSERT_TRUE(n.ok()) << n.status();

@@ -4,7 +4,10 @@
 // refused with DATA_LOSS naming what was wrong, and nothing is accepted after.
 #include "format/stream_assembler.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -20,6 +23,13 @@
 
 namespace hsx {
 namespace {
+
+// This process's scratch directory (ctest runs the tests as parallel processes).
+std::string OwnDir() {
+  const std::string dir = ::testing::TempDir() + "/hsx_assembler_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
 using ::testing::HasSubstr;
 
@@ -408,7 +418,7 @@ TEST(StreamAssemblerTest, KeptSlicesWriteTheFileTheAssembledCopyWrites) {
   input.index = 4;
   input.loss_mask = std::vector<int64_t>{0, 1, 1, 0, 1};
   const SampleFileInfo info = FileInfo();
-  const std::string dir = ::testing::TempDir();
+  const std::string dir = OwnDir();
   for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
     for (const std::vector<int>& ids : {kIds, std::vector<int>{3}}) {
       for (bool final_norm : {true, false}) {
@@ -464,7 +474,7 @@ TEST(StreamAssemblerTest, MisshapenKeptPiecesWriteNoFile) {
   StreamAssembler keeping(Expect(OutputDType::kBf16, true), StreamAssembler::Mode::kKeepReceived);
   ASSERT_TRUE(Feed(keeping, Stream(OutputDType::kBf16, true)).ok());
   EncodedSample sample = keeping.Take();
-  const std::string path = ::testing::TempDir() + "/misshapen.safetensors";
+  const std::string path = OwnDir() + "/misshapen.safetensors";
   // one layer's row moved to another: the totals match, the layers do not
   sample.received->tensors[1].push_back(sample.received->tensors[0].back());
   sample.received->tensors[0].pop_back();
@@ -491,7 +501,7 @@ TEST(StreamAssemblerTest, HandsOnTheVerifiedDigestsOfContiguousTensors) {
     }
     const InputSample input = FileInput();
     const SampleFileInfo info = FileInfo();
-    const std::string dir = ::testing::TempDir();
+    const std::string dir = OwnDir();
     WrittenDigest with, without;
     ASSERT_TRUE(WriteSampleFile(dir + "/with.safetensors", input, got, info, &with).ok());
     got.hidden_states_xxh64.reset();
