@@ -569,20 +569,17 @@ void CudaBackend::CopyFromHost(const void* src, const Matrix& dst) {
 absl::Status CudaBackend::Synchronize() {
   const cudaError_t compute = cudaStreamSynchronize(stream_);
   const cudaError_t copy = copy_stream_ != nullptr ? cudaStreamSynchronize(copy_stream_) : cudaSuccess;
-  if (compute != cudaSuccess) {
+  // An error of either stream, as the device reported it (a sticky one marks the device lost).
+  auto record = [this](cudaError_t status, const char* what) {
+    if (status == cudaSuccess) return;
     Record(cuda::ClassifyCudaError(
-        absl::InternalError(absl::StrCat(name(), " Synchronize: an op enqueued since the last Synchronize failed on "
-                                         "the device: ", cudaGetErrorName(compute), ": ",
-                                         cudaGetErrorString(compute))),
-        compute, device_));
-  }
-  if (copy != cudaSuccess) {
-    Record(cuda::ClassifyCudaError(
-        absl::InternalError(absl::StrCat(name(), " Synchronize: a capture copy enqueued since the last Synchronize "
-                                         "failed on the device: ", cudaGetErrorName(copy), ": ",
-                                         cudaGetErrorString(copy))),
-        copy, device_));
-  }
+        absl::InternalError(absl::StrCat(name(), " Synchronize: ", what, " enqueued since the last Synchronize "
+                                         "failed on the device: ", cudaGetErrorName(status), ": ",
+                                         cudaGetErrorString(status))),
+        status, device_));
+  };
+  record(compute, "an op");
+  record(copy, "a capture copy");
   // Both streams are idle: no copy reads the ring any more.
   if (compute == cudaSuccess && copy == cudaSuccess && ring_ != nullptr) ring_->Clear();
   absl::Status error = std::move(error_);
