@@ -43,10 +43,18 @@ void Health::Shutdown() {
   }
 }
 
+void Health::EndWatches() {
+  Shutdown();
+  std::lock_guard<std::mutex> lock(mutex_);
+  watches_ended_ = true;
+  for (Watcher* watcher : watchers_) watcher->OnEnd();
+}
+
 void Health::AddWatcher(Watcher* watcher) {
   std::lock_guard<std::mutex> lock(mutex_);
   watchers_.push_back(watcher);
   watcher->OnStatus(Current());
+  if (watches_ended_) watcher->OnEnd();
 }
 
 void Health::RemoveWatcher(Watcher* watcher) {

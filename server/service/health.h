@@ -8,7 +8,8 @@
 // instant at which a probe can see SERVING early -- until SetServing(true),
 // i.e. until the model is loaded and the start-up self-check passed; and
 // NOT_SERVING for good after Shutdown() (drain, or a lost device). Watchers (the Watch RPCs)
-// hear every change.
+// hear every change, and are ended by EndWatches() (the server is about to close its
+// connections, and gRPC's shutdown waits for every open call).
 #ifndef HSX_SERVER_SERVICE_HEALTH_H_
 #define HSX_SERVER_SERVICE_HEALTH_H_
 
@@ -37,6 +38,8 @@ class Health {
    public:
     virtual ~Watcher() = default;
     virtual void OnStatus(Status status) = 0;
+    // The Watch must end now (EndWatches); same locking as OnStatus.
+    virtual void OnEnd() = 0;
   };
 
   // The status of `service`; nullopt for a name that is not served.
@@ -44,9 +47,13 @@ class Health {
   void SetServing(bool serving);
   // NOT_SERVING, frozen: the drain, and a lost device (device_loss.h).
   void Shutdown();
+  // Shutdown(), then ends every Watch, present and future: the last step before
+  // the servers close their connections.
+  void EndWatches();
 
   // `watcher` hears the current status at once (under the lock, so that no
-  // change can slip in between) and every later one until RemoveWatcher.
+  // change can slip in between) and every later one until RemoveWatcher; after
+  // EndWatches it hears OnEnd at once too.
   void AddWatcher(Watcher* watcher);
   void RemoveWatcher(Watcher* watcher);
 
@@ -56,6 +63,7 @@ class Health {
   mutable std::mutex mutex_;
   bool serving_ = false;
   bool shut_down_ = false;
+  bool watches_ended_ = false;
   std::vector<Watcher*> watchers_;
 };
 

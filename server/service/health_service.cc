@@ -14,23 +14,31 @@ using grpc::health::v1::HealthCheckResponse;
 
 // One Watch stream: writes the latest status whenever it differs from the last
 // one written, one write at a time (a status that changes twice during a
-// write is sent once, as its newest value). Deletes itself in OnDone.
+// write is sent once, as its newest value). Ends with UNAVAILABLE when the
+// server stops (OnEnd), after the write in flight. Deletes itself in OnDone.
 class WatchReactor final : public grpc::ServerWriteReactor<HealthCheckResponse>, public Health::Watcher {
  public:
+  // An unknown name is answered SERVICE_UNKNOWN once; it still watches, to hear OnEnd.
   WatchReactor(Health* health, bool known) : health_(health), known_(known) {
-    if (known_) {
-      health_->AddWatcher(this);  // writes the current status
-    } else {
+    if (!known_) {
       std::lock_guard<std::mutex> lock(mutex_);
       latest_ = HealthCheckResponse::SERVICE_UNKNOWN;
       WriteLocked();
     }
+    health_->AddWatcher(this);  // writes the current status (a known name)
   }
 
   void OnStatus(Health::Status status) override {
+    if (!known_) return;
     std::lock_guard<std::mutex> lock(mutex_);
     latest_ = status;
     WriteLocked();
+  }
+
+  void OnEnd() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ending_ = true;
+    if (!writing_) FinishLocked(StoppingStatus());
   }
 
   void OnWriteDone(bool ok) override {
@@ -41,6 +49,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<HealthCheckResponse>,
       return;
     }
     WriteLocked();
+    if (ending_ && !writing_) FinishLocked(StoppingStatus());
   }
 
   void OnCancel() override {
@@ -49,7 +58,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<HealthCheckResponse>,
   }
 
   void OnDone() override {
-    if (known_) health_->RemoveWatcher(this);
+    health_->RemoveWatcher(this);
     { std::lock_guard<std::mutex> lock(mutex_); }  // whoever called Finish has let go
     delete this;
   }
@@ -61,6 +70,10 @@ class WatchReactor final : public grpc::ServerWriteReactor<HealthCheckResponse>,
     response_.set_status(*latest_);
     writing_ = true;
     StartWrite(&response_);
+  }
+
+  static grpc::Status StoppingStatus() {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "health watch: the server is stopping");
   }
 
   void FinishLocked(const grpc::Status& status) {
@@ -76,6 +89,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<HealthCheckResponse>,
   std::optional<Health::Status> sent_;
   HealthCheckResponse response_;
   bool writing_ = false;
+  bool ending_ = false;  // OnEnd: finish once no write is in flight
   bool finished_ = false;
 };
 

@@ -8,6 +8,7 @@
 // UNAVAILABLE "draining", in-flight samples finish within --drain-timeout (a
 // second signal cuts the wait short), then the rest are cancelled, the servers
 // shut down and the process exits 0.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -50,6 +51,11 @@
 
 namespace hsx {
 namespace {
+
+// After the drain, the least time the connections get to close gracefully (the
+// rest of --drain-timeout, if longer): enough for any live client to read its
+// last bytes and answer the GOAWAY's PING.
+constexpr absl::Duration kCloseGrace = absl::Seconds(2);
 
 // Stop requests from the signal watcher, seen by main().
 class StopRequests {
@@ -237,14 +243,27 @@ absl::Status Serve() {
   health.Shutdown();
   service.StartDraining();
   start = absl::Now();
-  if (service.WaitIdle(absl::Now() + options.drain_timeout)) {
+  const absl::Time drain_deadline = start + options.drain_timeout;
+  if (service.WaitIdle(drain_deadline)) {
     LogInfo("drained in %.2f s", SecondsSince(start));
   } else {
     LogWarning("drain incomplete after %.2f s (--drain-timeout): cancelling %d in-flight Extract calls",
                SecondsSince(start), service.inflight());
     service.DrainExpired();
   }
-  shutdown_now();
+  // A finished call's last bytes may still sit in the socket buffers. A
+  // graceful gRPC shutdown (GOAWAY, then a PING the client answers only after
+  // reading everything before it) closes each connection once its client has
+  // them; closing at once could reset the connection and lose them. Watch
+  // streams end first: the shutdown waits for every open call.
+  health.EndWatches();
+  const absl::Time close_deadline = std::max(drain_deadline, absl::Now() + kCloseGrace);
+  LogInfo("closing connections: each client has until its last bytes are read, at most %s",
+          absl::FormatDuration(absl::Ceil(close_deadline - absl::Now(), absl::Milliseconds(100))));
+  start = absl::Now();
+  server->Shutdown(absl::ToChronoTime(close_deadline));
+  if (health_only.server) health_only.server->Shutdown(absl::ToChronoTime(close_deadline));
+  LogInfo("connections closed in %.2f s", SecondsSince(start));
   server->Wait();
   metrics.SetBatcherProbe(nullptr);
   metrics.StopServing();

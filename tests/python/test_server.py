@@ -666,3 +666,56 @@ def test_sigterm_drains_in_flight_streams(bin_dir, tiny, hsx_pb):
     log = srv.text()
     assert f"draining (health NOT_SERVING, new Extract calls refused); {len(rows)} in flight" in log, log
     assert "drained in" in log and "stopped" in log
+
+
+# A client that reads its last bytes only after the server was told to stop: a
+# separate process, stopped (SIGSTOP) so that its socket is not read at all.
+STOPPED_CLIENT = r"""
+import sys, grpc
+from hsx.v1 import hsx_pb2 as pb, hsx_pb2_grpc as pb_grpc
+address, ids = sys.argv[1], [int(t) for t in sys.argv[2].split(",")]
+with grpc.insecure_channel(address) as channel:
+    call = pb_grpc.HiddenStatesStub(channel).Extract(
+        pb.ExtractRequest(sample_id="late", token_ids=ids, capture_ids=list(range(9)), dtype=3), timeout=120)
+    count = 0
+    try:
+        for message in call:
+            if count == 0:
+                print("header", flush=True)
+            count += 1
+        print("ok", count, call.code(), flush=True)
+    except grpc.RpcError as e:
+        print("error", e.code(), e.details(), flush=True)
+"""
+
+
+def test_sigterm_exit_waits_for_a_slow_client_to_take_its_last_bytes(bin_dir, tiny):
+    """The call is finished on the server (its bytes are in the socket buffers) when SIGTERM comes, but the client
+    has not read them. The server must close the connection gracefully (GOAWAY, then a PING the client answers
+    only after reading everything before it) and exit only then: closing at once can reset the connection and lose
+    the stream's tail (seen in CI as UNAVAILABLE "Connection reset by peer" after a drain)."""
+    import sys
+
+    ids = random_ids(512, seed=77)  # 9 captures x 512 x 128 fp32: 2.4 MB in 64 KiB chunks (38 messages)
+    srv = HsxServer(bin_dir, tiny, "--max-chunk-bytes", "64KiB", "--drain-timeout", "60s").start()
+    client = subprocess.Popen([sys.executable, "-c", STOPPED_CLIENT, srv.address, ",".join(map(str, ids))],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "header"
+        client.send_signal(signal.SIGSTOP)
+        # Every write done on the server's side: the call is over there.
+        wait_for(lambda: scrape(srv).get("hsx_samples_total", 0) == 1 and scrape(srv)["hsx_inflight_requests"] == 0,
+                 30, "the call to finish on the server")
+        srv.signal(signal.SIGTERM)
+        wait_for(lambda: "closing connections" in srv.text(), 10, "the drain to end")
+        time.sleep(1.0)
+        assert srv.proc.poll() is None, "the server exited while its client had not read the stream's end"
+        client.send_signal(signal.SIGCONT)
+        out = client.stdout.read()
+        assert srv.proc.wait(30) == 0
+    finally:
+        client.kill()
+        srv.kill()
+    assert out.split()[:3] == ["ok", "38", "StatusCode.OK"], out
+    log = srv.text()
+    assert "drained in 0.0" in log and "connections closed in" in log and "stopped" in log, log

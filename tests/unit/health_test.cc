@@ -117,6 +117,47 @@ TEST(HealthService, WatchOfAnUnknownNameSaysServiceUnknown) {
   reader->Finish();
 }
 
+// EndWatches (the server is about to close its connections) ends every Watch,
+// of a known name or not, open or opened later, with UNAVAILABLE after its last
+// status; then a graceful shutdown has no call to wait for and returns at once.
+TEST(HealthService, EndWatchesEndsEveryWatchSoTheShutdownNeedNotWait) {
+  Health health;
+  health.SetServing(true);
+  HealthServer server(&health);
+  // Reads a Watch of `name` to its end: the statuses seen and the final status.
+  auto watch_to_end = [&](const std::string& name, std::vector<int>* seen, grpc::ClientContext* context) {
+    HealthCheckRequest request;
+    request.set_service(name);
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));  // fail, not hang
+    auto reader = server.stub().Watch(context, request);
+    HealthCheckResponse response;
+    while (reader->Read(&response)) seen->push_back(response.status());
+    return reader->Finish();
+  };
+  std::vector<int> known_seen, unknown_seen;
+  grpc::ClientContext known_context, unknown_context;
+  grpc::Status known_end, unknown_end;
+  std::thread known([&] { known_end = watch_to_end(kServiceName, &known_seen, &known_context); });
+  std::thread unknown([&] { unknown_end = watch_to_end("nope", &unknown_seen, &unknown_context); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both streams open
+  health.EndWatches();
+  known.join();
+  unknown.join();
+  EXPECT_EQ(known_seen, (std::vector<int>{HealthCheckResponse::SERVING, HealthCheckResponse::NOT_SERVING}));
+  EXPECT_EQ(unknown_seen, std::vector<int>{HealthCheckResponse::SERVICE_UNKNOWN});
+  for (const grpc::Status& end : {known_end, unknown_end}) {
+    EXPECT_EQ(end.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(end.error_message(), "health watch: the server is stopping");
+  }
+  std::vector<int> late_seen;
+  grpc::ClientContext late_context;
+  EXPECT_EQ(watch_to_end("", &late_seen, &late_context).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(late_seen, std::vector<int>{HealthCheckResponse::NOT_SERVING});
+  const auto start = std::chrono::steady_clock::now();
+  server.server().Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
 // Many watchers while the status flips: each sees alternating statuses (never
 // the same twice in a row) ending in the final one; a server shutdown with
 // watches open ends them.
