@@ -90,7 +90,10 @@ int LaunchDequantizeInt4(const int32_t* packed, const uint16_t* scale, int64_t r
   if (!ValidShape(rows, cols, group_size)) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if (packed == nullptr || scale == nullptr || out == nullptr) return cudaErrorInvalidValue;
-  if (reinterpret_cast<uintptr_t>(out) % 16 != 0) return cudaErrorMisalignedAddress;
+  // cudaErrorInvalidValue, not cudaErrorMisalignedAddress: that code is one of
+  // the sticky errors (cuda_errors.h), and the backend would report a rejected
+  // argument as a lost device.
+  if (reinterpret_cast<uintptr_t>(out) % 16 != 0) return cudaErrorInvalidValue;
   const int64_t words_per_row = cols / 8;
   const int64_t total_words = rows * words_per_row;
   DequantInt4Kernel<<<BlocksFor(total_words), kBlockSize, 0, stream>>>(

@@ -29,9 +29,10 @@ namespace hsx {
 // rows * cols values) asynchronously on `stream` (nullptr: the legacy default
 // stream). Requires 0 < cols <= INT32_MAX, cols % 8 == 0, group_size > 0,
 // cols % group_size == 0, and `out` 16-byte aligned (each thread stores its 8
-// outputs with one 16-byte store); otherwise returns cudaErrorInvalidValue (or
-// cudaErrorMisalignedAddress) without launching anything. rows == 0 is a
-// no-op. Otherwise returns the launch status (cudaGetLastError()).
+// outputs with one 16-byte store); otherwise returns cudaErrorInvalidValue
+// without launching anything (never a sticky code such as
+// cudaErrorMisalignedAddress, which callers classify as a lost device). rows
+// == 0 is a no-op. Otherwise returns the launch status (cudaGetLastError()).
 int LaunchDequantizeInt4(const int32_t* packed, const uint16_t* scale, int64_t rows,
                          int64_t cols, int64_t group_size, uint16_t* out,
                          CUstream_st* stream);
