@@ -958,7 +958,8 @@ void CudaBackend::CudnnSdpa(const Matrix& q, const Matrix& kv, const Matrix& k_r
   const int64_t qk_dim = nope_dim + rope_dim;
   const int64_t tokens = q.rows;
   const std::string what = absl::StrCat(tokens, " tokens, ", heads, " heads, head dims ", qk_dim, "/", v_dim);
-  if (!Check(tokens * heads * qk_dim <= INT32_MAX, "Attention (cuDNN)",
+  // Both offset arrays are int32 (offsets_v counts v_dim elements per head).
+  if (!Check(tokens * heads * std::max(qk_dim, v_dim) <= INT32_MAX, "Attention (cuDNN)",
              absl::StrCat(what, ": the ragged offsets exceed int32; use --attention=reference"))) {
     return;
   }
@@ -1074,7 +1075,14 @@ void CudaBackend::MoeExperts(const Matrix& x, const Routing& routing_handle, con
   auto* offsets_device = static_cast<int32_t*>(index->get());
   int32_t* rows_device = offsets_device + num_experts;
   int32_t* slot_row = rows_device + std::max<int64_t>(rows, 1);
-  if (!Cuda(cudaMemcpyAsync(offsets_device, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice, stream_),
+  // Every slot starts as -1 ("no row"): ExpertRows writes only the slots whose
+  // expert id is in [0, num_experts), so a routing that never got written (a
+  // Route that failed, and recorded it, before this op) would otherwise leave
+  // pool garbage for Combine to use as a row index of y: an out-of-bounds read
+  // that poisons the context and turns one failed batch into a lost device.
+  if (!Cuda(cudaMemsetAsync(slot_row, 0xff, static_cast<size_t>(tokens * top_k) * 4, stream_), "MoeExperts",
+            "slot rows") ||
+      !Cuda(cudaMemcpyAsync(offsets_device, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice, stream_),
             "MoeExperts", "offsets") ||
       !Cuda(cuda::LaunchExpertRows(routing.experts, tokens, top_k, table.held_device, num_experts, offsets_device,
                                    rows_device, slot_row, stream_),

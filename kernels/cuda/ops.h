@@ -125,7 +125,9 @@ int LaunchExpertCounts(const int32_t* experts, int64_t tokens, int64_t top_k, co
 // ascending id, each expert's tokens in ascending order. offsets[e] is the
 // first row of expert e (the exclusive prefix sum of counts over held
 // experts, computed on the host). Writes rows[offset + i] = token and
-// slot_row[t * top_k + slot] = its row (-1 for experts held elsewhere).
+// slot_row[t * top_k + slot] = its row (-1 for experts held elsewhere); a slot
+// whose id is outside [0, num_experts) is not written (the caller fills
+// slot_row with -1 first).
 int LaunchExpertRows(const int32_t* experts, int64_t tokens, int64_t top_k, const uint8_t* held,
                      int64_t num_experts, const int32_t* offsets, int32_t* rows, int32_t* slot_row,
                      CUstream_st* stream);
