@@ -335,6 +335,10 @@ absl::Status CudaBackend::Init() {
 }
 
 CudaBackend::~CudaBackend() {
+  // Everything below belongs to device_, and the destroying thread may have
+  // another device current (a test tearing down ranks of several GPUs on its
+  // main thread); the engine destroys a backend on its rank's thread.
+  if (stream_ != nullptr && cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   ReleaseStaging().IgnoreError();  // the destructor has nowhere to report it
   if (snapshot_ != nullptr) cudaEventDestroy(snapshot_);

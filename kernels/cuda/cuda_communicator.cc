@@ -27,7 +27,11 @@ namespace {
 class CudaGroup : public CommunicatorGroup {
  public:
   CudaGroup(std::vector<CudaRank> ranks, std::vector<Backend*> backends)
-      : ranks_(std::move(ranks)), backends_(std::move(backends)), barrier_(size()), posted_(ranks_.size()) {
+      : ranks_(std::move(ranks)),
+        backends_(std::move(backends)),
+        barrier_(size()),
+        posted_{std::vector<Posted>(ranks_.size()), std::vector<Posted>(ranks_.size())},
+        rounds_(ranks_.size(), 0) {
     for (int r = 0; r < size(); ++r) communicators_.push_back(std::make_unique<RankCommunicator>(this, r));
   }
 
@@ -36,6 +40,9 @@ class CudaGroup : public CommunicatorGroup {
   void Abort(const absl::Status& why) override { barrier_.Abort(why); }
   absl::Status Reset() override {
     barrier_.Reset();
+    // No rank is in the group: every rank starts again at round 0, whoever
+    // had posted in the aborted round.
+    std::fill(rounds_.begin(), rounds_.end(), 0);
     return absl::OkStatus();
   }
 
@@ -75,25 +82,35 @@ class CudaGroup : public CommunicatorGroup {
     return absl::OkStatus();
   }
 
-  // Posts the rank's matrix and meets the others; afterwards every rank sees
-  // the same posted_ and so takes the same decision on their sizes.
-  absl::Status PostAndMeet(int rank, const Matrix& data) {
-    posted_[rank] = {static_cast<float*>(data.data), data.rows * data.cols};
+  // Posts the rank's matrix and meets the others; returns this round's
+  // postings, the same for every rank, which so take the same decision on
+  // their sizes.
+  //
+  // Why two sets of postings, by the parity of the round: after the barrier a
+  // rank may run ahead into its next all-reduce and post again while a slower
+  // rank still reads this round's postings (the NCCL transport meets only
+  // once per all-reduce). It cannot get two rounds ahead: posting the round
+  // after next means passing the next round's barrier, which the slower rank
+  // reaches only after reading these.
+  absl::StatusOr<const std::vector<Posted>*> PostAndMeet(int rank, const Matrix& data) {
+    std::vector<Posted>& posted = posted_[rounds_[rank]++ % 2];
+    posted[rank] = {static_cast<float*>(data.data), data.rows * data.cols};
     if (absl::Status s = barrier_.ArriveAndWait(); !s.ok()) return s;
     for (int r = 0; r < size(); ++r) {
-      if (posted_[r].elements != posted_[rank].elements) {
+      if (posted[r].elements != posted[rank].elements) {
         return absl::InvalidArgumentError(absl::StrCat(What(rank, data), ": rank ", r, " passed ",
-                                                       posted_[r].elements, " elements, this rank ",
-                                                       posted_[rank].elements));
+                                                       posted[r].elements, " elements, this rank ",
+                                                       posted[rank].elements));
       }
     }
-    return absl::OkStatus();
+    return &posted;
   }
 
   std::vector<CudaRank> ranks_;
   std::vector<Backend*> backends_;
   RankBarrier barrier_;
-  std::vector<Posted> posted_;
+  std::vector<Posted> posted_[2];  // by round parity (PostAndMeet)
+  std::vector<int64_t> rounds_;    // per rank: its all-reduces since the last Reset (its own thread's)
 
  private:
   class RankCommunicator : public Communicator {
@@ -154,23 +171,25 @@ class SameDeviceGroup : public CudaGroup {
     HSX_CUDA_TRY(cudaSetDevice(ranks_[rank].device), "cudaSetDevice");
     // 1. This rank's partial is complete at `ready`.
     HSX_CUDA_TRY(cudaEventRecord(ready_[rank], stream), "cudaEventRecord");
-    if (absl::Status s = PostAndMeet(rank, data); !s.ok()) return s;
+    absl::StatusOr<const std::vector<Posted>*> met = PostAndMeet(rank, data);
+    if (!met.ok()) return met.status();
+    const std::vector<Posted>& posted = **met;
     // 2. Own slice: wait for every partial, sum in rank order, push the sum.
     for (int r = 0; r < n; ++r) {
       if (r != rank) HSX_CUDA_TRY(cudaStreamWaitEvent(stream, ready_[r], 0), "cudaStreamWaitEvent");
     }
-    const SliceRange slice = ReduceSlice(posted_[rank].elements, n, rank);
+    const SliceRange slice = ReduceSlice(posted[rank].elements, n, rank);
     if (slice.size() > 0) {
       std::vector<const float*> sources;
       for (const Summand& summand : ReduceSources(n, rank, false)) {
-        sources.push_back(posted_[summand.rank].data + slice.begin);
+        sources.push_back(posted[summand.rank].data + slice.begin);
       }
-      float* own = posted_[rank].data + slice.begin;
+      float* own = posted[rank].data + slice.begin;
       HSX_CUDA_TRY(static_cast<cudaError_t>(cuda::LaunchSumInRankOrder(sources.data(), n, own, slice.size(), stream)),
                    "LaunchSumInRankOrder");
       for (int r = 0; r < n; ++r) {
         if (r == rank) continue;
-        HSX_CUDA_TRY(cudaMemcpyAsync(posted_[r].data + slice.begin, own, sizeof(float) * slice.size(),
+        HSX_CUDA_TRY(cudaMemcpyAsync(posted[r].data + slice.begin, own, sizeof(float) * slice.size(),
                                      cudaMemcpyDeviceToDevice, stream),
                      "cudaMemcpyAsync (gather)");
       }
@@ -232,14 +251,15 @@ class NcclGroup : public CudaGroup {
 
   absl::Status AllReduce(int rank, const Matrix& data) override {
     if (absl::Status s = CheckPartial(rank, data); !s.ok()) return s;
-    if (absl::Status s = PostAndMeet(rank, data); !s.ok()) return s;
+    absl::StatusOr<const std::vector<Posted>*> met = PostAndMeet(rank, data);
+    if (!met.ok()) return met.status();
     const int n = size();
     const cudaStream_t stream = ranks_[rank].stream;
     const ncclComm_t comm = comms_[rank];
     if (comm == nullptr) return absl::AbortedError(absl::StrCat(What(rank, data), ": the NCCL group was aborted"));
     HSX_CUDA_TRY(cudaSetDevice(ranks_[rank].device), "cudaSetDevice");
-    const int64_t elements = posted_[rank].elements;
-    float* base = posted_[rank].data;
+    const int64_t elements = (**met)[rank].elements;
+    float* base = (**met)[rank].data;
     const SliceRange own = ReduceSlice(elements, n, rank);
     // Staging for the peers' partials of the own slice, stream-ordered on
     // this rank's stream (freed after the sum that reads it).
@@ -291,7 +311,7 @@ class NcclGroup : public CudaGroup {
   absl::Status Exchange(int rank, const Matrix& data, ncclComm_t comm, const std::vector<PeerExchange>& exchanges,
                         const std::function<float*(const PeerExchange&)>& receive_to) {
     const cudaStream_t stream = ranks_[rank].stream;
-    const float* base = posted_[rank].data;
+    const float* base = static_cast<const float*>(data.data);  // what this rank posted
     if (absl::Status s = Nccl(api_->ncclGroupStart(), rank, data, "ncclGroupStart"); !s.ok()) return s;
     absl::Status status;
     for (const PeerExchange& e : exchanges) {

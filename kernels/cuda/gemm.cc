@@ -134,14 +134,17 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::PlanFor(const Key& key) {
       // The first whose rows are verifiably independent of M (a stream-K
       // style kernel would fail this even with split-K 1).
       for (size_t c = 0; c < candidates.size(); ++c) {
-        absl::StatusOr<bool> independent = RowsIndependent(*candidates[c], key);
+        std::string rejected;
+        absl::StatusOr<bool> independent = RowsIndependent(*candidates[c], key, &rejected);
         if (!independent.ok()) {
           return absl::Status(independent.status().code(),
                               absl::StrCat("cuBLASLt plan for ", shape, ": ", independent.status().message()));
         }
         if (!*independent) {
-          absl::StrAppend(&tried, tried.empty() ? "" : "; ", candidates[c]->description,
-                          ": a row alone differs from the same row in ", kPlanRows, " rows");
+          absl::StrAppend(&tried, tried.empty() ? "" : "; ", candidates[c]->description, ": ",
+                          rejected.empty() ? absl::StrCat("a row alone differs from the same row in ", kPlanRows,
+                                                          " rows")
+                                           : rejected);
           continue;
         }
         candidates[c]->description = absl::StrCat(shape, ": ", candidates[c]->description);
@@ -241,7 +244,7 @@ std::vector<std::unique_ptr<LtGemm::Plan>> LtGemm::Candidates(int compute, bool 
   return plans;
 }
 
-absl::StatusOr<bool> LtGemm::RowsIndependent(const Plan& plan, const Key& key) {
+absl::StatusOr<bool> LtGemm::RowsIndependent(const Plan& plan, const Key& key, std::string* rejected) {
   const auto [n, k, in_bf16, out_bf16] = key;
   const int64_t element_in = in_bf16 ? 2 : 4, element_out = out_bf16 ? 2 : 4;
   const int64_t ldk = RoundUp(k, kAlignment / element_in), ldn = RoundUp(n, kAlignment / element_out);
@@ -269,15 +272,24 @@ absl::StatusOr<bool> LtGemm::RowsIndependent(const Plan& plan, const Key& key) {
   // Row r near the end, alone and in a product whose last row tile is
   // partial (kPlanRows - 5 rows: no power-of-two tile divides it).
   const int64_t r = kPlanRows - 7;
-  if (status.ok()) {
-    status = Run(plan, GemmMatrix{x.data, in_bf16, kPlanRows - 5, k, ldk}, w,
-                 GemmMatrix{y.data, out_bf16, kPlanRows - 5, n, ldn});
+  // A candidate cuBLASLt will not run at one of these M (it was checked at
+  // kPlanRows only) is not usable, rather than the end of planning: the next
+  // candidate is tried. (A sticky device error under it fails the next
+  // candidate's CUDA calls, so it is still reported.)
+  bool ran = status.ok();
+  if (ran) {
+    const absl::Status multiplied = Run(plan, GemmMatrix{x.data, in_bf16, kPlanRows - 5, k, ldk}, w,
+                                        GemmMatrix{y.data, out_bf16, kPlanRows - 5, n, ldn});
+    if (!multiplied.ok()) *rejected = absl::StrCat("at M = ", kPlanRows - 5, ": ", multiplied.message());
+    ran = multiplied.ok();
   }
-  if (status.ok()) {
+  if (ran) {
     const GemmMatrix x_row{static_cast<const char*>(x.data) + r * ldk * element_in, in_bf16, 1, k, ldk};
-    status = Run(plan, x_row, w, y1);
+    const absl::Status multiplied = Run(plan, x_row, w, y1);
+    if (!multiplied.ok()) *rejected = absl::StrCat("at M = 1: ", multiplied.message());
+    ran = multiplied.ok();
   }
-  if (status.ok()) {
+  if (ran) {
     cudaError_t s = cudaMemcpyAsync(in_batch.data(), static_cast<const char*>(y.data) + r * ldn * element_out,
                                     in_batch.size(), cudaMemcpyDeviceToHost, stream_);
     if (s == cudaSuccess) s = cudaMemcpyAsync(alone.data(), y1.data, alone.size(), cudaMemcpyDeviceToHost, stream_);
@@ -286,16 +298,20 @@ absl::StatusOr<bool> LtGemm::RowsIndependent(const Plan& plan, const Key& key) {
   }
   cudaFreeAsync(block, stream_);
   if (!status.ok()) return status;
-  return in_batch == alone;
+  return ran && in_batch == alone;
 }
 
 absl::Status LtGemm::Run(const Plan& plan, const GemmMatrix& x, const GemmMatrix& w, const GemmMatrix& y) {
   Layouts layouts;
   if (absl::Status s = layouts.Make(x.bf16, y.bf16, x.rows, w.rows, w.cols, w.ld, x.ld, y.ld); !s.ok()) return s;
   const float alpha = 1.0f, beta = 0.0f;
+  // The whole workspace, not the size cublasLtMatmulAlgoCheck gave for
+  // kPlanRows rows: the plan runs at every M, and an algorithm that needs more
+  // at another M would fail the multiply (the algorithm itself, split-K 1
+  // included, is fixed by plan.algo whatever the workspace).
   const cublasStatus_t status =
       Lt().cublasLtMatmul(handle_, plan.desc, &alpha, w.data, layouts.a, x.data, layouts.b, &beta, y.data, layouts.d,
-                     const_cast<void*>(y.data), layouts.d, &plan.algo, workspace_, plan.workspace, stream_);
+                     const_cast<void*>(y.data), layouts.d, &plan.algo, workspace_, workspace_bytes_, stream_);
   if (status != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cublasLtMatmul failed (", LtError(status), "): x [", x.rows, ", ",
                                             x.cols, "] ", x.bf16 ? "bf16" : "f32", ", W [", w.rows, ", ", w.cols,

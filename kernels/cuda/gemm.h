@@ -95,7 +95,9 @@ class LtGemm {
                                                 std::string* why);
   // Whether `plan` computes a row alone exactly as inside a kPlanRows-row
   // product of the same shape (run on device-generated data; synchronizes).
-  absl::StatusOr<bool> RowsIndependent(const Plan& plan, const Key& key);
+  // False with `rejected` set when cuBLASLt refuses to run the plan at one of
+  // those sizes; an error only for a failed CUDA call.
+  absl::StatusOr<bool> RowsIndependent(const Plan& plan, const Key& key, std::string* rejected);
   absl::Status Run(const Plan& plan, const GemmMatrix& x, const GemmMatrix& w, const GemmMatrix& y);
 
   cublasLtContext* handle_;

@@ -198,6 +198,17 @@ absl::StatusOr<Captures> Engine::Run(const Batch& batch, const CaptureSpec& capt
   RankState& first = workers_[0]->state();
   absl::StatusOr<Captures> result = std::move(first.result);
   for (auto& worker : workers_) worker->state().result = absl::CancelledError();  // drop other ranks' buffers
+  if (!status.ok() && !IsDeviceLost(status)) {
+    // A rank that left the batch early (a failed allocation, an aborted
+    // collective) skipped the Synchronize() that ends Model::Run: an op error
+    // its backend recorded before it left would fail the next batch, and its
+    // device work may still run. Wait for it and drop those errors (the
+    // collectives were aborted and re-armed, so nothing waits for a peer).
+    (void)OnEveryRank([](RankState& s, int) {
+      s.backend->Synchronize().IgnoreError();
+      return absl::OkStatus();
+    });
+  }
   if (IsDeviceLost(status) && options_.on_device_lost) options_.on_device_lost(status);
   if (!status.ok()) return status;
   return result;

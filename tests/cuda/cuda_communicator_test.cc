@@ -53,14 +53,27 @@ class CudaCommunicatorTest : public ::testing::TestWithParam<Transport> {
     group_ = *std::move(group);
   }
 
-  // Every rank's AllReduceSum at once, each on its own thread.
+  // Every rank's AllReduceSum at once, each on its own thread. As the engine
+  // does, a failed rank aborts the group, so that a rank failing before the
+  // barrier (or, on NCCL, before its sends) fails the others instead of
+  // leaving them waiting forever; the group is re-armed afterwards.
   std::vector<absl::Status> AllReduce(const std::vector<Matrix>& data) {
     std::vector<absl::Status> results(data.size());
     std::vector<std::thread> threads;
     for (size_t r = 0; r < data.size(); ++r) {
-      threads.emplace_back([&, r] { results[r] = group_->rank(static_cast<int>(r))->AllReduceSum(data[r]); });
+      threads.emplace_back([&, r] {
+        results[r] = group_->rank(static_cast<int>(r))->AllReduceSum(data[r]);
+        if (!results[r].ok()) group_->Abort(results[r]);
+      });
     }
     for (auto& t : threads) t.join();
+    for (const absl::Status& s : results) {
+      if (!s.ok()) {
+        const absl::Status reset = group_->Reset();
+        EXPECT_TRUE(reset.ok()) << reset;
+        break;
+      }
+    }
     return results;
   }
 

@@ -171,6 +171,11 @@ void GpuDequant(const Int4Weight& w, cudaStream_t stream, std::vector<uint16_t>&
   HSX_ASSERT_CUDA(packed.Upload(w.packed));
   HSX_ASSERT_CUDA(scale.Upload(w.scale));
   HSX_ASSERT_CUDA(cudaMemset(out.get(), 0xFF, static_cast<size_t>(w.rows * w.cols) * 2));
+  // The uploads and the memset are on the legacy default stream (the memset,
+  // and a pageable upload's DMA, may still be running when they return),
+  // which a non-blocking `stream` does not wait for: without this the memset
+  // could land after the kernel's output.
+  HSX_ASSERT_CUDA(cudaDeviceSynchronize());
   HSX_ASSERT_CUDA(static_cast<cudaError_t>(LaunchDequantizeInt4(
       packed.get(), scale.get(), w.rows, w.cols, w.group_size, out.get(), stream)));
   HSX_ASSERT_CUDA(cudaStreamSynchronize(stream));

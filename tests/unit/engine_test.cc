@@ -233,6 +233,30 @@ TEST_F(EngineTest, AFailingRankFailsTheBatchEverywhereAndTheNextBatchRuns) {
   }
 }
 
+// Rank 1 records an op error (its first Linear) and then leaves the batch at a
+// failed allocation, before the Synchronize() that would have reported and
+// cleared the op error: the batch fails with the allocation's error, and the
+// next batch must not inherit the op's.
+TEST_F(EngineTest, AnOpErrorOfARankThatLeftEarlyDoesNotFailTheNextBatch) {
+  Fault fault;
+  auto factory = std::make_shared<FaultyFactory>(1, &fault);
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::Create(*checkpoint_, {.tp = 2, .precision = Precision::kBf16, .threads = 2, .factory = factory});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE(RunBounded(**engine).ok());  // places the rotary table: later batches do not synchronize early
+  factory->faulty()->ResetCounts();
+  fault.linear_call = 1;
+  fault.allocate_call = 12;  // after the first Linear: layer 0 has allocated 6 scratch matrices by then
+  const absl::StatusOr<std::vector<SampleStates>> failed = RunBounded(**engine);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted) << failed.status();
+
+  fault.linear_call = 0;
+  fault.allocate_call = 0;
+  const absl::StatusOr<std::vector<SampleStates>> next = RunBounded(**engine);
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
 // A lost device on rank 1 of 2, in an op (reported at Synchronize, the other
 // rank finishes the batch) or in an allocation (rank 1 leaves at once, rank 0
 // waits in an all-reduce until the abort): the batch fails on every rank with
