@@ -173,10 +173,12 @@ absl::Status Serve() {
                options.listen);
   }
 
-  auto shutdown_now = [&] {
-    server->Shutdown(std::chrono::system_clock::now());
-    if (health_only.server) health_only.server->Shutdown(std::chrono::system_clock::now());
+  // Both servers; calls still open at `deadline` are cancelled.
+  auto shutdown_by = [&](absl::Time deadline) {
+    server->Shutdown(absl::ToChronoTime(deadline));
+    if (health_only.server) health_only.server->Shutdown(absl::ToChronoTime(deadline));
   };
+  auto shutdown_now = [&] { shutdown_by(absl::Now()); };
 
   // The model.
   absl::Time start = absl::Now();
@@ -261,8 +263,7 @@ absl::Status Serve() {
   LogInfo("closing connections: each client has until its last bytes are read, at most %s",
           absl::FormatDuration(absl::Ceil(close_deadline - absl::Now(), absl::Milliseconds(100))));
   start = absl::Now();
-  server->Shutdown(absl::ToChronoTime(close_deadline));
-  if (health_only.server) health_only.server->Shutdown(absl::ToChronoTime(close_deadline));
+  shutdown_by(close_deadline);
   LogInfo("connections closed in %.2f s", SecondsSince(start));
   server->Wait();
   metrics.SetBatcherProbe(nullptr);

@@ -8,6 +8,7 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -124,6 +125,7 @@ TEST(HealthService, EndWatchesEndsEveryWatchSoTheShutdownNeedNotWait) {
   Health health;
   health.SetServing(true);
   HealthServer server(&health);
+  std::atomic<int> opened{0};  // Watches that have their first status
   // Reads a Watch of `name` to its end: the statuses seen and the final status.
   auto watch_to_end = [&](const std::string& name, std::vector<int>* seen, grpc::ClientContext* context) {
     HealthCheckRequest request;
@@ -131,6 +133,8 @@ TEST(HealthService, EndWatchesEndsEveryWatchSoTheShutdownNeedNotWait) {
     context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));  // fail, not hang
     auto reader = server.stub().Watch(context, request);
     HealthCheckResponse response;
+    if (reader->Read(&response)) seen->push_back(response.status());
+    opened.fetch_add(1);
     while (reader->Read(&response)) seen->push_back(response.status());
     return reader->Finish();
   };
@@ -139,7 +143,7 @@ TEST(HealthService, EndWatchesEndsEveryWatchSoTheShutdownNeedNotWait) {
   grpc::Status known_end, unknown_end;
   std::thread known([&] { known_end = watch_to_end(kServiceName, &known_seen, &known_context); });
   std::thread unknown([&] { unknown_end = watch_to_end("nope", &unknown_seen, &unknown_context); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both streams open
+  while (opened.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // both registered
   health.EndWatches();
   known.join();
   unknown.join();
