@@ -15,6 +15,7 @@ from compressed_tensors.compressors import BaseCompressor
 from compressed_tensors.quantization import QuantizationConfig
 from compressed_tensors.utils.match import match_quantizable_tensors
 from safetensors import safe_open
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
 
@@ -108,6 +109,70 @@ def load_reference(model_dir: Path, dtype: torch.dtype, config_edits: dict = Non
     return model.eval()
 
 
+def _as_exact_float32(t: torch.Tensor) -> torch.Tensor:
+    """t as float32, checked to hold bfloat16 values: then every product of two
+    elements is exact in float32, and an add after it is the fused multiply-add."""
+    f = t.to(torch.float32)
+    if not torch.equal(f, f.to(torch.bfloat16).to(torch.float32)):
+        raise AssertionError("k-ordered GEMM: an operand holds values that are not bfloat16")
+    return f
+
+
+def _k_ordered(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """a [..., M, K] @ b [..., K, N]: each element summed over k = 0, 1, ... in
+    float32 from 0, then rounded once to out_dtype."""
+    a, b = _as_exact_float32(a), _as_exact_float32(b)
+    acc = torch.zeros(*a.shape[:-1], b.shape[-1], dtype=torch.float32)
+    for k in range(a.shape[-1]):
+        acc += a[..., k, None] * b[..., k, None, :]
+    return acc.to(out_dtype)
+
+
+def _grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype):
+    """torch._grouped_mm's 2D x 3D case: rows offs[i-1]:offs[i] of a times b[i]."""
+    out = torch.zeros(a.shape[0], b.shape[-1], dtype=out_dtype)
+    start = 0
+    for i, end in enumerate(offs.tolist()):
+        if end > start:
+            out[start:end] = _k_ordered(a[start:end], b[i], out_dtype)
+        start = end
+    return out
+
+
+class KOrderedGemm(TorchDispatchMode):
+    """Computes the reference's matrix products (mm, addmm without bias, bmm,
+    _grouped_mm) as a GEMM with float32 accumulation defines them: each
+    element is the sum over k in ascending order, in float32, rounded once
+    to the output dtype. The operands must hold bfloat16 values (checked),
+    which makes every product exact, so the result does not depend on how the
+    sum is fused or vectorised.
+
+    Why: torch's own bfloat16 GEMM sums in an order chosen by oneDNN for the
+    host CPU (AMX tiles sum pairs of products, AVX-512 does not), so its last
+    bit differs between machines, and a bit-identity test against it would pass
+    on one CPU and fail on another. hsx's CPU GEMM sums in this order (see
+    kernels/cpu/gemm.h); everything else (where the rounding happens, the
+    attention, the routing, the norms) is still transformers' own code."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        aten = torch.ops.aten
+        if func is aten.mm.default:
+            a, b = args
+            return _k_ordered(a, b, a.dtype)
+        if func is aten.bmm.default:
+            a, b = args
+            return _k_ordered(a, b, a.dtype)
+        if func is aten._grouped_mm.default:
+            a, b, offs = args[:3]
+            assert a.dim() == 2 and b.dim() == 3 and len(args) == 3 and not kwargs, (args, kwargs)
+            return _grouped(a, b, offs, a.dtype)
+        if func in (aten.addmm.default, aten.baddbmm.default, aten.matmul.default,
+                    aten.linear.default, aten.dot.default, aten.mv.default):
+            raise AssertionError(f"k-ordered GEMM: {func} is not handled")
+        return func(*args, **kwargs)
+
+
 @torch.no_grad()
 def reference_states(model: DeepseekV3ForCausalLM, input_ids: list) -> tuple:
     """(R, final) for one sample: R[k] = residual stream entering layer k for
@@ -118,7 +183,11 @@ def reference_states(model: DeepseekV3ForCausalLM, input_ids: list) -> tuple:
     handle = last.register_forward_hook(lambda m, args, out: captured.__setitem__(
         "last", out[0] if isinstance(out, tuple) else out))
     try:
-        out = model.model(input_ids=torch.tensor([input_ids]), output_hidden_states=True)
+        if model.dtype == torch.bfloat16:
+            with KOrderedGemm():
+                out = model.model(input_ids=torch.tensor([input_ids]), output_hidden_states=True)
+        else:
+            out = model.model(input_ids=torch.tensor([input_ids]), output_hidden_states=True)
     finally:
         handle.remove()
     n = len(model.model.layers)

@@ -200,3 +200,33 @@ def test_guard_bf16_check_catches_no_bf16_rounding_at_all(case):
     worst, rows = compare(name, model_dir, short(samples), outputs["fp32", 1], torch.bfloat16, 1,
                           label="guard fp32 states vs bfloat16 reference")
     assert all(r["max_error"] > BF16_TOLERANCE for r in rows), rows
+
+
+# ---------------------------------------------------------------------------
+# The reference's GEMM (hf_oracle.KOrderedGemm, docs/oracle.md): checked
+# against a plain loop, and refusing operands it cannot sum exactly.
+
+def test_k_ordered_gemm_sums_in_ascending_k():
+    # float32 operands holding bfloat16 values: the float32 result shows the
+    # summation order that a bfloat16 output would mostly hide.
+    import numpy as np
+    from hf_oracle import KOrderedGemm
+    gen = torch.Generator().manual_seed(3)
+    a = (torch.randn(5, 300, generator=gen) * 3).to(torch.bfloat16).float()
+    b = torch.randn(7, 300, generator=gen).to(torch.bfloat16).float()
+    with KOrderedGemm():
+        got = torch.nn.functional.linear(a, b)
+        got_bf16 = torch.nn.functional.linear(a.bfloat16(), b.bfloat16())
+    want = np.zeros((5, 7), dtype=np.float32)
+    for k in range(300):  # float32 adds, k ascending; each product exact
+        want += np.outer(a[:, k].numpy(), b[:, k].numpy())
+    assert torch.equal(got, torch.from_numpy(want))
+    assert torch.equal(got_bf16, got.to(torch.bfloat16))  # rounded once, from float32
+
+
+def test_k_ordered_gemm_refuses_operands_that_are_not_bfloat16_values():
+    from hf_oracle import KOrderedGemm
+    a = torch.full((2, 3), 1.0 + 2.0 ** -12)  # float32, not representable in bfloat16
+    with pytest.raises(AssertionError, match="not bfloat16"):
+        with KOrderedGemm():
+            torch.mm(a, torch.ones(3, 2))
