@@ -5,6 +5,8 @@ Prepared here by `scripts/device-check.sh --prepare` (which copies this file int
 run.py) and started there by the bundle's run.sh. Standard library only: the GPU machine has a
 python3 but none of our packages. Guarantees:
   - every step runs under a hard timeout, and the whole run under --budget-s (default 480 s);
+  - a step that hangs cannot starve the ones after it: while a step runs, the budget keeps back
+    each later step's reserve_s (its share, about what it takes on an H200 plus a margin);
   - without a GPU it says "no GPU: <reason>", runs what needs none, skips the rest, and exits 0
     unless something that ran failed;
   - OUT gets exactly three files (report.md, report.json, device-check.log), each written whole.
@@ -71,6 +73,7 @@ class Step:
     binaries = ()
     needs_gpu = False
     timeout_s = 60
+    reserve_s = 10  # kept for this step out of the budget while earlier steps run
 
     def __init__(self, name, title):
         self.name = name
@@ -130,10 +133,11 @@ class BundleCheck(Step):
 class GTestSuite(Step):
     """A GoogleTest binary; its counts come from --gtest_output=xml."""
 
-    def __init__(self, name, binary, title, timeout_s, gtest_filter=None):
+    def __init__(self, name, binary, title, timeout_s, gtest_filter=None, reserve_s=Step.reserve_s):
         super().__init__(name, title)
         self.binaries = (binary,)
         self.timeout_s = timeout_s
+        self.reserve_s = reserve_s
         self.gtest_filter = gtest_filter
 
     def run(self, ctx):
@@ -165,6 +169,7 @@ class CpuPipeline(Step):
 
     binaries = ("hsx-make-model", "hsx-inspect", "hsx-dump", "hsx-verify")
     timeout_s = 120
+    reserve_s = 20
 
     def __init__(self):
         super().__init__("cpu_pipeline", "hsx-make-model, hsx-inspect, hsx-dump --model --device cpu, hsx-verify")
@@ -203,6 +208,7 @@ class GpuForward(Step):
 
     binaries = ("gpu_forward",)
     timeout_s = 170
+    reserve_s = 60
 
     def __init__(self):
         super().__init__("gpu_forward", "bench/gpu_forward: one rank of Kimi-K2 at 8k and 32k tokens"
@@ -210,8 +216,10 @@ class GpuForward(Step):
                          " time the forward pays with the overlap off and on)")
 
     def run(self, ctx):
+        # Its own limit inside the time this step has, so that it reports what it measured.
+        max_seconds = int(max(10, min(110, ctx.remaining_s() - 15)))
         argv = [ctx.binary("gpu_forward"), "--tokens=8192,32768", "--layers=2", "--repeats=3",
-                "--max-seconds=110", "--capture-tokens=32768"]
+                "--max-seconds=%d" % max_seconds, "--capture-tokens=32768"]
         outcome = ctx.execute(argv, self.timeout_s)
         if outcome.timed_out:
             return {"status": "timeout", "summary": "killed at its time limit, after %.0f s" % outcome.seconds}
@@ -257,28 +265,29 @@ def summarize_forward(result):
 STEPS = [
     BundleCheck(),
     GTestSuite("cuda_kernels", "hsx_cuda_tests", "CUDA kernels and the backend's per-op conformance against"
-               " the CPU reference (tests/cuda)", timeout_s=150,
+               " the CPU reference (tests/cuda)", timeout_s=150, reserve_s=40,
                gtest_filter="-CudaModelTest.*:*RowsDoNotDependOn*:*TensorParallel*:*CudaCommunicator*:Cudnn*"
                             ":*CudaCapture*"),
     GTestSuite("oracle", "hsx_cuda_tests", "--device cuda against the CPU backend, whole model"
-               " (fp32 1e-5, bf16 2e-2)", timeout_s=120, gtest_filter="CudaModelTest.MatchesTheCpuBackend*"),
+               " (fp32 1e-5, bf16 2e-2)", timeout_s=120, reserve_s=20,
+               gtest_filter="CudaModelTest.MatchesTheCpuBackend*"),
     GTestSuite("batch_invariance", "hsx_cuda_tests", "a sample's states bitwise the same solo and in any"
-               " batch (20 seeds, up to 2048 tokens), rows independent of M", timeout_s=180,
+               " batch (20 seeds, up to 2048 tokens), rows independent of M", timeout_s=180, reserve_s=40,
                gtest_filter="CudaModelTest.BatchedEqualsSoloBitForBit*:*RowsDoNotDependOn*"),
     GTestSuite("cudnn_attention", "hsx_cuda_tests", "--attention=cudnn (cuDNN SDPA) against the reference"
                " kernel at Kimi head dims 192/128 and on the whole tiny model (bf16 2e-2), and bitwise batch"
-               " invariance, op and model", timeout_s=90, gtest_filter="Cudnn*"),
+               " invariance, op and model", timeout_s=90, reserve_s=20, gtest_filter="Cudnn*"),
     GTestSuite("tensor_parallel", "hsx_cuda_tests", "TP 2/4/8 with every rank on one GPU (same-device"
                " transport) against TP 1 (fp32 1e-5), TP 8 batch invariance bitwise, the transports against the"
-               " host plan bitwise, abort; NCCL where >= 2 GPUs", timeout_s=120,
+               " host plan bitwise, abort; NCCL where >= 2 GPUs", timeout_s=120, reserve_s=40,
                gtest_filter="Devices/TensorParallelTest.*/cuda:Transports/CudaCommunicatorTest.*"),
     GTestSuite("capture_overlap", "hsx_cuda_tests", "captures copied on a second stream through the staging"
                " ring hold the source as it was when copied (in-place updates, sub-range copies per sample, tiny"
                " rings that wrap), and the tiny model's captures with the overlap on equal those with it off,"
-               " bitwise", timeout_s=90, gtest_filter="*CudaCapture*"),
+               " bitwise", timeout_s=90, reserve_s=20, gtest_filter="*CudaCapture*"),
     GpuForward(),
     CpuPipeline(),
-    GTestSuite("cpu_unit", "hsx_unit_tests", "CPU unit tests (tests/unit)", timeout_s=180),
+    GTestSuite("cpu_unit", "hsx_unit_tests", "CPU unit tests (tests/unit)", timeout_s=180, reserve_s=40),
 ]
 
 
@@ -370,6 +379,8 @@ class Context:
         self.manifest = manifest
         self.log = log
         self.deadline = time.monotonic() + args.budget_s
+        self.held_back_s = 0.0  # the later steps' reserves, while a step runs
+        self.floor_s = 0.0      # the running step's own reserve: it gets at least this
         self.work_dir = tempfile.mkdtemp(prefix="hsx-device-check-")
         self.env = dict(os.environ)
         self.library_path = [self.lib_dir]
@@ -385,7 +396,14 @@ class Context:
         self.env["LD_LIBRARY_PATH"] = ":".join(self.library_path + inherited)
 
     def remaining_s(self):
-        return self.deadline - time.monotonic()
+        """The time the running step may use: what is left of the budget less the later steps'
+        reserves, but at least the step's own reserve (while the budget lasts)."""
+        left = self.deadline - time.monotonic()
+        return max(min(left, self.floor_s), left - self.held_back_s)
+
+    def begin_step(self, own_reserve_s, later_reserves_s):
+        self.floor_s = own_reserve_s
+        self.held_back_s = later_reserves_s
 
     def execute(self, argv, timeout_s, system_tool=False):
         """Runs argv with the bundle's environment (a system_tool with the caller's, so that it
@@ -623,14 +641,7 @@ def run(args):
                 gpu = {"available": False, "reason": "the probe broke: %s: %s" % (type(error).__name__, error),
                        "nvidia_smi": {}, "libraries": {}}
             print(gpu_line(gpu), flush=True)
-            results = []
-            for step in STEPS:
-                if args.steps and step.name not in args.steps:
-                    results.append({"name": step.name, "title": step.title, "status": "not run",
-                                    "summary": "not in --steps", "seconds": 0.0})
-                else:
-                    results.append(run_step(step, ctx, gpu))
-                print("%-16s %-13s %s" % (step.name, results[-1]["status"], results[-1]["summary"]), flush=True)
+            results = run_steps(STEPS, args.steps, ctx, gpu)
         finally:
             shutil.rmtree(ctx.work_dir, ignore_errors=True)
     failed = [r["name"] for r in results if r["status"] in ("fail", "error", "timeout")]
@@ -650,6 +661,24 @@ def run(args):
     write_whole(os.path.join(out, "report.md"), markdown)
     print("\n" + markdown + "\nreport: %s/report.md, report.json, device-check.log" % out)
     return 1 if failed else 0
+
+
+def run_steps(steps, selected, ctx, gpu):
+    """Runs the selected steps (all when `selected` is empty) in order, each with the later
+    ones' reserves held back from the budget; prints a line per step, returns the results."""
+    def will_run(step):
+        return (not selected or step.name in selected) and (gpu["available"] or not step.needs_gpu)
+
+    results = []
+    for i, step in enumerate(steps):
+        if selected and step.name not in selected:
+            results.append({"name": step.name, "title": step.title, "status": "not run",
+                            "summary": "not in --steps", "seconds": 0.0})
+        else:
+            ctx.begin_step(step.reserve_s, sum(s.reserve_s for s in steps[i + 1:] if will_run(s)))
+            results.append(run_step(step, ctx, gpu))
+        print("%-16s %-13s %s" % (step.name, results[-1]["status"], results[-1]["summary"]), flush=True)
+    return results
 
 
 def run_step(step, ctx, gpu):

@@ -283,6 +283,35 @@ def test_a_gpu_step_is_skipped_without_a_gpu_and_a_broken_step_is_reported(tmp_p
     assert (result["status"], result["summary"]) == ("error", "KeyError: 'boom'")
 
 
+def test_a_hung_step_leaves_the_later_steps_their_reserve(tmp_path):
+    # A step that would hang for 100 s in a 12 s budget is cut when only the later steps'
+    # reserves (6 s) are left; without them it would take the whole budget and the next step
+    # would be skipped as "the run's time budget was spent".
+    class Hangs(runner.Step):
+        reserve_s = 1
+
+        def run(self, ctx):
+            outcome = ctx.execute(["sleep", "100"], 100, system_tool=True)
+            return {"status": "timeout" if outcome.timed_out else "pass", "summary": ""}
+
+    class Quick(runner.Step):
+        reserve_s = 6
+
+        def run(self, ctx):
+            return {"status": "pass", "summary": "%.1f s left" % ctx.remaining_s()}
+
+    args = type("Args", (), {"budget_s": 12})()
+    with open(tmp_path / "log", "w") as log:
+        ctx = runner.Context(args, {"binaries": []}, log)
+        try:
+            results = runner.run_steps([Hangs("hangs", "t"), Quick("quick", "t")], [], ctx, {"available": False})
+        finally:
+            shutil.rmtree(ctx.work_dir, ignore_errors=True)
+    assert [r["status"] for r in results] == ["timeout", "pass"]
+    assert 5.0 <= results[0]["seconds"] <= 7.5
+    assert float(results[1]["summary"].split()[0]) >= 4.5
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "--out: no folder given and OUT is not set"),
     (["--out", "F"], "--out: cannot write to"),
