@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -210,41 +212,69 @@ class SameDeviceGroup : public CudaGroup {
 
 // ---- NCCL ---------------------------------------------------------------------------
 
+// Why each communicator has a lock: NCCL lets one thread at a time call it,
+// and ncclCommAbort frees it. Rank r's thread holds comms_[r].in_use while it
+// enqueues on it; Abort, on whichever thread failed, marks every communicator
+// aborted and then takes each lock before aborting it, so it never frees a
+// communicator a rank is still inside. Enqueueing takes microseconds; a rank
+// inside NCCL for longer than kAbortWait is blocked on a peer that will not
+// come (connection set-up waits for both sides), and only ncclCommAbort can
+// end that, so Abort then aborts without the lock as the lesser harm (NCCL's
+// own fault-tolerance guide aborts hung communicators from another thread).
 class NcclGroup : public CudaGroup {
  public:
   NcclGroup(std::vector<CudaRank> ranks, std::vector<Backend*> backends, const cuda::NcclApi* api)
-      : CudaGroup(std::move(ranks), std::move(backends)), api_(api), comms_(ranks_.size(), nullptr) {}
+      : CudaGroup(std::move(ranks), std::move(backends)), api_(api), comms_(ranks_.size()) {}
 
-  ~NcclGroup() override { Release(); }
+  ~NcclGroup() override {
+    for (RankComm& c : comms_) {
+      std::lock_guard<std::timed_mutex> lock(c.in_use);
+      if (ncclComm_t comm = c.comm.exchange(nullptr); comm != nullptr) api_->ncclCommDestroy(comm);
+    }
+  }
 
+  // Makes every rank's communicator; no rank may be in the group.
   absl::Status Init() {
     std::vector<int> devices;
     for (const CudaRank& r : ranks_) devices.push_back(r.device);
-    const ncclResult_t result = api_->ncclCommInitAll(comms_.data(), size(), devices.data());
+    std::vector<ncclComm_t> made(ranks_.size(), nullptr);
+    const ncclResult_t result = api_->ncclCommInitAll(made.data(), size(), devices.data());
     if (result != ncclSuccess) {
-      std::fill(comms_.begin(), comms_.end(), nullptr);
       return absl::FailedPreconditionError(
           absl::StrCat("NCCL: ncclCommInitAll over ", size(), " GPUs: ", api_->ncclGetErrorString(result)));
+    }
+    for (int r = 0; r < size(); ++r) {
+      std::lock_guard<std::timed_mutex> lock(comms_[r].in_use);
+      comms_[r].comm = made[r];
+      comms_[r].aborted = false;
     }
     return absl::OkStatus();
   }
 
   void Abort(const absl::Status& why) override {
     CudaGroup::Abort(why);
-    // Kernels waiting for a rank that will not come end with the communicators.
-    std::lock_guard<std::mutex> lock(comms_mutex_);
-    for (ncclComm_t& comm : comms_) {
-      if (comm != nullptr) api_->ncclCommAbort(comm);
-      comm = nullptr;
+    // No rank starts enqueueing any more ...
+    for (RankComm& c : comms_) c.aborted = true;
+    // ... and kernels waiting for a rank that will not come end with the
+    // communicators.
+    for (RankComm& c : comms_) {
+      std::unique_lock<std::timed_mutex> lock(c.in_use, std::defer_lock);
+      (void)lock.try_lock_for(kAbortWait);  // see above: after kAbortWait, abort regardless
+      if (ncclComm_t comm = c.comm.exchange(nullptr); comm != nullptr) api_->ncclCommAbort(comm);
     }
   }
 
   absl::Status Reset() override {
-    {
-      std::lock_guard<std::mutex> lock(comms_mutex_);
-      if (comms_.front() == nullptr) {
-        if (absl::Status s = Init(); !s.ok()) return s;
+    // No rank is in the group: a communicator aborted (or one a rank could
+    // not leave in time) means all are made anew, as NCCL makes them together.
+    bool whole = true;
+    for (RankComm& c : comms_) whole = whole && c.comm.load() != nullptr && !c.aborted;
+    if (!whole) {
+      for (RankComm& c : comms_) {
+        std::lock_guard<std::timed_mutex> lock(c.in_use);
+        if (ncclComm_t comm = c.comm.exchange(nullptr); comm != nullptr) api_->ncclCommAbort(comm);
       }
+      if (absl::Status s = Init(); !s.ok()) return s;
     }
     return CudaGroup::Reset();
   }
@@ -253,13 +283,31 @@ class NcclGroup : public CudaGroup {
     if (absl::Status s = CheckPartial(rank, data); !s.ok()) return s;
     absl::StatusOr<const std::vector<Posted>*> met = PostAndMeet(rank, data);
     if (!met.ok()) return met.status();
+    RankComm& own = comms_[rank];
+    std::lock_guard<std::timed_mutex> lock(own.in_use);
+    const ncclComm_t comm = own.comm.load();
+    if (own.aborted || comm == nullptr) {
+      return absl::AbortedError(absl::StrCat(What(rank, data), ": the NCCL group was aborted"));
+    }
+    return AllReduceLocked(rank, data, **met, comm);
+  }
+
+ private:
+  static constexpr std::chrono::seconds kAbortWait{5};
+
+  struct RankComm {
+    std::timed_mutex in_use;  // held by the rank's thread while it calls NCCL
+    std::atomic<ncclComm_t> comm{nullptr};  // taken (exchanged for null) by whoever frees it
+    std::atomic<bool> aborted{false};       // set by Abort before it takes the locks
+  };
+
+  // The all-reduce proper, with the rank's communicator held.
+  absl::Status AllReduceLocked(int rank, const Matrix& data, const std::vector<Posted>& posted, ncclComm_t comm) {
     const int n = size();
     const cudaStream_t stream = ranks_[rank].stream;
-    const ncclComm_t comm = comms_[rank];
-    if (comm == nullptr) return absl::AbortedError(absl::StrCat(What(rank, data), ": the NCCL group was aborted"));
     HSX_CUDA_TRY(cudaSetDevice(ranks_[rank].device), "cudaSetDevice");
-    const int64_t elements = (**met)[rank].elements;
-    float* base = (**met)[rank].data;
+    const int64_t elements = posted[rank].elements;
+    float* base = posted[rank].data;
     const SliceRange own = ReduceSlice(elements, n, rank);
     // Staging for the peers' partials of the own slice, stream-ordered on
     // this rank's stream (freed after the sum that reads it).
@@ -293,7 +341,6 @@ class NcclGroup : public CudaGroup {
                     [&](const PeerExchange& e) { return base + e.receive.begin; });
   }
 
- private:
   absl::Status Nccl(ncclResult_t result, int rank, const Matrix& data, const char* call) const {
     if (result == ncclSuccess) return absl::OkStatus();
     // ncclUnhandledCudaError and ncclSystemError may stand for a sticky CUDA
@@ -328,17 +375,8 @@ class NcclGroup : public CudaGroup {
     return status.ok() ? ended : status;
   }
 
-  void Release() {
-    std::lock_guard<std::mutex> lock(comms_mutex_);
-    for (ncclComm_t& comm : comms_) {
-      if (comm != nullptr) api_->ncclCommDestroy(comm);
-      comm = nullptr;
-    }
-  }
-
   const cuda::NcclApi* api_;
-  std::mutex comms_mutex_;
-  std::vector<ncclComm_t> comms_;
+  std::vector<RankComm> comms_;  // per rank; sized once (RankComm does not move)
 };
 
 #undef HSX_CUDA_TRY

@@ -26,9 +26,11 @@
 //    of the sums in place (AllGatherExchanges: the all-gather, with slices of
 //    unequal size). Abort() also aborts the NCCL communicators (ncclCommAbort
 //    ends kernels waiting for a rank that will not come); Reset() makes new
-//    ones. Known gap: a rank already past the barrier when another aborts may
-//    still enqueue on a communicator being aborted; the batch fails either
-//    way, but this path has not run on GPUs (docs/BENCHMARKS.md).
+//    ones. A rank enqueues holding its communicator's lock, and Abort takes
+//    each lock before it aborts, so no communicator is freed under a rank
+//    still inside it (unless a rank stays inside NCCL for seconds, blocked on
+//    a peer: then aborting is the only way out; cuda_communicator.cc). This
+//    path needs two GPUs and has not run on them yet (docs/BENCHMARKS.md).
 #ifndef HSX_KERNELS_CUDA_CUDA_COMMUNICATOR_H_
 #define HSX_KERNELS_CUDA_CUDA_COMMUNICATOR_H_
 
