@@ -80,7 +80,10 @@ SampleStates SelectCaptures(SampleStates states, const CaptureSpec& wanted) {
 }
 
 Batcher::Batcher(Engine& engine, const BatcherOptions& options)
-    : engine_(engine), options_(options), thread_([this] { Loop(); }) {}
+    : engine_(engine),
+      options_(options),
+      thread_([this] { Loop(); }),
+      delivery_thread_([this] { DeliveryLoop(); }) {}
 
 Batcher::~Batcher() {
   {
@@ -88,7 +91,13 @@ Batcher::~Batcher() {
     stopping_ = true;
   }
   wake_.notify_all();
-  thread_.join();
+  thread_.join();  // every queued sample has run and been handed over
+  {
+    std::lock_guard<std::mutex> lock(delivery_mutex_);
+    loop_ended_ = true;
+  }
+  delivery_wake_.notify_all();
+  delivery_thread_.join();
 }
 
 absl::Status Batcher::Submit(WorkItem item) {
@@ -116,6 +125,11 @@ absl::Status Batcher::Submit(WorkItem item) {
   }
   wake_.notify_one();
   return absl::OkStatus();
+}
+
+int64_t Batcher::batches_run() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return batches_;
 }
 
 int64_t Batcher::queued_tokens() const {
@@ -189,11 +203,43 @@ void Batcher::RunBatch(std::vector<WorkItem> items) {
     ++batches_;
     tokens_run_ += static_cast<int64_t>(batch.tokens.size());
   }
-  if (!captures.ok()) {
-    for (WorkItem& item : items) Fail(item, captures.status());
+  HandOver({std::move(items), std::move(captures)});
+}
+
+void Batcher::HandOver(Finished finished) {
+  std::unique_lock<std::mutex> lock(delivery_mutex_);
+  delivery_wake_.wait(lock, [&] { return !handed_over_.has_value() && !delivering_; });
+  handed_over_ = std::move(finished);
+  delivery_wake_.notify_all();
+}
+
+void Batcher::DeliveryLoop() {
+  NameThisThread("hsx-delivery");
+  for (;;) {
+    std::optional<Finished> finished;
+    {
+      std::unique_lock<std::mutex> lock(delivery_mutex_);
+      delivery_wake_.wait(lock, [&] { return handed_over_.has_value() || loop_ended_; });
+      if (!handed_over_.has_value()) return;  // the loop has ended and everything is delivered
+      finished.swap(handed_over_);
+      delivering_ = true;
+    }
+    Deliver(*std::move(finished));
+    {
+      std::lock_guard<std::mutex> lock(delivery_mutex_);
+      delivering_ = false;
+    }
+    delivery_wake_.notify_all();
+  }
+}
+
+void Batcher::Deliver(Finished finished) {
+  std::vector<WorkItem>& items = finished.items;
+  if (!finished.captures.ok()) {
+    for (WorkItem& item : items) Fail(item, finished.captures.status());
     return;
   }
-  std::vector<SampleView> views = ViewBySample(*std::move(captures));
+  std::vector<SampleView> views = ViewBySample(*std::move(finished.captures));
   for (size_t i = 0; i < items.size(); ++i) {
     SampleView view = SelectCaptures(std::move(views[i]), items[i].capture);
     if (items[i].deliver) {

@@ -12,6 +12,13 @@
 // the engine's pool when the last view is released) or as a float32 copy
 // (`done`, for tests and tools).
 //
+// Delivery runs one batch behind the engine, on a thread of its own: while
+// batch N's samples are handed to their consumers (the service encodes each
+// sample's stream there, one pass over its rows), batch N+1 runs. Batch N+1
+// is handed over only when batch N's delivery has finished, so at most two
+// batches' capture buffers are alive at once: the one being delivered and the
+// one just run (the engine waits meanwhile).
+//
 // Device loss (Engine::lost()): the batch that lost it fails with the
 // engine's UNAVAILABLE status, so does every sample still queued (the engine
 // fails their batches at once, without running them), and Submit() refuses
@@ -24,6 +31,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -38,8 +46,8 @@ namespace hsx {
 struct WorkItem {
   std::vector<int32_t> tokens;
   CaptureSpec capture;
-  // Exactly one of these is called exactly once, on the batcher's thread,
-  // with the sample's rows or the error that stopped its batch (Cancelled
+  // Exactly one of these is called exactly once, on one of the batcher's
+  // threads (never two at once), with the sample's rows or the error that stopped its batch (Cancelled
   // when `abandoned` said so): `deliver` when set, else `done`. A consumer
   // that keeps a view keeps the whole batch's capture buffers: release it
   // (e.g. after encoding) before returning when you can.
@@ -91,10 +99,23 @@ class Batcher {
   int64_t queued_tokens() const;
   // Real tokens over capacity, summed over every batch run so far.
   double fill() const;
+  // Batches the engine has run (delivered or not).
+  int64_t batches_run() const;
 
  private:
+  // A batch the engine has run, waiting for its consumers.
+  struct Finished {
+    std::vector<WorkItem> items;
+    absl::StatusOr<Captures> captures;
+  };
+
   void Loop();
   void RunBatch(std::vector<WorkItem> items);
+  // On the batch loop: waits until the previous batch is delivered, then
+  // gives this one to the delivery thread.
+  void HandOver(Finished finished);
+  void DeliveryLoop();
+  static void Deliver(Finished finished);
   static void Fail(WorkItem& item, const absl::Status& status);
 
   Engine& engine_;
@@ -106,7 +127,15 @@ class Batcher {
   int64_t batches_ = 0;
   int64_t tokens_run_ = 0;
   bool stopping_ = false;
-  std::thread thread_;
+
+  std::mutex delivery_mutex_;
+  std::condition_variable delivery_wake_;
+  std::optional<Finished> handed_over_;  // taken by the delivery thread
+  bool delivering_ = false;              // the delivery thread is busy with a batch
+  bool loop_ended_ = false;              // no batch will be handed over any more
+
+  std::thread thread_;           // Loop
+  std::thread delivery_thread_;  // DeliveryLoop
 };
 
 }  // namespace hsx

@@ -1,9 +1,11 @@
 // Property tests: a sample's states do not depend on its batch, on the batch
 // budget or order, and (within float32 rounding) on the tensor-parallel degree.
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "server/model/random_model.h"
@@ -249,6 +251,44 @@ TEST_F(InvarianceTest, BatcherDeliversEachSampleItsOwnCapture) {
   small.max_batch_tokens = 8;
   Batcher batcher(engine, small);
   EXPECT_FALSE(batcher.Submit({std::vector<int32_t>(9, 1), wanted[0], [](auto) {}, nullptr}).ok());
+}
+
+// Delivery runs one batch behind the engine (batcher.h): while the first
+// batch's consumer holds its sample, the second batch runs, and the third
+// waits until the first is delivered (two batches' buffers at most).
+TEST_F(InvarianceTest, TheNextBatchRunsWhileThePreviousIsDelivered) {
+  Engine& engine = GetEngine(1, Precision::kFp32);
+  const CaptureSpec capture = AllLayers();
+  BatcherOptions options;
+  options.max_batch_tokens = 8;  // one 8-token sample per batch
+  std::atomic<Batcher*> running{nullptr};
+  bool second_ran_meanwhile = false;
+  int64_t ran_while_held = -1;
+  std::vector<int> order;
+  {
+    Batcher batcher(engine, options);
+    running = &batcher;
+    auto record = [&order](int i) {
+      return [&order, i](absl::StatusOr<SampleStates> s) { order.push_back(s.ok() ? i : -i); };
+    };
+    WorkItem first{std::vector<int32_t>(8, 1), capture, nullptr, nullptr};
+    first.done = [&](absl::StatusOr<SampleStates> s) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (running.load()->batches_run() < 2 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      second_ran_meanwhile = running.load()->batches_run() >= 2;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // time for a third batch, were it allowed
+      ran_while_held = running.load()->batches_run();
+      order.push_back(s.ok() ? 1 : -1);
+    };
+    ASSERT_TRUE(batcher.Submit(std::move(first)).ok());
+    ASSERT_TRUE(batcher.Submit({std::vector<int32_t>(8, 2), capture, record(2), nullptr}).ok());
+    ASSERT_TRUE(batcher.Submit({std::vector<int32_t>(8, 3), capture, record(3), nullptr}).ok());
+  }  // the destructor delivers every sample
+  EXPECT_TRUE(second_ran_meanwhile) << "the second batch did not run while the first was being delivered";
+  EXPECT_EQ(ran_while_held, 2) << "a third batch ran while two were undelivered";
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
 }
 
 TEST_F(InvarianceTest, AbandonedSamplesAreDroppedNotComputed) {
