@@ -192,6 +192,20 @@ class HostBuffer {
   virtual size_t bytes() const = 0;
 };
 
+// The end of the capture copies (CopyToHost) a backend enqueued before its
+// FenceCopies(). Wait() blocks until they have landed in host memory and
+// returns their first error, the same on every call. Unlike the backend, a
+// fence may be waited on from any thread (the batcher's delivery thread), and
+// by several at once. It must be destroyed before its backend.
+class CopyFence {
+ public:
+  virtual ~CopyFence() = default;
+  virtual absl::Status Wait() = 0;
+};
+
+// A fence with nothing left to wait for; Wait() returns `status`.
+std::shared_ptr<CopyFence> CompletedCopyFence(absl::Status status = absl::OkStatus());
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -208,7 +222,8 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateHost(size_t bytes) = 0;
   // Enqueues a copy of `src` to host memory, rows packed (src.cols elements
   // per row, in src's element type). `dst` must stay valid until the next
-  // Synchronize() returns; on CUDA it must lie in a HostBuffer of this backend.
+  // Synchronize() returns, or the fence of the next FenceCopies() completes;
+  // on CUDA it must lie in a HostBuffer of this backend.
   virtual void CopyToHost(const Matrix& src, void* dst) = 0;
   // Enqueues a copy of host rows (packed, dst.cols elements of dst's type per
   // row) into `dst`. `src` must stay valid until the next Synchronize().
@@ -216,6 +231,16 @@ class Backend {
   // Waits for every enqueued op; returns the first error recorded since the
   // previous call, and clears it.
   virtual absl::Status Synchronize() = 0;
+  // Synchronize() for everything but the capture copies, so that the next
+  // batch can start while they finish: waits for every other op and returns
+  // (and clears) the first error, as Synchronize() does. On success the
+  // copies may still run: their destinations are written, and must stay
+  // valid, until the returned fence completes. On error every copy has ended
+  // too. The default, right for a backend whose copies are done when
+  // CopyToHost returns (the CPU backend), is Synchronize() and a completed
+  // fence. Wrappers (ForwardingBackend) keep the default, so that their own
+  // Synchronize() still runs.
+  virtual absl::StatusOr<std::shared_ptr<CopyFence>> FenceCopies();
 
   // ---- Placement (at load; the results live as long as the backend) --------
   // Places a rank's share of a Linear weight (host view, see LinearWeight).

@@ -32,6 +32,9 @@ class ForwardingBackend : public Backend {
   void CopyToHost(const Matrix& src, void* dst) override { inner_->CopyToHost(src, dst); }
   void CopyFromHost(const void* src, const Matrix& dst) override { inner_->CopyFromHost(src, dst); }
   absl::Status Synchronize() override { return inner_->Synchronize(); }
+  // FenceCopies() is not forwarded: the default calls this->Synchronize(), so
+  // a decorator's Synchronize (an injected loss) is never bypassed. The
+  // decorated backend's copies are then waited for at the end of each batch.
   absl::StatusOr<LinearWeight> PlaceLinear(const LinearWeight& host) override { return inner_->PlaceLinear(host); }
   absl::StatusOr<const void*> PlaceTensor(const void* host, size_t bytes) override {
     return inner_->PlaceTensor(host, bytes);

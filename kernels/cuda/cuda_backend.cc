@@ -12,6 +12,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -160,6 +164,7 @@ class CudaBackend : public Backend {
   void CopyToHost(const Matrix& src, void* dst) override;
   void CopyFromHost(const void* src, const Matrix& dst) override;
   absl::Status Synchronize() override;
+  absl::StatusOr<std::shared_ptr<CopyFence>> FenceCopies() override;
 
   absl::StatusOr<LinearWeight> PlaceLinear(const LinearWeight& host) override;
   absl::StatusOr<const void*> PlaceTensor(const void* host, size_t bytes) override;
@@ -221,6 +226,9 @@ class CudaBackend : public Backend {
   };
 
   bool bf16() const { return precision_ == Precision::kBf16; }
+  // Records an error a stream reported to a synchronization (`what` enqueued
+  // on it failed on the device).
+  void RecordStreamError(cudaError_t status, const char* what);
   // Records the first error since the last Synchronize(), marked as a lost
   // device when the context is poisoned (a cuBLASLt or cuDNN failure may hide
   // a sticky CUDA error; cuda_errors.h). A lost device outranks an earlier
@@ -570,25 +578,91 @@ void CudaBackend::CopyFromHost(const void* src, const Matrix& dst) {
        "CopyFromHost", ShapeOf(dst));
 }
 
+void CudaBackend::RecordStreamError(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  Record(cuda::ClassifyCudaError(
+      absl::InternalError(absl::StrCat(name(), " Synchronize: ", what, " enqueued since the last Synchronize "
+                                       "failed on the device: ", cudaGetErrorName(status), ": ",
+                                       cudaGetErrorString(status))),
+      status, device_));
+}
+
 absl::Status CudaBackend::Synchronize() {
   const cudaError_t compute = cudaStreamSynchronize(stream_);
   const cudaError_t copy = copy_stream_ != nullptr ? cudaStreamSynchronize(copy_stream_) : cudaSuccess;
   // An error of either stream, as the device reported it (a sticky one marks the device lost).
-  auto record = [this](cudaError_t status, const char* what) {
-    if (status == cudaSuccess) return;
-    Record(cuda::ClassifyCudaError(
-        absl::InternalError(absl::StrCat(name(), " Synchronize: ", what, " enqueued since the last Synchronize "
-                                         "failed on the device: ", cudaGetErrorName(status), ": ",
-                                         cudaGetErrorString(status))),
-        status, device_));
-  };
-  record(compute, "an op");
-  record(copy, "a capture copy");
+  RecordStreamError(compute, "an op");
+  RecordStreamError(copy, "a capture copy");
   // Both streams are idle: no copy reads the ring any more.
   if (compute == cudaSuccess && copy == cudaSuccess && ring_ != nullptr) ring_->Clear();
   absl::Status error = std::move(error_);
   error_ = absl::OkStatus();
   return error;
+}
+
+namespace {
+
+// The end of the copies on a backend's copy stream: an event recorded after
+// them. Waited for on the batcher's delivery thread, so it sets the device
+// itself and gives the thread's previous device back.
+class CudaCopyFence : public CopyFence {
+ public:
+  CudaCopyFence(cudaEvent_t done, int device, std::string name) : done_(done), device_(device), name_(std::move(name)) {}
+  ~CudaCopyFence() override {
+    OnDevice([&] { return cudaEventDestroy(done_); });
+  }
+
+  absl::Status Wait() override {
+    std::call_once(waited_, [&] {
+      const cudaError_t s = OnDevice([&] { return cudaEventSynchronize(done_); });
+      if (s == cudaSuccess) return;
+      status_ = cuda::ClassifyCudaError(
+          absl::InternalError(absl::StrCat(name_, ": a capture copy failed on the device: ", cudaGetErrorName(s),
+                                           ": ", cudaGetErrorString(s))),
+          s, device_);
+    });
+    return status_;
+  }
+
+ private:
+  template <typename Call>
+  cudaError_t OnDevice(Call call) {
+    int previous = -1;
+    const bool had = cudaGetDevice(&previous) == cudaSuccess;
+    cudaError_t s = cudaSetDevice(device_);
+    if (s == cudaSuccess) s = call();
+    if (had && previous != device_) cudaSetDevice(previous);
+    return s;
+  }
+
+  cudaEvent_t done_;
+  const int device_;
+  const std::string name_;
+  std::once_flag waited_;
+  absl::Status status_;
+};
+
+}  // namespace
+
+// Why: the last capture point's device-to-host copy (nothing computes after
+// it but the final norm) would otherwise be paid in full before the next
+// batch can start; with the fence the batcher waits for it on its delivery
+// thread while the next batch is staged and runs (docs/design.md, "CUDA
+// captures"). The ring is not cleared here: the next batch's snapshots wait,
+// on the device, only for the copies whose regions they reuse.
+absl::StatusOr<std::shared_ptr<CopyFence>> CudaBackend::FenceCopies() {
+  if (copy_stream_ == nullptr) return Backend::FenceCopies();  // every copy ran on the compute stream
+  RecordStreamError(cudaStreamSynchronize(stream_), "an op");
+  cudaEvent_t done = nullptr;
+  if (error_.ok() && Cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "FenceCopies", "creating an event")) {
+    if (!Cuda(cudaEventRecord(done, copy_stream_), "FenceCopies", "recording the copies' end")) {
+      cudaEventDestroy(done);
+      done = nullptr;
+    }
+  }
+  // A failed batch's buffers may go at once: its copies must end first.
+  if (!error_.ok()) return Synchronize();
+  return std::shared_ptr<CopyFence>(std::make_shared<CudaCopyFence>(done, device_, name()));
 }
 
 // ---- Placement ---------------------------------------------------------------------

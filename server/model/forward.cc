@@ -115,6 +115,20 @@ RopeValues Model::MakeRopeValues(const ModelConfig& config, int64_t positions, P
   return table;
 }
 
+Captures& Captures::operator=(Captures&& other) noexcept {
+  if (this == &other) return *this;
+  (void)WaitForCopies();  // before this one's buffers go (every field below)
+  ids = std::move(other.ids);
+  has_final_norm = other.has_final_norm;
+  tokens = other.tokens;
+  hidden = other.hidden;
+  type = other.type;
+  cu_seqlens = std::move(other.cu_seqlens);
+  samples = std::move(other.samples);
+  copies = std::move(other.copies);
+  return *this;
+}
+
 size_t Captures::SampleBytes(int64_t s) const {
   const size_t tensors = ids.size() + (has_final_norm ? 1 : 0);
   return tensors * static_cast<size_t>((cu_seqlens[s + 1] - cu_seqlens[s]) * hidden) * ElementSize(type);
@@ -349,7 +363,9 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
     backend_.RmsNorm(h, weights_.final_norm, static_cast<float>(c.rms_norm_eps), normed->matrix());
     copy_out(normed->matrix(), capture.ids().size());
   }
-  HSX_RETURN_IF_ERROR(backend_.Synchronize());
+  // The compute is done; the copies into the buffers may still run (CUDA),
+  // and end with result.copies, which every reader waits for.
+  HSX_ASSIGN_OR_RETURN(result.copies, backend_.FenceCopies());
   return result;
 }
 

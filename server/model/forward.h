@@ -49,7 +49,19 @@ struct Batch {
 // its own, so a consumer that keeps one sample (a stalled stream) holds that
 // sample only, never its batch. Must be released before the engine that
 // produced it.
+//
+// The copies into the buffers may still run when Model::Run returns (CUDA,
+// Backend::FenceCopies): read the rows only after WaitForCopies() returned
+// OK. The destructor waits for them too, so no buffer goes back to its pool
+// while a copy still writes it.
 struct Captures {
+  Captures() = default;
+  Captures(Captures&&) = default;
+  Captures& operator=(Captures&& other) noexcept;  // waits for this one's copies first
+  ~Captures() { (void)WaitForCopies(); }
+  // OK once every copy into `samples` has landed; the copies' first error otherwise.
+  absl::Status WaitForCopies() const { return copies == nullptr ? absl::OkStatus() : copies->Wait(); }
+
   std::vector<int> ids;
   bool has_final_norm = false;
   int64_t tokens = 0;  // of the batch
@@ -57,6 +69,7 @@ struct Captures {
   ElementType type = ElementType::kF32;
   std::vector<int64_t> cu_seqlens = {0};           // the batch's samples
   std::vector<std::unique_ptr<HostBuffer>> samples;  // per sample, as above
+  std::shared_ptr<CopyFence> copies;                 // their end (null: nothing to wait for)
 
   int64_t num_samples() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
   // Tensor k (index into ids, or ids.size() for the final norm) of sample s: [T_s, hidden].

@@ -197,7 +197,9 @@ void Batcher::RunBatch(std::vector<WorkItem> items) {
     specs.push_back(&item.capture);
   }
   const CaptureSpec capture = UnionCapture(specs);
-  absl::StatusOr<Captures> captures = engine_.Run(batch, capture);
+  // The copies of the last captures may still run: Deliver waits for them on
+  // the delivery thread while the next batch starts here.
+  absl::StatusOr<Captures> captures = engine_.Run(batch, capture, Engine::Copies::kFence);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++batches_;
@@ -235,6 +237,9 @@ void Batcher::DeliveryLoop() {
 
 void Batcher::Deliver(Finished finished) {
   std::vector<WorkItem>& items = finished.items;
+  if (finished.captures.ok()) {
+    if (absl::Status s = engine_.WaitForCopies(*finished.captures); !s.ok()) finished.captures = s;
+  }
   if (!finished.captures.ok()) {
     for (WorkItem& item : items) Fail(item, finished.captures.status());
     return;

@@ -115,7 +115,9 @@ class Batcher {
   // gives this one to the delivery thread.
   void HandOver(Finished finished);
   void DeliveryLoop();
-  static void Deliver(Finished finished);
+  // On the delivery thread: waits for the batch's copies, then hands each
+  // sample its rows (or the batch's error).
+  void Deliver(Finished finished);
   static void Fail(WorkItem& item, const absl::Status& status);
 
   Engine& engine_;

@@ -189,7 +189,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Checkpoint& checkpo
 
 int64_t Engine::placed_bytes(int rank) const { return workers_[rank]->state().backend->placed_bytes(); }
 
-absl::StatusOr<Captures> Engine::Run(const Batch& batch, const CaptureSpec& capture) {
+absl::StatusOr<Captures> Engine::Run(const Batch& batch, const CaptureSpec& capture, Copies copies) {
   if (absl::Status lost = this->lost(); !lost.ok()) return lost;
   absl::Status status = OnEveryRank([&](RankState& s, int) {
     s.result = s.model->Run(batch, capture);
@@ -209,9 +209,27 @@ absl::StatusOr<Captures> Engine::Run(const Batch& batch, const CaptureSpec& capt
       return absl::OkStatus();
     });
   }
-  if (IsDeviceLost(status) && options_.on_device_lost) options_.on_device_lost(status);
+  if (IsDeviceLost(status)) NotifyLost(status);
   if (!status.ok()) return status;
+  if (copies == Copies::kWait) {
+    if (absl::Status s = WaitForCopies(*result); !s.ok()) return s;
+  }
   return result;
+}
+
+absl::Status Engine::WaitForCopies(const Captures& captures) {
+  absl::Status status = captures.WaitForCopies();
+  if (!IsDeviceLost(status)) return status;
+  // Only rank 0 copies captures out.
+  absl::Status lost = DeviceLost(0, status);
+  NotifyLost(lost);
+  return lost;
+}
+
+void Engine::NotifyLost(const absl::Status& lost) {
+  std::call_once(lost_notified_, [&] {
+    if (options_.on_device_lost) options_.on_device_lost(lost);
+  });
 }
 
 }  // namespace hsx

@@ -51,9 +51,9 @@ struct EngineOptions {
   int64_t max_batch_tokens = 8192;
   // Tests: builds the ranks' backends and communicators instead of `device`'s factory.
   std::shared_ptr<DeviceFactory> factory;
-  // Called once, on the thread that called Run(), with lost()'s status when
-  // the engine stops because a device was lost (hsx-server: health
-  // NOT_SERVING). May be empty.
+  // Called once, on the thread that called Run() or WaitForCopies(), with
+  // lost()'s status when the engine stops because a device was lost
+  // (hsx-server: health NOT_SERVING). May be empty.
   std::function<void(const absl::Status&)> on_device_lost;
 };
 
@@ -69,9 +69,19 @@ class Engine {
   // Bytes of weights rank `rank`'s backend placed at load.
   int64_t placed_bytes(int rank) const;
 
+  // What Run() does about capture copies still running when the ranks'
+  // compute has ended (Backend::FenceCopies; CUDA's copy stream).
+  enum class Copies {
+    kWait,   // Run waits for them: the captures are complete when it returns
+    kFence,  // Run returns at once; the caller calls WaitForCopies before reading
+  };
+
   // Runs one batch on all ranks. Not thread-safe: one caller (the batcher).
   // The captures must be released before the engine.
-  absl::StatusOr<Captures> Run(const Batch& batch, const CaptureSpec& capture);
+  absl::StatusOr<Captures> Run(const Batch& batch, const CaptureSpec& capture, Copies copies = Copies::kWait);
+  // Waits for the copies of a Run(..., kFence)'s captures; any thread. A copy
+  // that failed because its device was lost stops the engine as Run would.
+  absl::Status WaitForCopies(const Captures& captures);
 
   // OK while the engine serves; once a device is lost, the UNAVAILABLE status
   // every later Run() returns (IsDeviceLost() holds for it). Thread-safe.
@@ -88,6 +98,8 @@ class Engine {
   // Latches the engine's lost status, made from rank `rank`'s `cause` (-1:
   // the communicator group's).
   absl::Status DeviceLost(int rank, const absl::Status& cause);
+  // Tells options_.on_device_lost, the first time only.
+  void NotifyLost(const absl::Status& lost);
 
   const Checkpoint& checkpoint_;
   EngineOptions options_;
@@ -97,6 +109,7 @@ class Engine {
   std::vector<std::unique_ptr<RankWorker>> workers_;
   mutable std::mutex lost_mutex_;
   absl::Status lost_;  // set once, never cleared
+  std::once_flag lost_notified_;
 };
 
 }  // namespace hsx

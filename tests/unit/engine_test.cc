@@ -6,7 +6,12 @@
 // turns NOT_SERVING (server/service/device_loss.h).
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
 #include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -434,6 +439,173 @@ TEST_F(DeviceLossServingTest, ABatchErrorThatIsNotADeviceLossKeepsTheServerServi
   EXPECT_TRUE(batcher_->device_lost().ok());
   const std::vector<absl::Status> next = SubmitAndWait(2);
   for (const absl::Status& status : next) EXPECT_TRUE(status.ok()) << status;
+}
+
+
+// ---- Capture copies that land after Run returns (Backend::FenceCopies) -----
+
+// How a LateCopyBackend's copies land: `delay` after the batch's compute, or
+// (lost) never, the fence then reporting a lost device.
+struct LateCopies {
+  std::chrono::milliseconds delay{40};
+  std::atomic<bool> lost{false};
+};
+
+// The copies of one batch, written by a thread of their own after a delay.
+// Destroying the fence does not wait for them (nor does destroying a CUDA
+// event): only Wait() does, so a reader that skips it reads unwritten rows.
+class LateFence : public CopyFence {
+ public:
+  struct Copy {
+    char* dst;
+    std::vector<char> bytes;
+  };
+  LateFence(std::vector<Copy> copies, LateCopies* how) : state_(std::make_shared<State>()) {
+    std::thread([state = state_, copies = std::move(copies), how] {
+      std::this_thread::sleep_for(how->delay);
+      absl::Status status;
+      if (how->lost) {
+        status = MarkDeviceLost(
+            absl::InternalError("late-cpu: injected: cudaErrorIllegalAddress in a capture copy"), "late-cpu");
+      } else {
+        for (const Copy& c : copies) std::memcpy(c.dst, c.bytes.data(), c.bytes.size());
+      }
+      std::lock_guard<std::mutex> lock(state->mutex);
+      state->status = status;
+      state->done = true;
+      state->landed.notify_all();
+    }).detach();
+  }
+
+  absl::Status Wait() override {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    state_->landed.wait(lock, [&] { return state_->done; });
+    return state_->status;
+  }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable landed;
+    bool done = false;
+    absl::Status status;
+  };
+  std::shared_ptr<State> state_;
+};
+
+// A CPU backend whose capture copies behave as the CUDA backend's do with the
+// copy stream: CopyToHost snapshots the rows (the staging ring) and the
+// destination is written only later, after FenceCopies has returned.
+class LateCopyBackend : public ForwardingBackend {
+ public:
+  LateCopyBackend(std::unique_ptr<Backend> inner, LateCopies* how) : ForwardingBackend(std::move(inner)), how_(how) {}
+
+  void CopyToHost(const Matrix& src, void* dst) override {
+    const size_t row = static_cast<size_t>(src.cols) * ElementSize(src.type);
+    std::vector<char> bytes(row * static_cast<size_t>(src.rows));
+    for (int64_t r = 0; r < src.rows; ++r) std::memcpy(bytes.data() + r * row, src.at(r, 0), row);
+    pending_.push_back({static_cast<char*>(dst), std::move(bytes)});
+  }
+  absl::StatusOr<std::shared_ptr<CopyFence>> FenceCopies() override {
+    std::vector<LateFence::Copy> copies = std::move(pending_);
+    pending_.clear();
+    if (absl::Status s = Synchronize(); !s.ok()) return s;  // a failed batch's copies are dropped: "ended"
+    return std::shared_ptr<CopyFence>(std::make_shared<LateFence>(std::move(copies), how_));
+  }
+
+ private:
+  LateCopies* how_;
+  std::vector<LateFence::Copy> pending_;
+};
+
+class LateCopyFactory : public DeviceFactory {
+ public:
+  explicit LateCopyFactory(LateCopies* how) : how_(how) {}
+  absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(int rank) override {
+    return std::make_unique<LateCopyBackend>(MakeCpuBackend(Precision::kBf16, 1), how_);
+  }
+  absl::StatusOr<std::unique_ptr<CommunicatorGroup>> MakeGroup(std::span<Backend* const> backends) override {
+    return std::make_unique<InProcessGroup>(static_cast<int>(backends.size()));
+  }
+
+ private:
+  LateCopies* how_;
+};
+
+// The batcher waits for a batch's copies (on its delivery thread) before any
+// sample's rows are read, and no capture buffer goes back to the pool, to be
+// handed to the next batch, while a copy still writes it: every sample, run
+// through several batches, equals the same sample run alone by a plain engine.
+TEST_F(EngineTest, CapturesCopiedAfterRunReturnsAreWaitedForBeforeDelivery) {
+  LateCopies how;
+  EngineOptions options{.tp = 2, .precision = Precision::kBf16, .threads = 2,
+                        .factory = std::make_shared<LateCopyFactory>(&how)};
+  absl::StatusOr<std::unique_ptr<Engine>> late = Engine::Create(*checkpoint_, options);
+  ASSERT_TRUE(late.ok()) << late.status();
+  absl::StatusOr<std::unique_ptr<Engine>> plain =
+      Engine::Create(*checkpoint_, {.tp = 1, .precision = Precision::kBf16, .threads = 1});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const std::vector<std::vector<int32_t>> samples = {{1, 2, 3, 4, 5}, {9, 8, 7}, {4, 4, 4, 4, 4, 4}, {2},
+                                                     {5, 6, 7, 8}, {3, 1, 4, 1, 5, 9}, {7, 7}};
+  std::vector<absl::StatusOr<SampleStates>> got(samples.size(), absl::UnknownError("not delivered"));
+  {
+    Batcher batcher(**late, BatcherOptions{.max_batch_tokens = 8});
+    for (size_t i = 0; i < samples.size(); ++i) {
+      WorkItem item{samples[i], AllLayers(), [&got, i](absl::StatusOr<SampleStates> s) { got[i] = std::move(s); },
+                    nullptr};
+      ASSERT_TRUE(batcher.Submit(std::move(item)).ok());
+    }
+  }
+  for (size_t i = 0; i < samples.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    Batch solo;
+    solo.AddSample(samples[i]);
+    absl::StatusOr<Captures> want = (*plain)->Run(solo, AllLayers());
+    ASSERT_TRUE(want.ok()) << want.status();
+    const SampleStates expected = SplitBySample(*want, solo.cu_seqlens)[0];
+    EXPECT_EQ(got[i]->hidden_states, expected.hidden_states) << "sample " << i;
+    EXPECT_EQ(got[i]->final_norm, expected.final_norm) << "sample " << i;
+  }
+  // Engine::Run's default waits for the copies itself.
+  const Batch batch = TestBatch();
+  absl::StatusOr<Captures> waited = (*late)->Run(batch, AllLayers());
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  absl::StatusOr<Captures> reference = (*plain)->Run(batch, AllLayers());
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  const std::vector<SampleStates> a = SplitBySample(*waited, batch.cu_seqlens);
+  const std::vector<SampleStates> b = SplitBySample(*reference, batch.cu_seqlens);
+  for (size_t s = 0; s < a.size(); ++s) EXPECT_EQ(a[s].hidden_states, b[s].hidden_states) << "sample " << s;
+}
+
+// A copy that fails because its device was lost, seen only when the batcher
+// waits for it, stops the engine as a failed op would: the batch's samples
+// fail with UNAVAILABLE, on_device_lost hears it once, later samples are refused.
+TEST_F(EngineTest, ACopyThatLosesItsDeviceStopsTheEngine) {
+  LateCopies how;
+  how.lost = true;
+  int heard = 0;
+  EngineOptions options{.tp = 1, .precision = Precision::kBf16, .threads = 1,
+                        .factory = std::make_shared<LateCopyFactory>(&how)};
+  options.on_device_lost = [&heard](const absl::Status&) { ++heard; };
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<absl::Status> statuses(2, absl::UnknownError("not delivered"));
+  {
+    Batcher batcher(**engine, BatcherOptions{.max_batch_tokens = 8});
+    for (size_t i = 0; i < statuses.size(); ++i) {
+      WorkItem item{{1, 2, 3, 4, 5, 6}, AllLayers(),
+                    [&statuses, i](absl::StatusOr<SampleStates> s) { statuses[i] = s.status(); }, nullptr};
+      ASSERT_TRUE(batcher.Submit(std::move(item)).ok());
+    }
+  }
+  for (const absl::Status& status : statuses) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_TRUE(IsDeviceLost(status)) << status;
+  }
+  EXPECT_NE(statuses[0].message().find("injected: cudaErrorIllegalAddress in a capture copy"), std::string::npos)
+      << statuses[0];
+  EXPECT_EQ(heard, 1);
+  EXPECT_EQ((*engine)->lost(), statuses[0]);
 }
 
 }  // namespace
