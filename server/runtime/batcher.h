@@ -46,11 +46,13 @@ namespace hsx {
 struct WorkItem {
   std::vector<int32_t> tokens;
   CaptureSpec capture;
-  // Exactly one of these is called exactly once, on one of the batcher's
-  // threads (never two at once), with the sample's rows or the error that stopped its batch (Cancelled
-  // when `abandoned` said so): `deliver` when set, else `done`. A consumer
-  // that keeps a view keeps the whole batch's capture buffers: release it
-  // (e.g. after encoding) before returning when you can.
+  // Exactly one of these is called exactly once, with the sample's rows or
+  // the error that stopped its batch (Cancelled when `abandoned` said so):
+  // `deliver` when set, else `done`. Calls come from the delivery thread, one
+  // at a time; a dropped (abandoned) sample's from the batch thread, which
+  // may overlap a delivery. A consumer that keeps a view keeps its sample's
+  // capture buffer: release it (e.g. after encoding) before returning when
+  // you can.
   std::function<void(absl::StatusOr<SampleStates>)> done;
   // Optional: asked before the sample is packed into a batch; true means its
   // consumer has gone (a cancelled RPC), so it is dropped, not computed.
