@@ -217,7 +217,7 @@ class SameDeviceGroup : public CudaGroup {
 // enqueues on it; Abort, on whichever thread failed, marks every communicator
 // aborted and then takes each lock before aborting it, so it never frees a
 // communicator a rank is still inside. Enqueueing takes microseconds; a rank
-// inside NCCL for longer than kAbortWait is blocked on a peer that will not
+// still inside NCCL kAbortWait after the abort began is blocked on a peer that will not
 // come (connection set-up waits for both sides), and only ncclCommAbort can
 // end that, so Abort then aborts without the lock as the lesser harm (NCCL's
 // own fault-tolerance guide aborts hung communicators from another thread).
@@ -257,9 +257,10 @@ class NcclGroup : public CudaGroup {
     for (RankComm& c : comms_) c.aborted = true;
     // ... and kernels waiting for a rank that will not come end with the
     // communicators.
+    const auto deadline = std::chrono::steady_clock::now() + kAbortWait;  // for all ranks together
     for (RankComm& c : comms_) {
       std::unique_lock<std::timed_mutex> lock(c.in_use, std::defer_lock);
-      (void)lock.try_lock_for(kAbortWait);  // see above: after kAbortWait, abort regardless
+      (void)lock.try_lock_until(deadline);  // see above: past the deadline, abort regardless
       if (ncclComm_t comm = c.comm.exchange(nullptr); comm != nullptr) api_->ncclCommAbort(comm);
     }
   }
