@@ -217,10 +217,12 @@ class SameDeviceGroup : public CudaGroup {
 // enqueues on it; Abort, on whichever thread failed, marks every communicator
 // aborted and then takes each lock before aborting it, so it never frees a
 // communicator a rank is still inside. Enqueueing takes microseconds; a rank
-// still inside NCCL kAbortWait after the abort began is blocked on a peer that will not
-// come (connection set-up waits for both sides), and only ncclCommAbort can
-// end that, so Abort then aborts without the lock as the lesser harm (NCCL's
-// own fault-tolerance guide aborts hung communicators from another thread).
+// still inside NCCL kAbortWait after the abort began is blocked on a peer that
+// will not come (connection set-up waits for both sides), and only
+// ncclCommAbort can end that, so Abort then aborts without the lock, as the
+// lesser harm than a hang. The clean way out of a stuck call is NCCL's
+// non-blocking mode (ncclConfig_t blocking = 0, ncclCommInitRankConfig), which
+// these communicators (ncclCommInitAll) do not use yet: to do, on two GPUs.
 class NcclGroup : public CudaGroup {
  public:
   NcclGroup(std::vector<CudaRank> ranks, std::vector<Backend*> backends, const cuda::NcclApi* api)
