@@ -283,8 +283,9 @@ STEPS = [
                gtest_filter="Devices/TensorParallelTest.*/cuda:Transports/CudaCommunicatorTest.*"),
     GTestSuite("capture_overlap", "hsx_cuda_tests", "captures copied on a second stream through the staging"
                " ring hold the source as it was when copied (in-place updates, sub-range copies per sample, tiny"
-               " rings that wrap), and the tiny model's captures with the overlap on equal those with it off,"
-               " bitwise", timeout_s=90, reserve_s=20, gtest_filter="*CudaCapture*"),
+               " rings that wrap), the tiny model's captures with the overlap on equal those with it off,"
+               " bitwise, and through the batcher (last copies fenced, waited for on its delivery thread) each"
+               " sample equals its solo run, bitwise", timeout_s=90, reserve_s=20, gtest_filter="*CudaCapture*"),
     GpuForward(),
     CpuPipeline(),
     GTestSuite("cpu_unit", "hsx_unit_tests", "CPU unit tests (tests/unit)", timeout_s=180, reserve_s=40),

@@ -11,7 +11,9 @@
 //    default ring, and with a ring of a few rows (chunks, wraps and waits);
 //    bf16 and f32; several batches with a Synchronize between;
 //  * model level: the tiny model's captures with HSX_CUDA_CAPTURE_OVERLAP=1
-//    and =0 are bitwise equal, over several batches.
+//    and =0 are bitwise equal, over several batches; and through the
+//    batcher (copies fenced, waited for on its delivery thread) each sample
+//    equals its solo run.
 // The option and environment checks need no GPU; the rest skip, with CUDA's
 // reason, where there is none.
 #include <gtest/gtest.h>
@@ -26,6 +28,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "server/model/sample_states.h"
+#include "server/runtime/batcher.h"
 #include "server/runtime/engine.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/unit/test_util.h"
@@ -273,6 +276,48 @@ TEST(CudaCaptureOverlapModelTest, OverlapOnEqualsOverlapOffBitwise) {
             << "batch " << b << " sample " << s;
       }
     }
+  }
+}
+
+// Through the batcher, which lets the next batch start before the last
+// copies have landed (Engine::Copies::kFence) and waits for them on its
+// delivery thread: every sample, delivered from one of several batches,
+// equals the same sample run alone with Run waiting for its copies, bitwise.
+TEST(CudaCaptureOverlapModelTest, TheBatcherDeliversOnlyLandedRows) {
+  HSX_SKIP_WITHOUT_CUDA();
+  ::hsx::testing::TempDir dir;
+  std::unique_ptr<Checkpoint> checkpoint(
+      ::hsx::testing::WriteTestCheckpoint(::hsx::testing::TinyTestConfig(), dir / "m", 29));
+  ASSERT_NE(checkpoint, nullptr);
+  ScopedEnv env("HSX_CUDA_CAPTURE_OVERLAP", "1");
+  EngineOptions options;
+  options.precision = Precision::kBf16;
+  options.device = Device::kCuda;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::mt19937 random(5);
+  std::vector<std::vector<int32_t>> samples;
+  for (int i = 0; i < 24; ++i) {
+    std::vector<int32_t> tokens(1 + random() % 300);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(random() % checkpoint->config().vocab_size);
+    samples.push_back(tokens);
+  }
+  const CaptureSpec capture = *ParseCaptureSpec("all", checkpoint->config(), true);
+  std::vector<absl::StatusOr<SampleStates>> got(samples.size(), absl::UnknownError("not delivered"));
+  {
+    Batcher batcher(**engine, BatcherOptions{.max_batch_tokens = 512});
+    for (size_t i = 0; i < samples.size(); ++i) {
+      WorkItem item{samples[i], capture, [&got, i](absl::StatusOr<SampleStates> s) { got[i] = std::move(s); },
+                    nullptr};
+      ASSERT_TRUE(batcher.Submit(std::move(item)).ok());
+    }
+  }
+  for (size_t i = 0; i < samples.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    const std::vector<SampleStates> solo = ::hsx::testing::RunBatch(**engine, {samples[i]});
+    ASSERT_EQ(solo.size(), 1u);
+    EXPECT_TRUE(got[i]->hidden_states == solo[0].hidden_states && got[i]->final_norm == solo[0].final_norm)
+        << "sample " << i << " (" << samples[i].size() << " tokens)";
   }
 }
 
