@@ -654,7 +654,9 @@ absl::StatusOr<std::shared_ptr<CopyFence>> CudaBackend::FenceCopies() {
   if (copy_stream_ == nullptr) return Backend::FenceCopies();  // every copy ran on the compute stream
   RecordStreamError(cudaStreamSynchronize(stream_), "an op");
   cudaEvent_t done = nullptr;
-  if (error_.ok() && Cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "FenceCopies", "creating an event")) {
+  // The event belongs to the current device: make it this rank's.
+  if (error_.ok() && Cuda(cudaSetDevice(device_), "FenceCopies", "cudaSetDevice") &&
+      Cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "FenceCopies", "creating an event")) {
     if (!Cuda(cudaEventRecord(done, copy_stream_), "FenceCopies", "recording the copies' end")) {
       cudaEventDestroy(done);
       done = nullptr;
