@@ -210,7 +210,7 @@ void Batcher::RunBatch(std::vector<WorkItem> items) {
 
 void Batcher::HandOver(Finished finished) {
   std::unique_lock<std::mutex> lock(delivery_mutex_);
-  delivery_wake_.wait(lock, [&] { return !handed_over_.has_value() && !delivering_; });
+  delivery_wake_.wait(lock, [&] { return !handed_over_.has_value(); });
   handed_over_ = std::move(finished);
   delivery_wake_.notify_all();
 }
@@ -223,13 +223,12 @@ void Batcher::DeliveryLoop() {
       std::unique_lock<std::mutex> lock(delivery_mutex_);
       delivery_wake_.wait(lock, [&] { return handed_over_.has_value() || loop_ended_; });
       if (!handed_over_.has_value()) return;  // the loop has ended and everything is delivered
-      finished.swap(handed_over_);
-      delivering_ = true;
+      finished.emplace(*std::move(handed_over_));  // the slot stays taken until this batch is delivered
     }
     Deliver(*std::move(finished));
     {
       std::lock_guard<std::mutex> lock(delivery_mutex_);
-      delivering_ = false;
+      handed_over_.reset();
     }
     delivery_wake_.notify_all();
   }

@@ -113,8 +113,8 @@ class Batcher {
 
   void Loop();
   void RunBatch(std::vector<WorkItem> items);
-  // On the batch loop: waits until the previous batch is delivered, then
-  // gives this one to the delivery thread.
+  // On the batch loop: waits until the previous batch is delivered (the
+  // slot is empty), then gives this one to the delivery thread.
   void HandOver(Finished finished);
   void DeliveryLoop();
   // On the delivery thread: waits for the batch's copies, then hands each
@@ -134,9 +134,9 @@ class Batcher {
 
   std::mutex delivery_mutex_;
   std::condition_variable delivery_wake_;
-  std::optional<Finished> handed_over_;  // taken by the delivery thread
-  bool delivering_ = false;              // the delivery thread is busy with a batch
-  bool loop_ended_ = false;              // no batch will be handed over any more
+  // The batch handed to the delivery thread; empty again once it is delivered.
+  std::optional<Finished> handed_over_;
+  bool loop_ended_ = false;  // no batch will be handed over any more
 
   std::thread thread_;           // Loop
   std::thread delivery_thread_;  // DeliveryLoop
