@@ -1,4 +1,4 @@
-// proto_dtype.cc: v1::DType <-> OutputDType.
+// proto_dtype.cc: v1::DType <-> OutputDType, v1::Checksum <-> ChecksumKind.
 #include "format/proto_dtype.h"
 
 #include "absl/status/status.h"
@@ -25,6 +25,22 @@ absl::StatusOr<OutputDType> OutputDTypeFromProto(int value) {
       return absl::InvalidArgumentError(absl::StrCat(
           "dtype: unknown enum value ", value, " (expected DTYPE_BF16 = 1, DTYPE_FP16 = 2 or DTYPE_FP32 = 3; "
           "0 means bf16)"));
+  }
+}
+
+v1::Checksum ChecksumKindToProto(ChecksumKind kind) {
+  return kind == ChecksumKind::kXxh3 ? v1::CHECKSUM_XXH3_64 : v1::CHECKSUM_XXH64;
+}
+
+absl::StatusOr<ChecksumKind> ChecksumKindFromProto(int value) {
+  switch (value) {
+    case v1::CHECKSUM_UNSPECIFIED:
+    case v1::CHECKSUM_XXH64: return ChecksumKind::kXxh64;
+    case v1::CHECKSUM_XXH3_64: return ChecksumKind::kXxh3;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checksum: unknown enum value ", value, " (expected CHECKSUM_XXH64 = 1 or CHECKSUM_XXH3_64 = 2; "
+          "0 means XXH64)"));
   }
 }
 

@@ -77,10 +77,10 @@ absl::Status ResponseEncoder::EncodeAll(const SampleView& view, const Allocator&
   for (size_t k = 0; k < sources.size(); ++k) {
     const int id = capture_id(static_cast<int>(k));
     char* dst = static_cast<char*>(encoded->data()) + k * tensor_bytes();
-    const TensorEncoding e = EncodeTensor(sources[k], view.type, tokens_ * hidden_, options_.dtype, dst);
+    const TensorEncoding e = EncodeTensor(sources[k], view.type, tokens_ * hidden_, options_.dtype, dst, options_.checksum);
     if (e.bad_index >= 0) return BadValue(id, e.bad_index, hidden_, e.bad_value);
     if (!e.nonzero) return AllZero(id);
-    checksums_.push_back(e.xxh64);
+    checksums_.push_back(e.checksum);
     tensors_.push_back(dst);
   }
   held_bytes_ = static_cast<int64_t>(encoded->bytes());
@@ -91,10 +91,10 @@ absl::Status ResponseEncoder::EncodeAll(const SampleView& view, const Allocator&
 absl::Status ResponseEncoder::CheckInPlace(const SampleView& view, const std::vector<const void*>& sources) {
   for (size_t k = 0; k < sources.size(); ++k) {
     const int id = capture_id(static_cast<int>(k));
-    const TensorEncoding e = CheckTensor(sources[k], tokens_ * hidden_, options_.dtype);
+    const TensorEncoding e = CheckTensor(sources[k], tokens_ * hidden_, options_.dtype, options_.checksum);
     if (e.bad_index >= 0) return BadValue(id, e.bad_index, hidden_, e.bad_value);
     if (!e.nonzero) return AllZero(id);
-    checksums_.push_back(e.xxh64);
+    checksums_.push_back(e.checksum);
     tensors_.push_back(static_cast<const char*>(sources[k]));
   }
   held_bytes_ = view.held_bytes;
@@ -147,6 +147,7 @@ bool ResponseEncoder::Next(grpc::ByteBuffer* out) {
       header->set_layer_convention(options_.layer_convention);
       header->set_model_name(options_.model_name);
       header->set_num_layers(static_cast<int32_t>(options_.num_layers));
+      header->set_checksum(ChecksumKindToProto(options_.checksum));
       stage_ = options_.summary ? Stage::kSummary : num_tensors() == 0 ? Stage::kTrailer : Stage::kBody;
       break;
     }
@@ -172,8 +173,14 @@ bool ResponseEncoder::Next(grpc::ByteBuffer* out) {
       for (int k = 0; k < num_tensors(); ++k) {
         v1::TensorChecksum* checksum = trailer->add_checksums();
         checksum->set_capture_id(capture_id(k));
-        checksum->set_xxh64(checksums_[k]);
-        checksum->set_xxh64_hex(absl::StrFormat("%016x", checksums_[k]));
+        const std::string hex = absl::StrFormat("%016x", checksums_[k]);
+        if (options_.checksum == ChecksumKind::kXxh3) {
+          checksum->set_xxh3_64(checksums_[k]);
+          checksum->set_xxh3_64_hex(hex);
+        } else {
+          checksum->set_xxh64(checksums_[k]);
+          checksum->set_xxh64_hex(hex);
+        }
       }
       trailer->set_token_ids_xxh64(options_.token_ids_hash);
       trailer->set_token_ids_xxh64_hex(absl::StrFormat("%016x", options_.token_ids_hash));

@@ -4,8 +4,8 @@
 // Order: a Header; then, per tensor (capture ids ascending, then the final
 // norm as capture id -1), Chunks of whole rows in row order, each holding at
 // most max_chunk_bytes of data (at least one row); then a Trailer with the
-// XXH64 of every tensor's [T, H] bytes in the output dtype and the token-id
-// hash. In summary mode: the Header, one Summary (per tensor mean, std, min,
+// checksum (XXH64, or XXH3 when asked) of every tensor's [T, H] bytes in the
+// output dtype and the token-id hash. In summary mode: the Header, one Summary (per tensor mean, std, min,
 // max over the dtype-rounded values and the first values of row 0) and the
 // same Trailer.
 //
@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "format/encoding.h"
 #include "format/sample_view.h"
+#include "format/tensor_hash.h"
 #include "hsx/v1/hsx.pb.h"
 #include "kernels/backend.h"
 
@@ -50,6 +51,7 @@ inline constexpr int kSummaryFirstValues = 8;
 struct EncoderOptions {
   std::string sample_id;
   OutputDType dtype = OutputDType::kBf16;
+  ChecksumKind checksum = ChecksumKind::kXxh64;  // of the Trailer's TensorChecksums
   bool summary = false;
   int64_t max_chunk_bytes = 1 << 20;
   uint64_t token_ids_hash = 0;

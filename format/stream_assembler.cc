@@ -22,6 +22,19 @@ std::string TensorName(int capture_id) {
   return capture_id < 0 ? std::string("the final-norm state") : absl::StrCat("capture id ", capture_id);
 }
 
+// The stream's checksum: what the header says, which must be what was asked;
+// no value at all is a server older than the field, which sends XXH64.
+absl::StatusOr<ChecksumKind> HeaderChecksum(int said, ChecksumKind asked) {
+  if (said == v1::CHECKSUM_UNSPECIFIED) return ChecksumKind::kXxh64;
+  absl::StatusOr<ChecksumKind> kind = ChecksumKindFromProto(said);
+  if (!kind.ok()) return absl::DataLossError(absl::StrCat("the header has an unknown checksum ", said));
+  if (*kind != asked) {
+    return absl::DataLossError(absl::StrCat("the header has checksum ", ChecksumKindName(*kind), ", requested ",
+                                            ChecksumKindName(asked)));
+  }
+  return *kind;
+}
+
 }  // namespace
 
 StreamAssembler::StreamAssembler(StreamExpectation expect, Mode mode)
@@ -74,6 +87,8 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
     return absl::DataLossError(absl::StrCat("the header has dtype ", v1::DType_Name(h.dtype()), ", requested ",
                                             v1::DType_Name(OutputDTypeToProto(expect_.dtype))));
   }
+  absl::StatusOr<ChecksumKind> checksum = HeaderChecksum(h.checksum(), expect_.checksum);
+  if (!checksum.ok()) return checksum.status();
   const int64_t expected_hidden = expect_.hidden_size;
   if (h.hidden_size() < 1 || h.hidden_size() > (1 << 20) ||
       (expected_hidden > 0 && h.hidden_size() != expected_hidden)) {
@@ -112,7 +127,7 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
   sample_.values_checked = EncodedValueCheck{std::vector<char>(tensors_.size(), 0),
                                              std::vector<int64_t>(tensors_.size(), -1),
                                              std::vector<float>(tensors_.size(), 0.0f)};
-  hash_.Reset();
+  hash_.emplace(*checksum);
   return absl::OkStatus();
 }
 
@@ -181,8 +196,8 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
   }
   rows_ += num_rows;
   if (rows_ == tokens) {
-    digests_.push_back(hash_.Digest());
-    hash_.Reset();
+    digests_.push_back(hash_->Digest());
+    hash_->Reset();
     ++current_;
     rows_ = 0;
     values_ = 0;
@@ -209,7 +224,7 @@ void StreamAssembler::CopyIntoSample(const char* bytes, size_t length, int64_t o
 }
 
 void StreamAssembler::HashAndCheck(const char* bytes, size_t length) {
-  hash_.Update(bytes, length);
+  hash_->Update(bytes, length);
   const size_t size = static_cast<size_t>(OutputDTypeSize(sample_.dtype));
   if (carried_ > 0) {  // complete the value the last piece began
     const size_t n = std::min(size - carried_, length);
@@ -310,19 +325,24 @@ absl::Status StreamAssembler::OnTrailer(const v1::Trailer& t) {
     if (seen[i]++) {
       return absl::DataLossError(absl::StrCat("the trailer has two checksums for ", TensorName(tensors_[i])));
     }
-    if (checksum.xxh64() != digests_[i]) {
+    const bool xxh3 = hash_->kind() == ChecksumKind::kXxh3;
+    const uint64_t said = xxh3 ? checksum.xxh3_64() : checksum.xxh64();
+    if (said != digests_[i]) {
       return absl::DataLossError(absl::StrFormat(
-          "%s: the received bytes hash to %016x, the trailer says %016x (corrupted in transit or assembled wrongly)",
-          TensorName(tensors_[i]), digests_[i], checksum.xxh64()));
+          "%s: the received bytes hash to %016x (%s), the trailer says %016x (corrupted in transit or assembled wrongly)",
+          TensorName(tensors_[i]), digests_[i], ChecksumKindName(hash_->kind()), said));
     }
   }
   for (size_t i = 0; i < tensors_.size(); ++i) {
     if (!seen[i]) return absl::DataLossError(absl::StrCat("the trailer has no checksum for ", TensorName(tensors_[i])));
   }
   // A tensor whose rows are contiguous in the sample hashed to its file
-  // checksum already: one layer's hidden states, the final norm.
-  if (sample_.capture_ids.size() == 1) sample_.hidden_states_xxh64 = digests_[0];
-  if (sample_.has_final_norm) sample_.final_norm_xxh64 = digests_.back();
+  // checksum already (files record XXH64): one layer's hidden states, the
+  // final norm.
+  if (hash_->kind() == ChecksumKind::kXxh64) {
+    if (sample_.capture_ids.size() == 1) sample_.hidden_states_xxh64 = digests_[0];
+    if (sample_.has_final_norm) sample_.final_norm_xxh64 = digests_.back();
+  }
   trailer_ = true;
   return absl::OkStatus();
 }

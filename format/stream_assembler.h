@@ -7,7 +7,8 @@
 // count, token-id hash, capture ids, dtype, final norm) and the model (hidden
 // size, layers, name, where known); chunks hold whole rows, layer after layer
 // in the header's order, each layer's rows in order without gaps or
-// overlaps; every tensor's XXH64 equals the trailer's; the trailer's token
+// overlaps; every tensor's checksum (XXH64, or XXH3 when asked and the
+// header says so) equals the trailer's; the trailer's token
 // hash equals the request's; nothing follows the trailer. Any violation is a
 // DATA_LOSS status naming what was wrong, and the assembler accepts nothing
 // more after one.
@@ -31,6 +32,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,7 +42,7 @@
 #include "format/encoding.h"
 #include "format/piece_reader.h"
 #include "format/proto_dtype.h"
-#include "format/xxh64_stream.h"
+#include "format/tensor_hash.h"
 
 namespace hsx {
 
@@ -53,6 +55,9 @@ struct StreamExpectation {
   std::vector<int> capture_ids;
   bool final_norm = false;
   OutputDType dtype = OutputDType::kBf16;
+  // Asked for in the request. A header without one (a server older than
+  // the field) means XXH64, whatever was asked.
+  ChecksumKind checksum = ChecksumKind::kXxh64;
   int64_t hidden_size = 0;
   int64_t num_layers = 0;
   std::string model_name;
@@ -118,7 +123,7 @@ class StreamAssembler {
   int64_t values_ = 0;        // of it checked (whole values)
   char carry_[8];             // the first bytes of a value split between two pieces
   size_t carried_ = 0;
-  Xxh64Stream hash_;  // of the current tensor's bytes
+  std::optional<TensorHash> hash_;  // of the current tensor's bytes, as the header says
   std::vector<uint64_t> digests_;
   // kKeepReceived: the slices of every chunk message, which hold the pieces
   // of sample_.received (each message's own vector, so that slices whose

@@ -50,8 +50,10 @@ SampleStates MakeStates(bool final_norm, const std::vector<int>& ids = kIds) {
   return s;
 }
 
-StreamExpectation Expect(OutputDType dtype, bool final_norm, const std::vector<int>& ids = kIds) {
+StreamExpectation Expect(OutputDType dtype, bool final_norm, const std::vector<int>& ids = kIds,
+                         ChecksumKind checksum = ChecksumKind::kXxh64) {
   StreamExpectation e;
+  e.checksum = checksum;
   e.sample_id = "s-1";
   e.num_tokens = kTokens;
   e.token_ids_xxh64 = TokenIdsHash(kTokenIds);
@@ -65,8 +67,10 @@ StreamExpectation Expect(OutputDType dtype, bool final_norm, const std::vector<i
 }
 
 // The stream the server would send: two rows per chunk, so tensors span chunks.
-std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm, const std::vector<int>& ids = kIds) {
+std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm, const std::vector<int>& ids = kIds,
+                                        ChecksumKind checksum = ChecksumKind::kXxh64) {
   EncoderOptions o;
+  o.checksum = checksum;
   o.sample_id = "s-1";
   o.dtype = dtype;
   o.max_chunk_bytes = 2 * kHidden * OutputDTypeSize(dtype);
@@ -122,6 +126,32 @@ absl::Status Feed(StreamAssembler& a, const std::vector<v1::ExtractResponse>& st
     if (absl::Status s = a.Consume(r); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+// Files record XXH64: a one-layer sample's wire checksums are its file
+// checksums only when the stream carried XXH64. With XXH3 the file writer
+// must hash the bytes itself, so the assembler hands on none.
+TEST(StreamAssemblerTest, OnlyAnXxh64StreamLendsItsChecksumsToTheFile) {
+  const std::vector<int> one = {3};
+  const EncodedSample want = EncodeSampleStates(MakeStates(true, one), OutputDType::kBf16);
+  for (ChecksumKind kind : {ChecksumKind::kXxh64, ChecksumKind::kXxh3}) {
+    for (StreamAssembler::Mode mode : {StreamAssembler::Mode::kAssemble, StreamAssembler::Mode::kKeepReceived}) {
+      SCOPED_TRACE(std::string(ChecksumKindName(kind)) + (mode == StreamAssembler::Mode::kAssemble ? " assembled" : " kept"));
+      StreamAssembler a(Expect(OutputDType::kBf16, true, one, kind), mode);
+      ASSERT_TRUE(Feed(a, Stream(OutputDType::kBf16, true, one, kind)).ok());
+      ASSERT_TRUE(a.complete());
+      const EncodedSample got = a.Take();
+      if (kind == ChecksumKind::kXxh64) {
+        ASSERT_TRUE(got.hidden_states_xxh64.has_value());
+        ASSERT_TRUE(got.final_norm_xxh64.has_value());
+        EXPECT_EQ(*got.hidden_states_xxh64, Xxh64(want.hidden_states.data(), want.hidden_states.size()));
+        EXPECT_EQ(*got.final_norm_xxh64, Xxh64(want.final_norm.data(), want.final_norm.size()));
+      } else {
+        EXPECT_FALSE(got.hidden_states_xxh64.has_value());
+        EXPECT_FALSE(got.final_norm_xxh64.has_value());
+      }
+    }
+  }
 }
 
 TEST(StreamAssemblerTest, EncoderStreamAssemblesToTheFileBytes) {

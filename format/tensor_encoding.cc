@@ -11,7 +11,6 @@
 #include <immintrin.h>
 #endif
 
-#include "format/xxh64_stream.h"
 #include "kernels/fp16.h"
 
 // The loops are built for AVX2 as well as the baseline, picked at load time
@@ -176,9 +175,9 @@ int64_t CheckEncoded(const void* bytes, int64_t count, OutputDType dtype, bool* 
   return -1;
 }
 
-TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype) {
+TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype, ChecksumKind checksum) {
   TensorEncoding result;
-  Xxh64Stream hash;
+  TensorHash hash(checksum);
   const int64_t size = OutputDTypeSize(dtype);
   uint32_t nonzero = 0;
   for (int64_t begin = 0; begin < count; begin += kEncodeBlock) {
@@ -199,13 +198,14 @@ TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype) {
     hash.Update(block, n * size);
   }
   result.nonzero = nonzero != 0;
-  result.xxh64 = hash.Digest();
+  result.checksum = hash.Digest();
   return result;
 }
 
-TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst) {
+TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst,
+                            ChecksumKind checksum) {
   TensorEncoding result;
-  Xxh64Stream hash;
+  TensorHash hash(checksum);
   const uint32_t limit = dtype == OutputDType::kFp16 ? kFp16Limit : kF32Inf;
   const int64_t out_size = OutputDTypeSize(dtype);
   alignas(64) uint32_t wide[kEncodeBlock];
@@ -261,7 +261,7 @@ TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, Ou
     hash.Update(out, n * out_size);
   }
   result.nonzero = nonzero != 0;
-  result.xxh64 = hash.Digest();
+  result.checksum = hash.Digest();
   return result;
 }
 

@@ -4,8 +4,8 @@
 // The values go through the cache in blocks of kEncodeBlock: each block is
 // converted (bf16 round-to-nearest-even, IEEE fp16, or fp32, exactly as
 // AppendEncoded in encoding.h does, bit for bit), checked (every value finite
-// and, for fp16, representable; whether any is non-zero) and fed to XXH64
-// while it is still in L1. The conversion loops are plain loops over
+// and, for fp16, representable; whether any is non-zero) and fed to the
+// checksum (XXH64 or XXH3, tensor_hash.h) while it is still in L1. The conversion loops are plain loops over
 // uint32_t that the compiler vectorises (the file is built with -O3; see
 // server/CMakeLists.txt). fp16 stays scalar: only bf16 is on the hot path.
 #ifndef HSX_FORMAT_TENSOR_ENCODING_H_
@@ -15,28 +15,31 @@
 
 #include "kernels/backend.h"
 #include "format/encoding.h"
+#include "format/tensor_hash.h"
 
 namespace hsx {
 
 inline constexpr int64_t kEncodeBlock = 4096;  // values per block
 
 struct TensorEncoding {
-  uint64_t xxh64 = 0;   // of the encoded bytes, seed 0
+  uint64_t checksum = 0;  // of the encoded bytes (XXH64 or XXH3 as asked), seed 0
   bool nonzero = false;  // some value is neither +0 nor -0
   // The first value that cannot be sent (non-finite, or over fp16's range),
-  // or -1; encoding stops there and xxh64 is then meaningless.
+  // or -1; encoding stops there and checksum is then meaningless.
   int64_t bad_index = -1;
   float bad_value = 0;
 };
 
 // Encodes `count` values at `src` (activation type kF32 or kBf16) into
 // `dst`, which holds count * OutputDTypeSize(dtype) bytes.
-TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst);
+TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst,
+                            ChecksumKind checksum = ChecksumKind::kXxh64);
 
 // The same checks and hash over `count` values at `src` that are already in
 // `dtype` (bf16 rows for kBf16, float32 rows for kFp32; not kFp16), read in
 // place: what EncodeTensor returns for the identity conversion, without the copy.
-TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype);
+TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype,
+                           ChecksumKind checksum = ChecksumKind::kXxh64);
 
 // The receiving side's check of values already encoded: the index of the
 // first of `count` values at `bytes` (little-endian `dtype`) that is not

@@ -219,7 +219,7 @@ class DumpRun {
   DumpRun(const std::vector<InputSample>& samples, Extractor& extractor, const DumpOptions& options,
           DumpStats* stats)
       : samples_(samples), extractor_(extractor), options_(options), stats_(stats),
-        spec_{options.capture, options.dtype, /*keep_states=*/!options.discard}, run_token_(RandomToken()) {}
+        spec_{options.capture, options.dtype, /*keep_states=*/!options.discard, options.wire_checksum}, run_token_(RandomToken()) {}
 
   absl::Status Run() {
     *stats_ = DumpStats();

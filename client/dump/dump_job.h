@@ -43,6 +43,8 @@ struct DumpOptions {
   // The extractor is asked not to keep the states (ExtractSpec::keep_states),
   // so a remote sample is verified as it arrives and never assembled.
   bool discard = false;
+  // --server: the checksum each stream's Trailer carries (--wire-checksum).
+  ChecksumKind wire_checksum = ChecksumKind::kXxh64;
 };
 
 struct DumpStats {

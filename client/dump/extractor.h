@@ -14,6 +14,7 @@
 #include "client/dump/input.h"
 #include "format/capture_spec.h"
 #include "format/encoding.h"
+#include "format/tensor_hash.h"
 #include "format/sample_file.h"
 
 namespace hsx {
@@ -26,6 +27,9 @@ struct ExtractSpec {
   // an extractor may then check the states as they arrive and deliver the
   // sample without them (EncodedSample::dropped), which VerifySample accepts.
   bool keep_states = true;
+  // The Trailer's checksum to ask a server for (the in-process extractor
+  // has no stream and ignores it).
+  ChecksumKind checksum = ChecksumKind::kXxh64;
 };
 
 class Extractor {

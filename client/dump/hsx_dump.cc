@@ -96,6 +96,10 @@ ABSL_FLAG(bool, discard, false, "Verify every sample, then drop it: no files and
           "(a throughput or smoke run against a server). Every check of a written sample runs (echoes, "
           "shapes, row order, checksums, finite and non-zero values), on the received bytes as they "
           "arrive, without assembling the sample. --out gets only an empty journal.");
+ABSL_FLAG(std::string, wire_checksum, "auto", "--server: the checksum each sample's stream carries "
+          "and hsx-dump verifies: xxh64, xxh3 (a third of XXH64's CPU per byte with AVX2; servers that "
+          "predate it send XXH64, which is then verified) or auto: xxh64 when writing files of one "
+          "captured layer (their checksums_xxh64 is then the wire's, not hashed again), xxh3 otherwise.");
 
 namespace {
 
@@ -276,6 +280,10 @@ absl::Status Run() {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("--progress '", progress_name, "': expected auto, bar, plain or none"));
   }
+  const std::string wire_checksum = absl::GetFlag(FLAGS_wire_checksum);
+  if (wire_checksum != "auto" && !hsx::ParseChecksumKind(wire_checksum)) {
+    return absl::InvalidArgumentError(absl::StrCat("--wire-checksum '", wire_checksum, "': expected auto, xxh64 or xxh3"));
+  }
 
   absl::StatusOr<Transport> transport =
       servers.empty() ? MakeInProcess(model_dir, precision, precision_name) : MakeRemote(servers, precision_name);
@@ -302,6 +310,12 @@ absl::Status Run() {
   dump.hidden_size = transport->hidden_size;
   dump.writer_threads = absl::GetFlag(FLAGS_writer_threads);
   dump.discard = absl::GetFlag(FLAGS_discard);
+  if (wire_checksum == "auto") {
+    const bool file_reuses_wire = !dump.discard && capture->ids().size() == 1;
+    dump.wire_checksum = file_reuses_wire ? hsx::ChecksumKind::kXxh64 : hsx::ChecksumKind::kXxh3;
+  } else {
+    dump.wire_checksum = *hsx::ParseChecksumKind(wire_checksum);
+  }
   dump.shard = *shard;
   dump.info = transport->info;
   dump.input_xxh64 = input_xxh64;

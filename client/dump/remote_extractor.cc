@@ -232,6 +232,7 @@ class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
     e.capture_ids = call.spec.capture.ids();
     e.final_norm = call.spec.capture.final_norm();
     e.dtype = call.spec.dtype;
+    e.checksum = call.spec.checksum;
     e.hidden_size = impl.expected_hidden();
     e.num_layers = impl.expected_layers();
     e.model_name = impl.expected_model();
@@ -511,6 +512,7 @@ void RemoteExtractor::Impl::Extract(const InputSample& sample, const ExtractSpec
   call->request.mutable_token_ids()->Add(sample.input_ids.begin(), sample.input_ids.end());
   call->request.mutable_capture_ids()->Add(spec.capture.ids().begin(), spec.capture.ids().end());
   call->request.set_dtype(OutputDTypeToProto(spec.dtype));
+  call->request.set_checksum(ChecksumKindToProto(spec.checksum));
   call->request.set_final_norm(spec.capture.final_norm());
   call->token_hash = TokenIdsHash(sample.input_ids);
   {

@@ -185,6 +185,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Accept(grpc::Ca
   EncoderOptions encoder;
   encoder.sample_id = request->sample_id();
   encoder.dtype = valid->dtype;
+  encoder.checksum = valid->checksum;
   encoder.summary = valid->summary;
   encoder.max_chunk_bytes = options_.max_chunk_bytes;
   encoder.token_ids_hash = TokenIdsHash(std::span<const int32_t>(tokens));

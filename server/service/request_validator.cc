@@ -45,6 +45,9 @@ absl::StatusOr<ValidatedRequest> ValidateExtractRequest(const v1::ExtractRequest
   absl::StatusOr<OutputDType> dtype = OutputDTypeFromProto(static_cast<int>(request.dtype()));
   if (!dtype.ok()) return dtype.status();
   out.dtype = *dtype;
+  absl::StatusOr<ChecksumKind> checksum = ChecksumKindFromProto(static_cast<int>(request.checksum()));
+  if (!checksum.ok()) return checksum.status();
+  out.checksum = *checksum;
   out.summary = request.summary();
   return out;
 }

@@ -5,7 +5,7 @@
 // computed (every token id is in the vocabulary, the sample fits a batch,
 // every capture id exists). Checks, in order: sample_id length, token_ids
 // (empty, too long, each id in [0, vocab)), capture_ids (each in 0..N), dtype
-// (a known enum value). Oversized requests never get here: gRPC rejects them
+// and checksum (known enum values). Oversized requests never get here: gRPC rejects them
 // with RESOURCE_EXHAUSTED first (--max-request-bytes).
 #ifndef HSX_SERVER_SERVICE_REQUEST_VALIDATOR_H_
 #define HSX_SERVER_SERVICE_REQUEST_VALIDATOR_H_
@@ -16,6 +16,7 @@
 #include "hsx/v1/hsx.pb.h"
 #include "format/capture_spec.h"
 #include "format/encoding.h"
+#include "format/tensor_hash.h"
 
 namespace hsx {
 
@@ -29,6 +30,7 @@ struct RequestLimits {
 struct ValidatedRequest {
   CaptureSpec capture;  // ids ascending and unique; final_norm resolved
   OutputDType dtype = OutputDType::kBf16;
+  ChecksumKind checksum = ChecksumKind::kXxh64;
   bool summary = false;
 };
 

@@ -292,6 +292,30 @@ def xxh64(data, seed=0):
 FAKE_HIDDEN = 16
 
 
+@pytest.mark.parametrize("capture", ["3", "eagle3"])
+def test_every_wire_checksum_writes_the_same_files(run, tools, tiny, server, tmp_path, capture):
+    """--wire-checksum xxh64, xxh3 and auto: the same files, whose checksums_xxh64 hsx-verify recomputes
+    (one captured layer is where auto picks XXH64 and reuses the wire's values for the file)."""
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(6))
+    outs = {}
+    for choice in ("xxh64", "xxh3", "auto"):
+        outs[choice] = tmp_path / choice
+        run("hsx-dump", "--server", server.address, "--input", inputs, "--out", outs[choice], "--capture", capture,
+            "--final-norm", "--wire-checksum", choice)
+        verify(run, outs[choice], inputs)
+    assert_same_files(outs["xxh64"], outs["xxh3"])
+    assert_same_files(outs["xxh64"], outs["auto"])
+
+
+def test_an_unknown_wire_checksum_is_refused_before_anything_starts(run, tmp_path):
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(1))
+    proc = run("hsx-dump", "--server", "127.0.0.1:1", "--input", inputs, "--out", tmp_path / "out",
+               "--wire-checksum", "crc32", expect_ok=False)
+    assert proc.returncode != 0
+    assert "--wire-checksum 'crc32': expected auto, xxh64 or xxh3" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.fixture(scope="module")
 def fake_server(hsx_pb):
     """An in-process grpcio server speaking the hsx API with a chosen fault."""

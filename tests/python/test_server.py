@@ -54,6 +54,7 @@ def test_xxh64_reference_vectors():
     assert xxh64(b"") == 0xEF46DB3751D8E999
     assert xxh64(b"a") == 0xD24EC4F1A98C6E5B
     assert xxh64(b"abc") == 0x44BC2CF5AD770999
+    assert xxhash.xxh3_64(b"").intdigest() == 0x2D06800538D394C2  # XXH3-64 of nothing, seed 0
 
 
 # --- helpers
@@ -113,11 +114,21 @@ def reassemble(header, chunks, max_chunk_bytes):
     return {cid: bytes(data) for cid, data in tensors.items()}
 
 
-def check_trailer(header, trailer, tensors, ids):
+def check_trailer(header, trailer, tensors, ids, xxh3=False):
+    """The token hash, and each tensor's checksum by the xxhash package: XXH64 (the default) or,
+    when the request asked for it (xxh3), XXH3-64 with the XXH64 fields left unset."""
     assert trailer.token_ids_xxh64 == header.token_ids_xxh64 == token_hash(ids)
+    assert header.checksum == (2 if xxh3 else 1)  # CHECKSUM_XXH3_64, CHECKSUM_XXH64: always named
     assert [c.capture_id for c in trailer.checksums] == list(tensors)
     for checksum in trailer.checksums:
-        assert checksum.xxh64 == xxh64(tensors[checksum.capture_id]), f"capture id {checksum.capture_id}"
+        data = tensors[checksum.capture_id]
+        if xxh3:
+            assert checksum.xxh3_64 == xxhash.xxh3_64(data).intdigest(), f"capture id {checksum.capture_id}"
+            assert checksum.xxh3_64_hex == f"{checksum.xxh3_64:016x}"
+            assert checksum.xxh64 == 0 and checksum.xxh64_hex == ""
+        else:
+            assert checksum.xxh64 == xxh64(data), f"capture id {checksum.capture_id}"
+            assert checksum.xxh3_64 == 0 and checksum.xxh3_64_hex == ""
 
 
 def tensor_bytes(t):
@@ -314,6 +325,25 @@ def test_extract_round_trip_matches_dump(run, tiny, server, stub, hsx_pb, tmp_pa
             assert "final_norm_hidden_states" not in ref
 
 
+@pytest.mark.parametrize("dtype", [1, 2, 3])
+def test_xxh3_checksums_when_asked(server, stub, hsx_pb, dtype):
+    """ExtractRequest.checksum = CHECKSUM_XXH3_64: the same bytes, XXH3 in the trailer (checked with the
+    xxhash package), in every dtype (bf16 rows are sent in place, fp16 and fp32 encoded), summary too."""
+    pb = hsx_pb[0]
+    ids = random_ids(130, seed=dtype)
+    request = dict(token_ids=ids, capture_ids=[0, 4, 8], final_norm=True, dtype=dtype)
+    plain = read_stream(stub.Extract(pb.ExtractRequest(**request), timeout=30))
+    header, chunks, _, trailer = read_stream(stub.Extract(
+        pb.ExtractRequest(**request, checksum=pb.CHECKSUM_XXH3_64), timeout=30))
+    tensors = reassemble(header, chunks, MAX_CHUNK)
+    assert tensors == reassemble(plain[0], plain[1], MAX_CHUNK)
+    check_trailer(plain[0], plain[3], tensors, ids)
+    check_trailer(header, trailer, tensors, ids, xxh3=True)
+    summary = read_stream(stub.Extract(pb.ExtractRequest(**request, checksum=pb.CHECKSUM_XXH3_64, summary=True),
+                                       timeout=30))
+    check_trailer(summary[0], summary[3], tensors, ids, xxh3=True)
+
+
 def test_summary_mode(server, stub, hsx_pb):
     pb = hsx_pb[0]
     ids = random_ids(50, seed=5)
@@ -346,6 +376,7 @@ BAD = [
      f"capture_ids[1] = {N_LAYERS + 1} is outside 0..{N_LAYERS}"),
     ("negative capture id", dict(token_ids=[1, 2], capture_ids=[-1]), "INVALID_ARGUMENT", "capture_ids[0] = -1"),
     ("long sample id", dict(sample_id="x" * 2000, token_ids=[1]), "INVALID_ARGUMENT", "sample_id"),
+    ("unknown checksum", dict(token_ids=[1, 2], checksum=9), "INVALID_ARGUMENT", "checksum: unknown enum value 9"),
     # 6000 two-byte varints: over the default --max-request-bytes (8 + 5 * 1024 + 4096).
     ("oversized", dict(token_ids=[1000] * 6000), "RESOURCE_EXHAUSTED", "larger than max"),
 ]

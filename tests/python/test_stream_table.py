@@ -50,6 +50,7 @@ def judge(case, wire):
     r = case["request"]
     expect = StreamExpectation(sample_id=r["sample_id"], token_ids=tuple(r["token_ids"]),
                                capture_ids=tuple(r["capture_ids"]), final_norm=r["final_norm"], dtype=r["dtype"],
+                               checksum=r["checksum"],
                                hidden_size=r["hidden_size"], num_layers=r["num_layers"], model_name=r["model_name"])
     client = hsx.Client("127.0.0.1:1", retries=0)  # never connects: only its error handling is used
     try:

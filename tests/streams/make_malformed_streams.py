@@ -37,6 +37,7 @@ MODEL = "fake"
 ROWS_PER_CHUNK = 2
 SIZES = {"bf16": 2, "fp16": 2, "fp32": 4}
 PROTO_DTYPE = {"bf16": "DTYPE_BF16", "fp16": "DTYPE_FP16", "fp32": "DTYPE_FP32"}
+PROTO_CHECKSUM = {"xxh64": "CHECKSUM_XXH64", "xxh3": "CHECKSUM_XXH3_64"}
 FINAL = -1
 
 
@@ -55,16 +56,22 @@ def values(rng, count, dtype):
 class Stream:
     """A well-formed stream for the base request, as tensors and messages that cases edit."""
 
-    def __init__(self, final_norm=False, dtype="bf16", seed=0):
+    def __init__(self, final_norm=False, dtype="bf16", seed=0, checksum=None):
+        """checksum: None (a server older than the field: no Header.checksum, XXH64 asked and sent),
+        "xxh64" or "xxh3" (asked for, named in the header and sent)."""
         rng = random.Random(seed)
         self.dtype = dtype
+        self.checksum = checksum
         self.order = CAPTURE + ([FINAL] if final_norm else [])
         self.data = {c: bytearray(values(rng, len(TOKENS) * HIDDEN, dtype)) for c in self.order}
         self.header = {"sample_id": "s", "num_tokens": len(TOKENS), "token_ids_xxh64": token_hash(TOKENS),
                        "capture_ids": list(CAPTURE), "final_norm": final_norm, "hidden_size": HIDDEN,
                        "dtype": PROTO_DTYPE[dtype], "model_name": MODEL, "num_layers": LAYERS}
+        if checksum:
+            self.header["checksum"] = PROTO_CHECKSUM[checksum]
         self.request = {"sample_id": "s", "token_ids": TOKENS, "capture_ids": CAPTURE, "final_norm": final_norm,
-                        "dtype": dtype, "hidden_size": HIDDEN, "num_layers": LAYERS, "model_name": MODEL}
+                        "dtype": dtype, "checksum": checksum or "xxh64", "hidden_size": HIDDEN, "num_layers": LAYERS,
+                        "model_name": MODEL}
 
     def row_bytes(self):
         return HIDDEN * SIZES[self.dtype]
@@ -80,8 +87,11 @@ class Stream:
                 for r in range(0, len(TOKENS), ROWS_PER_CHUNK)]
 
     def trailer(self):
-        return {"checksums": [{"capture_id": c, "xxh64": xxhash.xxh64(bytes(self.data[c])).intdigest()}
-                              for c in self.order],
+        if self.checksum == "xxh3":
+            sums = [{"capture_id": c, "xxh3_64": xxhash.xxh3_64(bytes(self.data[c])).intdigest()} for c in self.order]
+        else:
+            sums = [{"capture_id": c, "xxh64": xxhash.xxh64(bytes(self.data[c])).intdigest()} for c in self.order]
+        return {"checksums": sums,
                 "token_ids_xxh64": token_hash(TOKENS)}
 
     def messages(self):
@@ -120,7 +130,7 @@ def encode(message):
             return [fix(v) for v in value]
         if isinstance(value, (bytes, bytearray)):
             return base64.b64encode(bytes(value)).decode()
-        if key in ("token_ids_xxh64", "xxh64"):
+        if key in ("token_ids_xxh64", "xxh64", "xxh3_64"):
             return str(value)
         return value
 
@@ -293,6 +303,30 @@ def cases():
     add(case("fp32_served_bf16_requested", "fp32 rows where bf16 was requested (the header says fp32)",
              "data_loss", "the header has dtype DTYPE_FP32, requested DTYPE_BF16", stream=Stream(dtype="fp32"),
              request={"dtype": "bf16"}))
+
+    # --- The checksum a client asks for (ExtractRequest.checksum).
+    add(case("ok_xxh64_named", "XXH64 asked for and named in the header", "ok", "", stream=Stream(checksum="xxh64")))
+    xxh3 = Stream(checksum="xxh3", seed=7)
+    add(case("ok_xxh3", "XXH3 asked for, named in the header and sent", "ok", "", stream=xxh3))
+    add(case("ok_xxh3_older_server", "XXH3 asked for; a server older than the field sends XXH64 and no "
+             "Header.checksum", "ok", "", request={"checksum": "xxh3"}))
+
+    def xxh3_checksum(m):
+        m[-1]["trailer"]["checksums"][3]["xxh3_64"] ^= 1 << 40
+    add(case("xxh3_checksum", "the trailer's XXH3 of capture id 8 does not match its bytes", "data_loss",
+             "capture id 8: the received bytes hash to", stream=xxh3, edit=xxh3_checksum))
+
+    def xxh3_sent_as_xxh64(m):
+        m[-1]["trailer"] = Stream(seed=7).trailer()
+    add(case("xxh3_trailer_has_xxh64", "the header says XXH3, the trailer carries XXH64 values", "data_loss",
+             "capture id 2: the received bytes hash to", stream=xxh3, edit=xxh3_sent_as_xxh64))
+    add(case("checksum_not_asked", "the header says XXH3 where XXH64 was asked for", "data_loss",
+             "the header has checksum xxh3_64, requested xxh64", stream=xxh3, request={"checksum": "xxh64"}))
+    add(case("checksum_downgraded", "the header says XXH64 where XXH3 was asked for", "data_loss",
+             "the header has checksum xxh64, requested xxh3_64", stream=Stream(checksum="xxh64"),
+             request={"checksum": "xxh3"}))
+    add(case("checksum_unknown", "the header names a checksum this client does not know", "data_loss",
+             "the header has an unknown checksum 7", edit=set_header(checksum=7)))
     add(case("unavailable_midway", "the server ends the stream with UNAVAILABLE (retryable)", "UNAVAILABLE",
              "fake unavailable", edit=lambda m: m[:4], end={"code": "UNAVAILABLE", "message": "fake unavailable"}))
     add(case("bad_stream_beats_status", "a malformed message, then the stream ends with UNAVAILABLE: the "

@@ -4,6 +4,7 @@
 // one-pass encoding is bit-identical to AppendEncoded and its checksums to
 // XXH64 of those bytes; bad values are found where they are; pooled buffers
 // are reused and released when the last slice goes.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -14,7 +15,9 @@
 
 #include <grpcpp/support/byte_buffer.h>
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
+#include "absl/strings/str_format.h"
 #include "format/encoding.h"
 #include "format/response_encoder.h"
 #include "format/response_framing.h"
@@ -79,7 +82,7 @@ TEST(TensorEncodingTest, BitIdenticalToAppendEncodedWithChecksum) {
       const TensorEncoding e = EncodeTensor(values.data(), ElementType::kF32, static_cast<int64_t>(n), dtype, got.data());
       ASSERT_EQ(e.bad_index, -1) << OutputDTypeName(dtype) << " n=" << n << " value " << e.bad_value;
       EXPECT_EQ(got, want) << OutputDTypeName(dtype) << " n=" << n;
-      EXPECT_EQ(e.xxh64, Xxh64(want.data(), want.size()));
+      EXPECT_EQ(e.checksum, Xxh64(want.data(), want.size()));
       EXPECT_TRUE(e.nonzero);
     }
   }
@@ -100,7 +103,7 @@ TEST(TensorEncodingTest, Bf16SourceMatchesItsFloatValues) {
     const TensorEncoding e = EncodeTensor(bf16.data(), ElementType::kBf16, 5000, dtype, got.data());
     ASSERT_EQ(e.bad_index, -1);
     EXPECT_EQ(got, want) << OutputDTypeName(dtype);
-    EXPECT_EQ(e.xxh64, Xxh64(want.data(), want.size()));
+    EXPECT_EQ(e.checksum, Xxh64(want.data(), want.size()));
   }
 }
 
@@ -165,13 +168,13 @@ TEST(TensorEncodingTest, CheckTensorIsTheIdentityEncodingWithoutTheCopy) {
       EXPECT_EQ(got.bad_index, want.bad_index) << "trial " << trial;
       EXPECT_EQ(got.nonzero, want.nonzero) << "trial " << trial;
       if (want.bad_index < 0) {
-        EXPECT_EQ(got.xxh64, want.xxh64) << "trial " << trial;
+        EXPECT_EQ(got.checksum, want.checksum) << "trial " << trial;
       } else {
         EXPECT_EQ(std::isnan(got.bad_value), std::isnan(want.bad_value));
         if (!std::isnan(want.bad_value)) EXPECT_EQ(got.bad_value, want.bad_value);
       }
     }
-    if (trial == 0) EXPECT_EQ(got_b.xxh64, Xxh64(b.data(), b.size() * 2));
+    if (trial == 0) EXPECT_EQ(got_b.checksum, Xxh64(b.data(), b.size() * 2));
     if (trial == 1) EXPECT_EQ(got_b.bad_index, 2 * 4096 + 17);
     if (trial == 1) EXPECT_EQ(got_f.bad_index, 4096 + 3);
     if (trial == 2) EXPECT_FALSE(got_b.nonzero);
@@ -378,6 +381,49 @@ TEST(ResponseEncoderTest, RowsAlreadyInTheOutputDtypeAreSentFromTheirOwnBuffer) 
   got.Clear();
   want.Clear();
   EXPECT_TRUE(watch.expired()) << "the rows outlived the encoder and its slices";
+}
+
+// ExtractRequest.checksum = XXH3: the header names it and the trailer carries
+// XXH3 of each tensor's bytes (and no XXH64), on the copying path (f32 rows
+// sent as bf16) and on the in-place path (bf16 rows sent as they are).
+TEST(ResponseEncoderTest, AnXxh3RequestGetsXxh3ChecksumsNamedInTheHeader) {
+  const int64_t tokens = 23, hidden = 48;
+  FakeSample floats = MakeSample({1, 4}, true, tokens, hidden);
+  std::weak_ptr<std::vector<uint16_t>> watch;
+  int allocations = 0;
+  ResponseEncoder::Allocator allocate = [&allocations](size_t n) {
+    ++allocations;
+    return HostBufferPool::HeapAllocator()(n);
+  };
+  EncoderOptions options;
+  options.checksum = ChecksumKind::kXxh3;
+  options.max_chunk_bytes = 7 * hidden * 2;
+  for (const bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "in place" : "copied");
+    const int before = allocations;
+    auto encoder = ResponseEncoder::Create(in_place ? Bf16View(floats, &watch) : floats.view, options, allocate);
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    EXPECT_EQ(allocations - before, in_place ? 0 : 1);
+    const std::vector<v1::ExtractResponse> messages = Drain(**encoder);
+    ASSERT_TRUE(messages.front().has_header());
+    EXPECT_EQ(messages.front().header().checksum(), v1::CHECKSUM_XXH3_64);
+    ASSERT_TRUE(messages.back().has_trailer());
+    std::vector<std::string> data(3);
+    const std::vector<int> ids = {1, 4, -1};
+    for (const v1::ExtractResponse& m : messages) {
+      if (m.has_chunk()) data[std::find(ids.begin(), ids.end(), m.chunk().capture_id()) - ids.begin()] += m.chunk().data();
+    }
+    ASSERT_EQ(messages.back().trailer().checksums_size(), 3);
+    for (int k = 0; k < 3; ++k) {
+      const v1::TensorChecksum& c = messages.back().trailer().checksums(k);
+      EXPECT_EQ(c.capture_id(), ids[k]);
+      EXPECT_EQ(data[k], Encoded(floats.tensors[k], OutputDType::kBf16)) << "tensor " << k;
+      EXPECT_EQ(c.xxh3_64(), XXH3_64bits(data[k].data(), data[k].size())) << "tensor " << k;
+      EXPECT_EQ(c.xxh3_64_hex(), absl::StrFormat("%016x", c.xxh3_64()));
+      EXPECT_EQ(c.xxh64(), 0u);
+      EXPECT_TRUE(c.xxh64_hex().empty());
+    }
+  }
 }
 
 TEST(ResponseEncoderTest, RowsInPlaceAreCheckedAsWhenCopied) {

@@ -82,6 +82,9 @@ Verdict Judge(const json& c, StreamAssembler::Mode mode) {
   absl::StatusOr<OutputDType> dtype = ParseOutputDType(r["dtype"].get<std::string>());
   if (!dtype.ok()) return {"bad_table", std::string(dtype.status().message())};
   spec.dtype = *dtype;
+  const std::optional<ChecksumKind> checksum = ParseChecksumKind(r["checksum"].get<std::string>());
+  if (!checksum) return {"bad_table", r["checksum"].dump()};
+  spec.checksum = *checksum;
   spec.keep_states = mode == StreamAssembler::Mode::kAssemble;  // as DumpRun sets it for --discard
   StreamExpectation expect;  // as remote_extractor.cc's Attempt::Expectation fills it
   expect.sample_id = input.id;
@@ -90,6 +93,7 @@ Verdict Judge(const json& c, StreamAssembler::Mode mode) {
   expect.capture_ids = spec.capture.ids();
   expect.final_norm = spec.capture.final_norm();
   expect.dtype = spec.dtype;
+  expect.checksum = spec.checksum;
   expect.hidden_size = r["hidden_size"].get<int64_t>();
   expect.num_layers = r["num_layers"].get<int64_t>();
   expect.model_name = r["model_name"].get<std::string>();

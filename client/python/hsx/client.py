@@ -23,6 +23,10 @@ from .v1 import hsx_pb2, hsx_pb2_grpc
 DTYPES = {"bf16": hsx_pb2.DTYPE_BF16, "fp16": hsx_pb2.DTYPE_FP16, "fp32": hsx_pb2.DTYPE_FP32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 FINAL_NORM = -1
+# ExtractRequest.checksum: what a client may ask the Trailer's checksums to be (docs/api.md, "Checksums").
+CHECKSUMS = {"xxh64": hsx_pb2.CHECKSUM_XXH64, "xxh3": hsx_pb2.CHECKSUM_XXH3_64}
+_CHECKSUM_NAMES = {hsx_pb2.CHECKSUM_XXH64: "xxh64", hsx_pb2.CHECKSUM_XXH3_64: "xxh3_64"}
+_HASHERS = {hsx_pb2.CHECKSUM_XXH64: xxhash.xxh64, hsx_pb2.CHECKSUM_XXH3_64: xxhash.xxh3_64}
 T = TypeVar("T")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
              grpc.StatusCode.RESOURCE_EXHAUSTED)
@@ -59,6 +63,7 @@ class StreamExpectation:
     capture_ids: tuple[int, ...]
     final_norm: bool | None = False
     dtype: str = "bf16"
+    checksum: str = "xxh64"  # asked for: "xxh64" or "xxh3" (a server older than the field sends XXH64)
     hidden_size: int = 0
     num_layers: int = 0
     model_name: str = ""
@@ -177,7 +182,8 @@ class StreamDecoder:
     count, token-id hash, capture ids, dtype, final norm) and the model (hidden
     size, layers, name, where known); chunks hold whole rows, tensor after tensor
     in the header's order, rows in order without gaps or overlaps; every
-    tensor's XXH64 equals the trailer's; the trailer's token hash is the
+    tensor's checksum (XXH64, or XXH3 when asked for and the header says so)
+    equals the trailer's; the trailer's token hash is the
     request's; nothing follows the trailer. Any violation raises IntegrityError
     naming it, and the decoder accepts nothing more after one.
     """
@@ -192,6 +198,7 @@ class StreamDecoder:
         self._targets: list[np.ndarray] = []
         self._current = 0  # the tensor being received
         self._rows = 0  # rows of it received
+        self._checksum = hsx_pb2.CHECKSUM_XXH64  # the header's, once it came
         self._hasher = xxhash.xxh64()
         self._digests: list[int] = []
         self._hidden_states: np.ndarray | None = None
@@ -285,6 +292,13 @@ class StreamDecoder:
                           "requested the opposite")
         if h.dtype != DTYPES[e.dtype]:
             raise _Reject(f"the header has dtype {_dtype_name(h.dtype)}, requested {_dtype_name(DTYPES[e.dtype])}")
+        # No checksum in the header: a server older than the field, which sends XXH64.
+        checksum = h.checksum or hsx_pb2.CHECKSUM_XXH64
+        if checksum not in _CHECKSUM_NAMES:
+            raise _Reject(f"the header has an unknown checksum {checksum}")
+        if checksum != CHECKSUMS[e.checksum] and h.checksum:
+            raise _Reject(f"the header has checksum {_CHECKSUM_NAMES[checksum]}, "
+                          f"requested {_CHECKSUM_NAMES[CHECKSUMS[e.checksum]]}")
         if h.hidden_size < 1 or h.hidden_size > (1 << 20) or (e.hidden_size > 0 and h.hidden_size != e.hidden_size):
             model = f", the model {e.hidden_size}" if e.hidden_size > 0 else ""
             raise _Reject(f"the header has hidden size {h.hidden_size}{model}")
@@ -307,7 +321,8 @@ class StreamDecoder:
             self._targets.append(self._final)
             self._tensors = ids + [FINAL_NORM]
         self._values = [_ValueScan(e.dtype) for _ in self._tensors]
-        self._hasher.reset()
+        self._checksum = checksum
+        self._hasher = _HASHERS[checksum]()
 
     def _on_chunk(self, c: ChunkView) -> None:
         if self._header is None:
@@ -355,9 +370,11 @@ class StreamDecoder:
             if seen[i]:
                 raise _Reject(f"the trailer has two checksums for {_tensor_name(self._tensors[i])}")
             seen[i] = True
-            if checksum.xxh64 != self._digests[i]:
-                raise _Reject(f"{_tensor_name(self._tensors[i])}: the received bytes hash to {self._digests[i]:016x}, "
-                              f"the trailer says {checksum.xxh64:016x} (corrupted in transit or assembled wrongly)")
+            said = checksum.xxh3_64 if self._checksum == hsx_pb2.CHECKSUM_XXH3_64 else checksum.xxh64
+            if said != self._digests[i]:
+                raise _Reject(f"{_tensor_name(self._tensors[i])}: the received bytes hash to {self._digests[i]:016x} "
+                              f"({_CHECKSUM_NAMES[self._checksum]}), the trailer says {said:016x} "
+                              "(corrupted in transit or assembled wrongly)")
         for i, ok in enumerate(seen):
             if not ok:
                 raise _Reject(f"the trailer has no checksum for {_tensor_name(self._tensors[i])}")
@@ -498,13 +515,17 @@ class Client:
 
     def extract(self, token_ids: Sequence[int], capture: Sequence[int] | None = None, dtype: str | None = None,
                 final_norm: bool = False, torch: bool = False, sample_id: str | None = None,
-                loss_mask: Sequence[int] | None = None, index: int | None = None) -> Sample:
+                loss_mask: Sequence[int] | None = None, index: int | None = None, checksum: str = "xxh3") -> Sample:
         """One sample's verified states (see hsx.Sample). capture: capture ids, or None
         for the server's default set; dtype: "bf16" | "fp16" | "fp32" | None (the
-        server's default); loss_mask: copied into the Sample (it never leaves the client)."""
+        server's default); loss_mask: copied into the Sample (it never leaves the client);
+        checksum: "xxh3" | "xxh64", how the stream is verified (XXH3 costs a third of
+        XXH64 per byte; a server that predates the choice sends XXH64, which is then verified)."""
         token_ids = [int(t) for t in token_ids]
         if dtype is not None and dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+        if checksum not in CHECKSUMS:
+            raise ValueError(f"checksum {checksum!r}: expected one of {sorted(CHECKSUMS)}")
         if loss_mask is not None and len(loss_mask) != len(token_ids):
             raise ValueError(f"loss_mask has {len(loss_mask)} values for {len(token_ids)} tokens")
         if sample_id is None:
@@ -515,11 +536,12 @@ class Client:
             capture_ids=tuple(sorted(set(int(c) for c in capture)) if capture else tuple(info.default_capture_ids)),
             # A request without capture ids gets the final norm too if the server runs with --final-norm.
             final_norm=True if final_norm else (False if capture else None),
-            dtype=dtype or DTYPE_NAMES.get(info.default_dtype, "bf16"),
+            dtype=dtype or DTYPE_NAMES.get(info.default_dtype, "bf16"), checksum=checksum,
             hidden_size=info.hidden_size, num_layers=info.num_layers, model_name=info.model_name)
         request = hsx_pb2.ExtractRequest(
             sample_id=expect.sample_id, token_ids=token_ids, capture_ids=list(capture or []),
-            dtype=DTYPES[dtype] if dtype else hsx_pb2.DTYPE_UNSPECIFIED, final_norm=final_norm)
+            dtype=DTYPES[dtype] if dtype else hsx_pb2.DTYPE_UNSPECIFIED, final_norm=final_norm,
+            checksum=CHECKSUMS[checksum])
         return self._call(lambda: assemble(
             self._extract(request, timeout=self.timeout, metadata=self._metadata),
             expect, loss_mask=loss_mask, use_torch=torch, index=index))
