@@ -13,10 +13,14 @@
 
 #include "kernels/fp16.h"
 
-// The loops are built for AVX2 as well as the baseline, picked at load time
-// (GCC function multiversioning): twice the vector width where the CPU has it.
+// The loops are built for AVX-512 (x86-64-v4: F, BW, VL, ...) and AVX2 as well
+// as the baseline, picked at load time (GCC function multiversioning): two and
+// four times the baseline's vector width where the CPU has them. With the
+// AVX-512 clone hsx-dump --discard cost 0.89-0.95x its CPU per byte with AVX2
+// alone (bench/dump_ab.py, docs/BENCHMARKS.md); the server, whose check of
+// rows in place waits on memory, gained nothing measurable.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define HSX_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#define HSX_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define HSX_VECTOR_CLONES
 #endif
