@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -96,10 +97,11 @@ ABSL_FLAG(bool, discard, false, "Verify every sample, then drop it: no files and
           "(a throughput or smoke run against a server). Every check of a written sample runs (echoes, "
           "shapes, row order, checksums, finite and non-zero values), on the received bytes as they "
           "arrive, without assembling the sample. --out gets only an empty journal.");
-ABSL_FLAG(std::string, wire_checksum, "auto", "--server: the checksum each sample's stream carries "
-          "and hsx-dump verifies: xxh64, xxh3 (a third of XXH64's CPU per byte with AVX2; servers that "
-          "predate it send XXH64, which is then verified) or auto: xxh64 when writing files of one "
-          "captured layer (their checksums_xxh64 is then the wire's, not hashed again), xxh3 otherwise.");
+ABSL_FLAG(std::string, wire_checksum, "xxh3", "--server: the checksum each sample's stream carries "
+          "and hsx-dump verifies: xxh3 (the server's CPU per byte is its scarce resource, and XXH3 costs "
+          "it a third of XXH64 with AVX2; servers that predate the choice send XXH64, which is then "
+          "verified) or xxh64 (files of one captured layer then take their checksums_xxh64 from the "
+          "stream instead of hashing the bytes once more).");
 
 namespace {
 
@@ -281,8 +283,9 @@ absl::Status Run() {
     return absl::InvalidArgumentError(absl::StrCat("--progress '", progress_name, "': expected auto, bar, plain or none"));
   }
   const std::string wire_checksum = absl::GetFlag(FLAGS_wire_checksum);
-  if (wire_checksum != "auto" && !hsx::ParseChecksumKind(wire_checksum)) {
-    return absl::InvalidArgumentError(absl::StrCat("--wire-checksum '", wire_checksum, "': expected auto, xxh64 or xxh3"));
+  const std::optional<hsx::ChecksumKind> checksum = hsx::ParseChecksumKind(wire_checksum);
+  if (!checksum) {
+    return absl::InvalidArgumentError(absl::StrCat("--wire-checksum '", wire_checksum, "': expected xxh3 or xxh64"));
   }
 
   absl::StatusOr<Transport> transport =
@@ -310,12 +313,7 @@ absl::Status Run() {
   dump.hidden_size = transport->hidden_size;
   dump.writer_threads = absl::GetFlag(FLAGS_writer_threads);
   dump.discard = absl::GetFlag(FLAGS_discard);
-  if (wire_checksum == "auto") {
-    const bool file_reuses_wire = !dump.discard && capture->ids().size() == 1;
-    dump.wire_checksum = file_reuses_wire ? hsx::ChecksumKind::kXxh64 : hsx::ChecksumKind::kXxh3;
-  } else {
-    dump.wire_checksum = *hsx::ParseChecksumKind(wire_checksum);
-  }
+  dump.wire_checksum = *checksum;
   dump.shard = *shard;
   dump.info = transport->info;
   dump.input_xxh64 = input_xxh64;

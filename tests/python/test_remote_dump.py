@@ -294,17 +294,17 @@ FAKE_HIDDEN = 16
 
 @pytest.mark.parametrize("capture", ["3", "eagle3"])
 def test_every_wire_checksum_writes_the_same_files(run, tools, tiny, server, tmp_path, capture):
-    """--wire-checksum xxh64, xxh3 and auto: the same files, whose checksums_xxh64 hsx-verify recomputes
-    (one captured layer is where auto picks XXH64 and reuses the wire's values for the file)."""
+    """--wire-checksum xxh64 and xxh3 (the default): the same files, whose checksums_xxh64 hsx-verify
+    recomputes (with one captured layer and xxh64 the file takes the wire's values; with xxh3 it hashes)."""
     inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(6))
     outs = {}
-    for choice in ("xxh64", "xxh3", "auto"):
-        outs[choice] = tmp_path / choice
+    for choice in ("xxh64", "xxh3", None):
+        outs[choice] = tmp_path / str(choice)
         run("hsx-dump", "--server", server.address, "--input", inputs, "--out", outs[choice], "--capture", capture,
-            "--final-norm", "--wire-checksum", choice)
+            "--final-norm", *(["--wire-checksum", choice] if choice else []))
         verify(run, outs[choice], inputs)
     assert_same_files(outs["xxh64"], outs["xxh3"])
-    assert_same_files(outs["xxh64"], outs["auto"])
+    assert_same_files(outs["xxh64"], outs[None])
 
 
 def test_an_unknown_wire_checksum_is_refused_before_anything_starts(run, tmp_path):
@@ -312,7 +312,7 @@ def test_an_unknown_wire_checksum_is_refused_before_anything_starts(run, tmp_pat
     proc = run("hsx-dump", "--server", "127.0.0.1:1", "--input", inputs, "--out", tmp_path / "out",
                "--wire-checksum", "crc32", expect_ok=False)
     assert proc.returncode != 0
-    assert "--wire-checksum 'crc32': expected auto, xxh64 or xxh3" in proc.stderr, proc.stderr
+    assert "--wire-checksum 'crc32': expected xxh3 or xxh64" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
 
 
