@@ -3,7 +3,8 @@
 // Structure-aware: the input bytes drive a sequence of operations, each one
 // either the correct next message of a valid stream (op byte 0 mod 5, so an
 // all-zero input is a whole valid stream) or a message made wrong on purpose
-// in one field. A shadow copy tracks what a correct assembly holds. The
+// in one field. Streams carry XXH64 or XXH3, named in the header or not (an
+// older server's XXH64). A shadow copy tracks what a correct assembly holds. The
 // target traps when
 //   - a message made wrong is accepted (a check is missing),
 //   - a correct message is rejected (a check is too strict), or
@@ -42,6 +43,10 @@ struct Shadow {
   std::string hidden_states, final_norm;
 
   bool all_done() const { return header && current == tensors.size(); }
+  // Whether the header names the checksum (a server that knows the field);
+  // a header without one is an older server's, which sends XXH64.
+  bool name_checksum = false;
+  hsx::ChecksumKind wire() const { return name_checksum ? expect.checksum : hsx::ChecksumKind::kXxh64; }
 };
 
 hsx::v1::ExtractResponse Header(const Shadow& s) {
@@ -56,6 +61,7 @@ hsx::v1::ExtractResponse Header(const Shadow& s) {
   h->set_hidden_size(s.hidden);
   h->set_num_layers(s.expect.num_layers);
   h->set_model_name(s.expect.model_name);
+  if (s.name_checksum) h->set_checksum(hsx::ChecksumKindToProto(s.expect.checksum));
   return r;
 }
 
@@ -63,7 +69,7 @@ hsx::v1::ExtractResponse Header(const Shadow& s) {
 hsx::v1::ExtractResponse BadHeader(const Shadow& s, uint8_t which) {
   hsx::v1::ExtractResponse r = Header(s);
   hsx::v1::Header* h = r.mutable_header();
-  switch (which % 9) {
+  switch (which % 11) {
     case 0: h->set_sample_id(s.expect.sample_id + "x"); break;
     case 1: h->set_num_tokens(s.expect.num_tokens + 1); break;
     case 2: h->set_token_ids_xxh64(s.expect.token_ids_xxh64 ^ 1); break;
@@ -73,6 +79,11 @@ hsx::v1::ExtractResponse BadHeader(const Shadow& s, uint8_t which) {
     case 6: h->set_hidden_size(s.hidden + 1); break;  // the model's hidden size is known
     case 7: h->set_num_layers(s.expect.num_layers + 1); break;  // known: nonzero
     case 8: h->set_model_name(s.expect.model_name + "-other"); break;
+    case 9:  // names the checksum that was not asked for
+      h->set_checksum(s.expect.checksum == hsx::ChecksumKind::kXxh3 ? hsx::v1::CHECKSUM_XXH64
+                                                                    : hsx::v1::CHECKSUM_XXH3_64);
+      break;
+    case 10: h->set_checksum(static_cast<hsx::v1::Checksum>(7)); break;  // one no client knows
   }
   return r;
 }
@@ -100,7 +111,11 @@ hsx::v1::ExtractResponse Trailer(const Shadow& s) {
   for (size_t i = 0; i < s.tensors.size(); ++i) {
     hsx::v1::TensorChecksum* c = t->add_checksums();
     c->set_capture_id(s.tensors[i]);
-    c->set_xxh64(XXH64(s.received[i].data(), s.received[i].size(), 0));
+    if (s.wire() == hsx::ChecksumKind::kXxh3) {
+      c->set_xxh3_64(XXH3_64bits(s.received[i].data(), s.received[i].size()));
+    } else {
+      c->set_xxh64(XXH64(s.received[i].data(), s.received[i].size(), 0));
+    }
   }
   return r;
 }
@@ -132,6 +147,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   s.expect.hidden_size = s.hidden;
   s.expect.num_layers = 6;
   s.expect.model_name = "m";
+  s.expect.checksum = shape & 32 ? hsx::ChecksumKind::kXxh3 : hsx::ChecksumKind::kXxh64;
+  s.name_checksum = (shape & 64) != 0;
   s.row_bytes = s.hidden * hsx::OutputDTypeSize(s.expect.dtype);
   s.tensors = s.expect.capture_ids;
   if (s.expect.final_norm) s.tensors.push_back(-1);
@@ -202,7 +219,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           }
           case 4: {
             hsx::v1::TensorChecksum* c = t->mutable_checksums(which % t->checksums_size());
-            c->set_xxh64(c->xxh64() ^ 0x10);
+            if (s.wire() == hsx::ChecksumKind::kXxh3) {
+              c->set_xxh3_64(c->xxh3_64() ^ 0x10);
+            } else {
+              c->set_xxh64(c->xxh64() ^ 0x10);
+            }
             break;
           }
         }
