@@ -101,13 +101,16 @@ stage "server and clients under AddressSanitizer + UndefinedBehaviorSanitizer"
 sanitized_subset="not slow_reader_memory and not server_killed_and_restarted and not kill9_server \
 and not sigterm_server_during_dump and not sigterm_drains"
 sanitizer_logs=$(mktemp -d)
-ASAN_OPTIONS="detect_leaks=1:log_path=$sanitizer_logs/asan" \
-UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$sanitizer_logs/ubsan" \
+# log_exe_name: each report's file names its program (a report cut short, by a test that kills
+# the process while it is still symbolizing, otherwise says nothing of where it came from).
+ASAN_OPTIONS="detect_leaks=1:log_path=$sanitizer_logs/asan:log_exe_name=1" \
+UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$sanitizer_logs/ubsan:log_exe_name=1" \
 HSX_BIN_DIR="$root/$asan_build/bin" "$venv/bin/python" -m pytest -q \
   tests/python/test_server.py tests/python/test_remote_dump.py tests/python/test_resume.py \
   tests/python/test_device_loss.py -k "$sanitized_subset"
 if compgen -G "$sanitizer_logs/*" >/dev/null; then
-  cat "$sanitizer_logs"/* | head -n 200
+  ls -l "$sanitizer_logs"
+  for report in "$sanitizer_logs"/*; do printf '\n-- %s\n' "${report##*/}"; head -n 200 "$report"; done
   echo "sanitizer reports above (from $sanitizer_logs)" >&2
   exit 1
 fi
