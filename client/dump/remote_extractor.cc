@@ -138,6 +138,10 @@ class RemoteExtractor::Impl {
                    grpc::StatusCode code);
   // Forgets a finished attempt (CancelAll no longer reaches it).
   void Release(Attempt* attempt);
+  // An Attempt object exists from AttemptBorn to AttemptGone (its last member
+  // destroyed); ~Impl waits for none to be left (see AttemptLifetime).
+  void AttemptBorn();
+  void AttemptGone();
 
   const RemoteOptions& options() const { return options_; }
   const Server& server(size_t i) const { return servers_[i]; }
@@ -182,6 +186,9 @@ class RemoteExtractor::Impl {
   // ExtractReactor does); CancelAll holds a strong reference while it cancels.
   std::map<Attempt*, std::weak_ptr<Attempt>> active_;
   int64_t outstanding_ = 0;  // samples whose `done` has not been called yet
+  // Attempt objects not yet destroyed. Atomic, not under mutex_: attempts
+  // are constructed with mutex_ held (StartAttempt); decremented under it.
+  std::atomic<int64_t> attempts_alive_{0};
   bool cancelled_ = false;
   std::mt19937_64 rng_;
   std::condition_variable join_wake_;
@@ -203,7 +210,7 @@ class RemoteExtractor::Impl {
 class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
  public:
   Attempt(RemoteExtractor::Impl* impl, std::shared_ptr<SampleCall> call, size_t server)
-      : impl_(impl), call_(std::move(call)), server_(server),
+      : lifetime_(impl), impl_(impl), call_(std::move(call)), server_(server),
         assembler_(Expectation(*impl_, *call_), call_->spec.keep_states ? StreamAssembler::Mode::kKeepReceived
                                                                          : StreamAssembler::Mode::kVerifyOnly) {}
 
@@ -276,6 +283,26 @@ class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
   }
 
  private:
+  // Counts the attempt as alive until all its other members are gone (it is
+  // declared first, so it is destroyed last): context_ among them, which holds
+  // a reference to the channel. The attempt usually dies on one of gRPC's
+  // callback threads, at the end of OnDone, after `done` has let the caller
+  // destroy the extractor; were the channel's last reference dropped there,
+  // ~grpc::Channel would shut down gRPC's callback queue and join its threads
+  // from one of those very threads (gRPC 1.51): a double free in libgrpc at
+  // exit, seen under ASan (docs/testing.md). ~Impl waits for every attempt,
+  // so the channels' last references go on the thread that destroys it.
+  class AttemptLifetime {
+   public:
+    explicit AttemptLifetime(RemoteExtractor::Impl* impl) : impl_(impl) { impl_->AttemptBorn(); }
+    ~AttemptLifetime() { impl_->AttemptGone(); }
+    AttemptLifetime(const AttemptLifetime&) = delete;
+    AttemptLifetime& operator=(const AttemptLifetime&) = delete;
+
+   private:
+    RemoteExtractor::Impl* impl_;
+  };
+  AttemptLifetime lifetime_;
   RemoteExtractor::Impl* impl_;
   std::shared_ptr<Attempt> self_;  // released in OnDone
   std::shared_ptr<SampleCall> call_;
@@ -606,11 +633,19 @@ void RemoteExtractor::Impl::CancelAll() {
   for (const std::shared_ptr<Attempt>& attempt : running) attempt->Cancel();
 }
 
+void RemoteExtractor::Impl::AttemptBorn() { attempts_alive_.fetch_add(1); }
+
+void RemoteExtractor::Impl::AttemptGone() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  attempts_alive_.fetch_sub(1);
+  idle_.notify_all();  // under the lock: the destructor may free idle_ as soon as it sees 0
+}
+
 RemoteExtractor::Impl::~Impl() {
   CancelAll();
   if (joiner_.joinable()) joiner_.join();
   std::unique_lock<std::mutex> lock(mutex_);
-  idle_.wait(lock, [&] { return outstanding_ == 0; });
+  idle_.wait(lock, [&] { return outstanding_ == 0 && attempts_alive_.load() == 0; });
 }
 
 RemoteExtractor::RemoteExtractor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
