@@ -10,7 +10,8 @@ Per dtype, one hsx-server, then the sides run interleaved, --repeats times, the 
               (1 MiB sendall / recv_into): the baseline
   discard     hsx-dump --discard --concurrency 4 (verified, not written)
   disk        hsx-dump --concurrency 4 writing the files
-  python      hsx.Client.extract_many(concurrency=4) in a child process
+  python      hsx.Client.extract_many(concurrency=4) in a child process, on the receive path
+              Client picks (the native module where built; HSX_NATIVE=0 in the environment: grpcio)
 CPU is the processes' own accounting: the server's /proc/PID/stat utime+stime before and after
 each client run; hsx-dump's rusage from wait4 (its whole life); the Python children's
 getrusage(RUSAGE_SELF) around the transfer alone (so the interpreter's start and imports,
@@ -308,6 +309,10 @@ def main():
               f"concurrency 4, {args.repeats} interleaved repeats; value = median [min-max] CPU-ns per byte; "
               f"ratios of medians")
         names = ["socket", "discard"] + [n for n in ("disk", "python") if n in args.sides.split(",")]
+        if "python" in names:
+            import hsx
+            path = "native (hsx._native)" if hsx.Client("127.0.0.1:1").native else "grpcio"
+            print(f"python side: hsx.Client's {path} receive path")
         for dtype in args.dtypes.split(","):
             total, runs, hwm = bench_dtype(bin_dir, work, model, samples, dtype, args.repeats, args.server_flag, names)
             report(dtype, total, runs, hwm, names)

@@ -7,6 +7,9 @@
 // value): std::string::resize would zero-fill the block first, a pass over
 // every streamed byte (about 10% of hsx-dump's CPU per byte). Copies are deep;
 // a moved-from block is empty; == compares the bytes.
+//
+// A block may come from a pool (state_bytes_pool.h) and go back to it when
+// its StateBytes is destroyed or assigned over, instead of being freed.
 #ifndef HSX_FORMAT_STATE_BYTES_H_
 #define HSX_FORMAT_STATE_BYTES_H_
 
@@ -21,9 +24,22 @@
 
 namespace hsx {
 
+// Where a pooled block goes when its StateBytes lets go of it (see
+// StateBytesPool); called from whichever thread destroys the StateBytes.
+class StateBytesRecycler {
+ public:
+  virtual ~StateBytesRecycler() = default;
+  virtual void Recycle(std::unique_ptr<char[]> block, size_t capacity) = 0;
+};
+
 class StateBytes {
  public:
   StateBytes() = default;
+  // The first `size` bytes of a pooled `block` of `capacity` bytes, which
+  // goes back to `recycler` at the end (StateBytesPool::Take makes these).
+  StateBytes(std::unique_ptr<char[]> block, size_t capacity, size_t size, std::shared_ptr<StateBytesRecycler> recycler)
+      : data_(std::move(block)), size_(size), capacity_(capacity), recycler_(std::move(recycler)) {}
+  ~StateBytes() { Release(); }
   // `size` bytes, not initialised: the caller writes all of them.
   explicit StateBytes(size_t size) : data_(std::make_unique_for_overwrite<char[]>(size)), size_(size) {}
   // A copy of `bytes`.
@@ -37,10 +53,16 @@ class StateBytes {
     return *this;
   }
   StateBytes(StateBytes&& other) noexcept
-      : data_(std::move(other.data_)), size_(std::exchange(other.size_, 0)) {}
+      : data_(std::move(other.data_)), size_(std::exchange(other.size_, 0)),
+        capacity_(std::exchange(other.capacity_, 0)), recycler_(std::move(other.recycler_)) {}
   StateBytes& operator=(StateBytes&& other) noexcept {
-    data_ = std::move(other.data_);
-    size_ = std::exchange(other.size_, 0);
+    if (this != &other) {
+      Release();
+      data_ = std::move(other.data_);
+      size_ = std::exchange(other.size_, 0);
+      capacity_ = std::exchange(other.capacity_, 0);
+      recycler_ = std::move(other.recycler_);
+    }
     return *this;
   }
 
@@ -58,8 +80,16 @@ class StateBytes {
   }
 
  private:
+  // Hands a pooled block back (a plain one is freed by data_'s destructor).
+  void Release() {
+    if (recycler_ != nullptr && data_ != nullptr) recycler_->Recycle(std::move(data_), capacity_);
+    recycler_.reset();
+  }
+
   std::unique_ptr<char[]> data_;
   size_t size_ = 0;
+  size_t capacity_ = 0;                           // of a pooled block
+  std::shared_ptr<StateBytesRecycler> recycler_;  // set for a pooled block
 };
 
 }  // namespace hsx

@@ -1,9 +1,13 @@
 // state_bytes_test.cc: StateBytes holds what is written into it, copies
-// deeply, leaves a moved-from block empty, and compares by content.
+// deeply, leaves a moved-from block empty, and compares by content;
+// StateBytesPool hands a returned block out again, within its bound.
 #include "format/state_bytes.h"
 
 #include <string>
 #include <utility>
+#include <vector>
+
+#include "format/state_bytes_pool.h"
 
 #include "gtest/gtest.h"
 
@@ -39,6 +43,84 @@ TEST(StateBytesTest, CopiesAreDeepMovesEmptyTheSourceEqualityIsByContent) {
   EXPECT_EQ(StateBytes(std::string("pq")).view(), "pq");
   EXPECT_TRUE(StateBytes() == StateBytes(std::string()));
   EXPECT_TRUE(StateBytes(0).empty());
+}
+
+TEST(StateBytesPoolTest, SizeClassesLeaveAtMostAFifthUnused) {
+  EXPECT_EQ(StateBytesPool::SizeClass(0), 0u);
+  EXPECT_EQ(StateBytesPool::SizeClass(10), 10u);
+  EXPECT_EQ(StateBytesPool::SizeClass(1024), 1024u);
+  EXPECT_EQ(StateBytesPool::SizeClass(1025), 1280u);
+  EXPECT_EQ(StateBytesPool::SizeClass(1280), 1280u);
+  EXPECT_EQ(StateBytesPool::SizeClass(1281), 1536u);
+  EXPECT_EQ(StateBytesPool::SizeClass(1793), 2048u);
+  for (size_t n = 64; n < (1u << 20); n = n * 3 / 2 + 7) {
+    const size_t c = StateBytesPool::SizeClass(n);
+    EXPECT_GE(c, n);
+    EXPECT_LE(c - n, c / 5) << n;
+  }
+}
+
+TEST(StateBytesPoolTest, AReturnedBlockServesTheNextRequestOfItsClass) {
+  auto pool = StateBytesPool::Create(1 << 20);
+  const char* first;
+  {
+    StateBytes a = pool->Take(5000);
+    ASSERT_EQ(a.size(), 5000u);
+    a.data()[4999] = 'z';
+    first = a.data();
+    EXPECT_EQ(pool->idle_blocks(), 0u);
+  }
+  EXPECT_EQ(pool->idle_blocks(), 1u);
+  EXPECT_EQ(pool->idle_bytes(), StateBytesPool::SizeClass(5000));
+  StateBytes b = pool->Take(4900);  // the same class (4096 * 1.25 = 5120)
+  EXPECT_EQ(b.data(), first);
+  EXPECT_EQ(b.size(), 4900u);
+  EXPECT_EQ(pool->idle_blocks(), 0u);
+  StateBytes c = pool->Take(3000);  // nothing idle: a new block
+  EXPECT_NE(c.data(), first);
+  const char* third = c.data();
+  c = StateBytes();  // back: 3072 bytes idle
+  {
+    StateBytes small = pool->Take(1000);  // class 1024: 3072 is over twice that, a new block
+    EXPECT_NE(small.data(), third);
+  }
+  EXPECT_EQ(pool->Take(1600).data(), third);  // class 1792: 3072 holds it and is within twice
+  pool->Clear();
+
+  // A copy is a plain block; a move carries the pooled one; assigning over a
+  // pooled block returns it.
+  { StateBytes copy = b; }
+  EXPECT_EQ(pool->idle_blocks(), 0u);
+  StateBytes moved = std::move(b);
+  EXPECT_EQ(moved.data(), first);
+  EXPECT_EQ(pool->idle_blocks(), 0u);
+  moved = StateBytes(3);
+  EXPECT_EQ(pool->idle_blocks(), 1u);
+  pool->Clear();
+  EXPECT_EQ(pool->idle_bytes(), 0u);
+}
+
+TEST(StateBytesPoolTest, IdleBlocksStayWithinTheBoundOldestFreedFirst) {
+  auto pool = StateBytesPool::Create(3 * 4096);
+  std::vector<StateBytes> held;
+  for (int i = 0; i < 5; ++i) held.push_back(pool->Take(4096));
+  const char* newest = held.back().data();
+  held.clear();  // returned in order: the first three are freed again
+  EXPECT_EQ(pool->idle_blocks(), 3u);
+  EXPECT_EQ(pool->idle_bytes(), 3u * 4096);
+  EXPECT_EQ(pool->Take(4096).data(), newest);  // the most recently returned is handed out first
+  { StateBytes huge = pool->Take(1 << 20); }   // over the bound on its own: freed
+  EXPECT_EQ(pool->idle_bytes(), 3u * 4096);
+}
+
+TEST(StateBytesPoolTest, ABlockOutlivesItsPool) {
+  StateBytes kept;
+  {
+    auto pool = StateBytesPool::Create(1 << 20);
+    kept = pool->Take(100);
+  }
+  kept.data()[99] = 'q';  // the pool lives on in the block (ASan would see a use after free)
+  EXPECT_EQ(kept.size(), 100u);
 }
 
 }  // namespace

@@ -37,8 +37,13 @@ absl::StatusOr<ChecksumKind> HeaderChecksum(int said, ChecksumKind asked) {
 
 }  // namespace
 
-StreamAssembler::StreamAssembler(StreamExpectation expect, Mode mode)
-    : expect_(std::move(expect)), mode_(mode) {}
+StreamAssembler::StreamAssembler(StreamExpectation expect, Mode mode, std::shared_ptr<StateBytesPool> pool)
+    : expect_(std::move(expect)), mode_(mode), pool_(std::move(pool)) {}
+
+StateBytes StreamAssembler::Allocate(int64_t bytes) const {
+  const size_t size = static_cast<size_t>(bytes);
+  return pool_ != nullptr ? pool_->Take(size) : StateBytes(size);
+}
 
 StreamAssembler::~StreamAssembler() = default;
 
@@ -79,7 +84,7 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
     return absl::DataLossError(absl::StrCat("the header has capture ids ", IdsText(ids), ", requested ",
                                             IdsText(expect_.capture_ids)));
   }
-  if (h.final_norm() != expect_.final_norm) {
+  if (expect_.final_norm.has_value() && h.final_norm() != *expect_.final_norm) {
     return absl::DataLossError(absl::StrCat("the header has final_norm ", h.final_norm() ? "true" : "false",
                                             ", requested the opposite"));
   }
@@ -114,8 +119,8 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
   if (sample_.has_final_norm) tensors_.push_back(-1);
   if (mode_ == Mode::kAssemble) {
     // Not zero-filled: the chunks write every byte before the trailer is accepted.
-    sample_.hidden_states = StateBytes(static_cast<size_t>(tokens * static_cast<int64_t>(ids.size()) * row_bytes_));
-    if (sample_.has_final_norm) sample_.final_norm = StateBytes(static_cast<size_t>(tokens * row_bytes_));
+    sample_.hidden_states = Allocate(tokens * static_cast<int64_t>(ids.size()) * row_bytes_);
+    if (sample_.has_final_norm) sample_.final_norm = Allocate(tokens * row_bytes_);
   } else if (mode_ == Mode::kKeepReceived) {
     kept_ = std::make_shared<std::vector<std::vector<grpc::Slice>>>();
     sample_.received.emplace();

@@ -42,6 +42,7 @@
 #include "format/encoding.h"
 #include "format/piece_reader.h"
 #include "format/proto_dtype.h"
+#include "format/state_bytes_pool.h"
 #include "format/tensor_hash.h"
 
 namespace hsx {
@@ -53,7 +54,9 @@ struct StreamExpectation {
   int64_t num_tokens = 0;
   uint64_t token_ids_xxh64 = 0;
   std::vector<int> capture_ids;
-  bool final_norm = false;
+  // Unset: whatever the server decides (a request without capture ids gets
+  // the final norm too when the server runs with --final-norm).
+  std::optional<bool> final_norm = false;
   OutputDType dtype = OutputDType::kBf16;
   // Asked for in the request. A header without one (a server older than
   // the field) means XXH64, whatever was asked.
@@ -67,7 +70,10 @@ class StreamAssembler {
  public:
   enum class Mode { kAssemble, kKeepReceived, kVerifyOnly };
 
-  explicit StreamAssembler(StreamExpectation expect, Mode mode = Mode::kAssemble);
+  // kAssemble writes the sample into blocks from `pool` when one is given
+  // (the Python client's native path), else into new ones.
+  explicit StreamAssembler(StreamExpectation expect, Mode mode = Mode::kAssemble,
+                           std::shared_ptr<StateBytesPool> pool = nullptr);
   ~StreamAssembler();
   StreamAssembler(const StreamAssembler&) = delete;
   StreamAssembler& operator=(const StreamAssembler&) = delete;
@@ -100,6 +106,8 @@ class StreamAssembler {
   using Pieces = std::vector<BytePiece>;
   absl::Status OnChunkData(int32_t capture_id, int64_t first_row, int64_t num_rows, const Pieces& data,
                            std::vector<grpc::Slice>* slices);
+  // A block for one of the sample's tensors (kAssemble), from pool_ if any.
+  StateBytes Allocate(int64_t bytes) const;
   // Bytes [offset, offset + length) of the current chunk (kAssemble only).
   void CopyIntoSample(const char* bytes, size_t length, int64_t offset);
   // The next `length` bytes of the current tensor's values, which may start
@@ -112,6 +120,7 @@ class StreamAssembler {
 
   const StreamExpectation expect_;
   const Mode mode_;
+  const std::shared_ptr<StateBytesPool> pool_;
   absl::Status error_;
   bool header_ = false;
   bool trailer_ = false;

@@ -192,6 +192,44 @@ TEST(StreamAssemblerTest, EndWithoutTrailerIsIncomplete) {
   EXPECT_EQ(a.tensors_total(), 3u);
 }
 
+// A request without capture ids leaves the final norm to the server
+// (--final-norm): an unset expectation takes either header, a set one only its own.
+TEST(StreamAssemblerTest, AnUnsetFinalNormTakesWhatTheServerSends) {
+  for (const bool sent : {false, true}) {
+    SCOPED_TRACE(sent ? "final norm sent" : "no final norm");
+    StreamExpectation expect = Expect(OutputDType::kBf16, sent);
+    expect.final_norm.reset();
+    StreamAssembler a(expect);
+    ASSERT_TRUE(Feed(a, Stream(OutputDType::kBf16, sent)).ok());
+    ASSERT_TRUE(a.complete());
+    EXPECT_EQ(a.Take().has_final_norm, sent);
+    StreamAssembler b(Expect(OutputDType::kBf16, !sent));
+    EXPECT_THAT(std::string(Feed(b, Stream(OutputDType::kBf16, sent)).message()), HasSubstr("final_norm"));
+  }
+}
+
+// With a pool the sample is written into pooled blocks, the same bytes as
+// without; the blocks go back when the sample is gone and serve the next one.
+TEST(StreamAssemblerTest, APooledSampleHasTheSameBytesAndItsBlocksComeBack) {
+  StreamAssembler plain(Expect(OutputDType::kBf16, true));
+  ASSERT_TRUE(Feed(plain, Stream(OutputDType::kBf16, true)).ok());
+  const EncodedSample want = plain.Take();
+  auto pool = StateBytesPool::Create(1 << 20);
+  const char* block = nullptr;
+  for (int round = 0; round < 2; ++round) {
+    StreamAssembler a(Expect(OutputDType::kBf16, true), StreamAssembler::Mode::kAssemble, pool);
+    ASSERT_TRUE(Feed(a, Stream(OutputDType::kBf16, true)).ok());
+    ASSERT_TRUE(a.complete());
+    const EncodedSample got = a.Take();
+    EXPECT_EQ(got.hidden_states, want.hidden_states);
+    EXPECT_EQ(got.final_norm, want.final_norm);
+    EXPECT_EQ(pool->idle_blocks(), 0u);
+    if (round == 1) EXPECT_EQ(got.hidden_states.data(), block);  // the first sample's block again
+    block = got.hidden_states.data();
+  }
+  EXPECT_EQ(pool->idle_blocks(), 2u);
+}
+
 // One way of breaking a valid stream (bf16 with the final norm: tensors 2, 3, 7, -1;
 // messages: 0 header, 1-3 capture id 2, 4-6 id 3, 7-9 id 7, 10-12 final norm, 13 trailer).
 struct Corruption {

@@ -25,6 +25,7 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev grpc-proto clang libclang-rt-14-dev python3-venv
   patchelf  # scripts/device-check.sh --prepare: the bundle's RPATH
+  pybind11-dev python3-dev  # the Python client's native receive path (client/python/native/)
   ccache    # reuses unchanged files' compiles across fresh clones (CMakeLists.txt)
 )
 missing=()
@@ -68,8 +69,6 @@ if ((with_python)); then
     echo "setup: installing the cuDNN frontend headers ($cudnn_frontend)"
     "$venv/bin/pip" install -q --no-deps "$cudnn_frontend"
   fi
-  # The Python package itself (client/python), rebuilt each time: its stubs come from proto/.
-  "$venv/bin/pip" install -q ./client/python
 fi
 
 build="${HSX_BUILD_DIR:-build}"
@@ -78,3 +77,10 @@ if [[ ! -f "$build/build.ninja" ]]; then
 fi
 jobs=$(nproc)
 cmake --build "$build" -j "$jobs"
+
+if ((with_python)); then
+  # The Python package itself (client/python), rebuilt each time: its stubs come
+  # from proto/, and its native receive path (hsx._native) from this build.
+  native=$(ls "$build"/python/hsx/_native.*.so 2>/dev/null | head -n 1 || true)
+  HSX_NATIVE_MODULE="${native:+$(realpath "$native")}" "$venv/bin/pip" install -q ./client/python
+fi

@@ -1,9 +1,14 @@
 """Generates the gRPC stubs (hsx/v1/) from the repository's proto/ when the
-package is built; they are never committed."""
+package is built; they are never committed. Adds the native receive path
+(hsx/_native*.so, built by CMake from client/python/native/) when
+HSX_NATIVE_MODULE names it, as scripts/setup.sh does; without it the package
+is pure Python and receives streams with grpcio."""
 
+import os
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 PROTO_ROOT = HERE.parent.parent / "proto"
@@ -24,4 +29,17 @@ def generate_stubs():
 if PROTO.exists():  # building from the repository (an sdist carries the stubs)
     generate_stubs()
 
-setup()
+class BuildPyWithNative(build_py):
+    """build_py, plus the prebuilt native module (copied into the build, never into the sources)."""
+
+    def run(self):
+        super().run()
+        native = os.environ.get("HSX_NATIVE_MODULE")
+        if native:
+            module = Path(native)
+            if not module.is_file() or not module.name.startswith("_native."):
+                raise RuntimeError(f"HSX_NATIVE_MODULE={native}: not a built hsx._native module")
+            self.copy_file(str(module), str(Path(self.build_lib) / "hsx" / module.name))
+
+
+setup(cmdclass={"build_py": BuildPyWithNative})

@@ -56,7 +56,7 @@ hsx::v1::ExtractResponse Header(const Shadow& s) {
   h->set_num_tokens(s.expect.num_tokens);
   h->set_token_ids_xxh64(s.expect.token_ids_xxh64);
   for (int id : s.expect.capture_ids) h->add_capture_ids(id);
-  h->set_final_norm(s.expect.final_norm);
+  h->set_final_norm(*s.expect.final_norm);
   h->set_dtype(hsx::OutputDTypeToProto(s.expect.dtype));
   h->set_hidden_size(s.hidden);
   h->set_num_layers(s.expect.num_layers);
@@ -74,7 +74,7 @@ hsx::v1::ExtractResponse BadHeader(const Shadow& s, uint8_t which) {
     case 1: h->set_num_tokens(s.expect.num_tokens + 1); break;
     case 2: h->set_token_ids_xxh64(s.expect.token_ids_xxh64 ^ 1); break;
     case 3: h->add_capture_ids(99); break;
-    case 4: h->set_final_norm(!s.expect.final_norm); break;
+    case 4: h->set_final_norm(!*s.expect.final_norm); break;
     case 5: h->set_dtype(s.expect.dtype == OutputDType::kFp32 ? hsx::v1::DTYPE_BF16 : hsx::v1::DTYPE_FP32); break;
     case 6: h->set_hidden_size(s.hidden + 1); break;  // the model's hidden size is known
     case 7: h->set_num_layers(s.expect.num_layers + 1); break;  // known: nonzero
@@ -151,7 +151,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   s.name_checksum = (shape & 64) != 0;
   s.row_bytes = s.hidden * hsx::OutputDTypeSize(s.expect.dtype);
   s.tensors = s.expect.capture_ids;
-  if (s.expect.final_norm) s.tensors.push_back(-1);
+  if (*s.expect.final_norm) s.tensors.push_back(-1);
   s.received.resize(s.tensors.size());
   hsx::StreamAssembler assembler(s.expect);
   hsx::StreamAssembler verifier(s.expect, hsx::StreamAssembler::Mode::kVerifyOnly);
@@ -280,13 +280,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const size_t layers = s.expect.capture_ids.size();
   Check(sample.tokens == s.expect.num_tokens && sample.hidden == s.hidden);
-  Check(sample.capture_ids == s.expect.capture_ids && sample.has_final_norm == s.expect.final_norm);
+  Check(sample.capture_ids == s.expect.capture_ids && sample.has_final_norm == *s.expect.final_norm);
   for (int64_t t = 0; t < s.expect.num_tokens; ++t) {
     for (size_t l = 0; l < layers; ++l) {
       Check(sample.hidden_states.view().compare((t * layers + l) * s.row_bytes, s.row_bytes, s.received[l],
                                          t * s.row_bytes, s.row_bytes) == 0);
     }
-    if (s.expect.final_norm) {
+    if (*s.expect.final_norm) {
       Check(sample.final_norm.view().compare(t * s.row_bytes, s.row_bytes, s.received.back(), t * s.row_bytes,
                                       s.row_bytes) == 0);
     }

@@ -1,13 +1,23 @@
 """Helpers shared by the tests that run hsx-dump and hsx-server: input files,
-sample generation, free ports and the journal."""
+sample generation, free ports, the journal, and the Python client's receive paths."""
 
+import importlib.util
 import json
 import random
 import socket
 import time
 from pathlib import Path
 
+import pytest
+
 VOCAB = 2048  # the tiny preset
+
+# hsx.Client's two receive paths (its `native` argument): the native module
+# (hsx._native, skipped where it is not built) and grpcio with StreamDecoder.
+NATIVE_BUILT = importlib.util.find_spec("hsx._native") is not None
+RECEIVE_PATHS = [pytest.param(True, id="native", marks=pytest.mark.skipif(not NATIVE_BUILT,
+                                                                          reason="hsx._native is not built")),
+                 pytest.param(False, id="grpcio")]
 
 
 def write_jsonl(path, rows):

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import hsx
 from hsx.convert import convert
-from dump_helpers import free_port
+from dump_helpers import NATIVE_BUILT, RECEIVE_PATHS, free_port
 from hsx_server import HsxServer
 
 VOCAB = 2048
@@ -50,11 +50,13 @@ def dump(run, model, samples, out, *flags):
     return out
 
 
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
-def test_client_equals_hsx_dump_byte_for_byte(run, tiny, server, tmp_path, dtype):
+def test_client_equals_hsx_dump_byte_for_byte(run, tiny, server, tmp_path, dtype, native):
     samples = rows(6, seed=1)
     out = dump(run, tiny, samples, tmp_path / "dump", "--capture", "1,4,8", "--final-norm", "--dtype", dtype)
-    client = hsx.Client(server.address)
+    client = hsx.Client(server.address, native=native)
+    assert client.native == native
     got = dict(client.extract_many(samples, concurrency=3, capture=[1, 4, 8], final_norm=True, dtype=dtype))
     assert sorted(got) == list(range(len(samples)))
     for i, sample in got.items():
@@ -66,10 +68,11 @@ def test_client_equals_hsx_dump_byte_for_byte(run, tiny, server, tmp_path, dtype
             assert sample[key].tobytes() == ref[key].tobytes(), (i, key)
 
 
-def test_torch_output_and_read_sample_agree_with_safetensors(run, tiny, server, tmp_path):
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
+def test_torch_output_and_read_sample_agree_with_safetensors(run, tiny, server, tmp_path, native):
     samples = rows(2, seed=2)
     out = dump(run, tiny, samples, tmp_path / "dump")
-    client = hsx.Client(server.address)
+    client = hsx.Client(server.address, native=native)
     for i, row in enumerate(samples):
         sample = client.extract(row["input_ids"], torch=True)
         ref = load_file(str(out / f"hs_{i}.safetensors"))
@@ -81,11 +84,53 @@ def test_torch_output_and_read_sample_agree_with_safetensors(run, tiny, server, 
         assert mapped.capture_ids == [2, 4, 5, 8]
 
 
-def test_bad_request_raises_server_error(server):
-    client = hsx.Client(server.address)
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
+def test_bad_request_raises_server_error(server, native):
+    client = hsx.Client(server.address, native=native)
     with pytest.raises(hsx.ServerError) as error:
         client.extract([1, VOCAB + 5])
     assert error.value.code.name == "INVALID_ARGUMENT"
+
+
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
+def test_default_capture_leaves_the_final_norm_to_the_server(bin_dir, tiny, native):
+    """No capture ids: the server's default set, plus the final norm where it runs with --final-norm."""
+    with HsxServer(bin_dir, tiny, "--final-norm") as srv:
+        client = hsx.Client(srv.address, native=native)
+        sample = client.extract([3, 1, 4, 1, 5])
+        assert sample.capture_ids == [2, 4, 5, 8]
+        assert sample["final_norm_hidden_states"].shape == (5, HIDDEN)
+        assert "final_norm_hidden_states" not in client.extract([3, 1, 4], capture=[2])
+
+
+@pytest.mark.skipif(not NATIVE_BUILT, reason="hsx._native is not built")
+def test_native_arrays_are_writable_and_outlive_their_client(server):
+    ids = list(range(1, 40))
+    client = hsx.Client(server.address, native=True)
+    sample = client.extract(ids, capture=[1, 8], final_norm=True, dtype="fp32")
+    client.close()
+    del client
+    import gc
+    gc.collect()
+    reference = hsx.Client(server.address, native=False).extract(ids, capture=[1, 8], final_norm=True, dtype="fp32")
+    for key in ("hidden_states", "final_norm_hidden_states"):
+        array = sample[key]
+        assert array.flags.writeable and array.flags.c_contiguous, key
+        assert array.tobytes() == reference[key].tobytes(), key
+    sample["hidden_states"][0, 0, 0] = 7.0
+    assert sample["hidden_states"][0, 0, 0] == 7.0
+
+
+def test_the_receive_path_is_chosen_as_documented(monkeypatch):
+    assert hsx.Client("127.0.0.1:1").native == NATIVE_BUILT
+    assert not hsx.Client("127.0.0.1:1", native=False).native
+    monkeypatch.setenv("HSX_NATIVE", "0")
+    assert not hsx.Client("127.0.0.1:1").native
+    monkeypatch.setattr(hsx.client, "_native", None)
+    monkeypatch.delenv("HSX_NATIVE")
+    assert not hsx.Client("127.0.0.1:1").native
+    with pytest.raises(ImportError, match="hsx._native is not built"):
+        hsx.Client("127.0.0.1:1", native=True)
 
 
 def test_online_dataset_two_workers_yield_each_sample_once(server):

@@ -16,7 +16,7 @@ import xxhash
 import torch
 from safetensors.torch import load_file
 
-from dump_helpers import VOCAB, free_port, manifest, sample_rows, wait_for_lines, write_jsonl
+from dump_helpers import RECEIVE_PATHS, VOCAB, free_port, manifest, sample_rows, wait_for_lines, write_jsonl
 from hsx_server import HsxServer
 
 
@@ -282,6 +282,34 @@ def test_mtls_and_token(run, tools, tiny, tmp_path):
     assert_same_files(tmp_path / "local", tmp_path / "ok")
 
 
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
+def test_the_python_client_over_mtls_with_a_token(tools, tiny, tmp_path, native):
+    """hsx.Client with tls={ca, cert, key} and a token, on both receive paths (the native one
+    builds its own TLS channel): the states a plaintext server sends; a wrong token is PERMISSION_DENIED."""
+    import hsx
+
+    certs = make_certs(tmp_path)
+    (tmp_path / "token").write_text("t0ken")
+    server = HsxServer(tools, tiny, "--tls-cert", certs / "server.pem", "--tls-key", certs / "server.key",
+                       "--tls-client-ca", certs / "ca.pem", "--auth-token-file", tmp_path / "token")
+    server.start(wait_serving=False)  # the helper's health check speaks plaintext
+    tls = {"ca": str(certs / "ca.pem"), "cert": str(certs / "client.pem"), "key": str(certs / "client.key")}
+    try:
+        with hsx.Client(server.address, token="t0ken", tls=tls, native=native) as client:
+            assert client.native == native
+            sample = client.extract([5, 6, 7, 8], dtype="fp32")
+        with hsx.Client(server.address, token="wrong", tls=tls, native=native, retries=0) as client:
+            client._info = hsx.v1.hsx_pb2.ModelInfo(hidden_size=128)  # skip GetModelInfo: Extract's own refusal
+            with pytest.raises(hsx.ServerError) as error:
+                client.extract([5, 6, 7, 8])
+            assert error.value.code.name == "PERMISSION_DENIED"  # a wrong token (no token: UNAUTHENTICATED)
+    finally:
+        server.stop()
+    with HsxServer(tools, tiny) as plain:
+        reference = hsx.Client(plain.address, native=False).extract([5, 6, 7, 8], dtype="fp32")
+    assert sample["hidden_states"].tobytes() == reference["hidden_states"].tobytes()
+
+
 # --- A misbehaving server: every way a response stream can be wrong is caught
 # before anything is written (design principle 1).
 
@@ -468,13 +496,15 @@ def test_discard_counts_the_bytes_the_files_hold(run, tools, tiny, tmp_path):
     assert files(tmp_path / "discarded") == []
 
 
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
 @pytest.mark.parametrize("mode,message", FAULTS, ids=[f[0] for f in FAULTS])
-def test_the_python_client_refuses_what_hsx_dump_refuses(fake_server, mode, message):
-    """hsx.Client against the same server: the model it announced (hidden size) is checked too."""
+def test_the_python_client_refuses_what_hsx_dump_refuses(fake_server, mode, message, native):
+    """hsx.Client against the same server, on both receive paths: the model it announced
+    (hidden size) is checked too."""
     import hsx
 
     fake_server.mode, fake_server.calls = mode, 0
-    with hsx.Client(fake_server.address, retries=0) as client:
+    with hsx.Client(fake_server.address, retries=0, native=native) as client:
         with pytest.raises((hsx.IntegrityError, hsx.ServerError)) as error:
             client.extract(list(range(7)), capture=[2, 4, 5, 8], dtype="bf16", sample_id="0")
     assert message in str(error.value)
@@ -482,11 +512,12 @@ def test_the_python_client_refuses_what_hsx_dump_refuses(fake_server, mode, mess
     assert fake_server.calls == 1
 
 
-def test_the_python_client_accepts_the_fake_servers_control(fake_server):
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
+def test_the_python_client_accepts_the_fake_servers_control(fake_server, native):
     import hsx
 
     fake_server.mode = "ok"
-    with hsx.Client(fake_server.address, retries=0) as client:
+    with hsx.Client(fake_server.address, retries=0, native=native) as client:
         sample = client.extract(list(range(7)), capture=[2, 4, 5, 8], dtype="bf16", loss_mask=[1] * 7)
     assert sample.capture_ids == [2, 4, 5, 8] and sample["hidden_states"].shape == (7, 4, FAKE_HIDDEN)
     assert sample["loss_mask"].tolist() == [1] * 7

@@ -1,9 +1,12 @@
 """The shared malformed-stream table (tests/streams/malformed_streams.json) through
 the Python client: hsx.client.StreamDecoder behind Client's own error handling, fed
 the table's messages instead of a server's, both as the generated parser gives them
-and serialized and read back by Client's response deserializer (parse_response). tests/unit/stream_table_test.cc runs the
-same table through the C++ assembler; each case must reach the same verdict, with
-the same message fragment, in both."""
+and serialized and read back by Client's response deserializer (parse_response);
+and through the native receive path (hsx._native, where it is built), fed the
+serialized messages and the end status, judged by the same code as a native
+call's stream and turned into a Sample or an exception by Client's own handling.
+tests/unit/stream_table_test.cc runs the same table through the C++ assembler;
+each case must reach the same verdict, with the same message fragment, in all."""
 
 import json
 import subprocess
@@ -15,7 +18,7 @@ import pytest
 from google.protobuf import json_format
 
 import hsx
-from hsx.client import StreamExpectation, assemble, parse_response
+from hsx.client import StreamExpectation, _native, assemble, native_expectation, native_sample, parse_response
 from hsx.v1 import hsx_pb2
 
 STREAMS = Path(__file__).resolve().parents[1] / "streams"
@@ -45,6 +48,15 @@ def responses(case, wire=False):
         raise StreamEnded(grpc.StatusCode[case["end"]["code"]], case["end"]["message"])
 
 
+def replay(case, expect):
+    """The case through the native module: its outcome as a Sample, or the exception."""
+    messages = [json_format.ParseDict(m, hsx_pb2.ExtractResponse()).SerializeToString() for m in case["messages"]]
+    end = case.get("end", {"code": "OK", "message": ""})
+    outcome = _native.replay(messages, grpc.StatusCode[end["code"]].value[0], end["message"],
+                             native_expectation(expect))
+    return native_sample(outcome, expect)
+
+
 def judge(case, wire):
     """(verdict, message) of the Python client for one case: as Client.extract handles a stream."""
     r = case["request"]
@@ -54,7 +66,10 @@ def judge(case, wire):
                                hidden_size=r["hidden_size"], num_layers=r["num_layers"], model_name=r["model_name"])
     client = hsx.Client("127.0.0.1:1", retries=0)  # never connects: only its error handling is used
     try:
-        client._call(lambda: assemble(responses(case, wire), expect))
+        if wire == "native":
+            client._call(lambda: replay(case, expect))
+        else:
+            client._call(lambda: assemble(responses(case, wire), expect))
     except hsx.IntegrityError as error:
         return "data_loss", str(error)
     except hsx.ServerError as error:
@@ -64,7 +79,10 @@ def judge(case, wire):
     return "ok", ""
 
 
-@pytest.mark.parametrize("wire", [False, True], ids=["parsed", "wire"])
+NATIVE = pytest.param("native", marks=pytest.mark.skipif(_native is None, reason="hsx._native is not built"))
+
+
+@pytest.mark.parametrize("wire", [False, True, NATIVE], ids=["parsed", "wire", "native"])
 @pytest.mark.parametrize("case", TABLE, ids=[c["name"] for c in TABLE])
 def test_same_verdict_as_the_cpp_assembler(case, wire):
     verdict, message = judge(case, wire)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import math
+import os
 import random
 import threading
 import time
@@ -21,6 +22,11 @@ from .arrays import NUMPY_DTYPES, to_torch
 from .sample import Sample
 from .v1 import hsx_pb2, hsx_pb2_grpc
 
+try:  # the native receive path (client/python/native/hsx_native.cc), where it was built
+    from . import _native
+except ImportError:
+    _native = None
+
 DTYPES = {"bf16": hsx_pb2.DTYPE_BF16, "fp16": hsx_pb2.DTYPE_FP16, "fp32": hsx_pb2.DTYPE_FP32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 FINAL_NORM = -1
@@ -31,6 +37,7 @@ _HASHERS = {hsx_pb2.CHECKSUM_XXH64: xxhash.xxh64, hsx_pb2.CHECKSUM_XXH3_64: xxha
 T = TypeVar("T")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
              grpc.StatusCode.RESOURCE_EXHAUSTED)
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class IntegrityError(Exception):
@@ -245,15 +252,8 @@ class StreamDecoder:
                                          "_check_values found nothing")
         except _Reject as reject:
             raise IntegrityError(f"{where}: {reject}") from None
-        tensors = {"hidden_states": self._hidden_states, "token_ids": np.asarray(token_ids, dtype=np.int64)}
-        if loss_mask is not None:
-            tensors["loss_mask"] = np.asarray(loss_mask, dtype=np.int64)
-        if self._final is not None:
-            tensors["final_norm_hidden_states"] = self._final
-        if use_torch:
-            tensors = {k: to_torch(v) for k, v in tensors.items()}
-        return Sample(tensors, capture_ids=list(self._header.capture_ids), sample_id=self._expect.sample_id,
-                      index=index)
+        return _make_sample(self._hidden_states, self._final, list(self._header.capture_ids), self._expect.sample_id,
+                            token_ids, loss_mask, use_torch, index)
 
     def _dispatch(self, response: hsx_pb2.ExtractResponse | ChunkView) -> None:
         if self._trailer:
@@ -382,6 +382,63 @@ class StreamDecoder:
         self._trailer = True
 
 
+def _make_sample(hidden_states: np.ndarray, final_norm: np.ndarray | None, capture_ids: list[int], sample_id: str,
+                 token_ids: Sequence[int], loss_mask: Sequence[int] | None, use_torch: bool,
+                 index: int | None) -> Sample:
+    """The Sample of a verified stream, whichever decoder received it."""
+    tensors = {"hidden_states": hidden_states, "token_ids": np.asarray(token_ids, dtype=np.int64)}
+    if loss_mask is not None:
+        tensors["loss_mask"] = np.asarray(loss_mask, dtype=np.int64)
+    if final_norm is not None:
+        tensors["final_norm_hidden_states"] = final_norm
+    if use_torch:
+        tensors = {k: to_torch(v) for k, v in tensors.items()}
+    return Sample(tensors, capture_ids=capture_ids, sample_id=sample_id, index=index)
+
+
+class NativeRpcError(grpc.RpcError):
+    """A native call's gRPC status, raised as grpcio raises one, so that Client's
+    retries treat both receive paths alike."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self._code, self._message = code, message
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._message
+
+
+def native_expectation(expect: StreamExpectation) -> dict[str, Any]:
+    """StreamExpectation as hsx._native takes it (C++'s StreamExpectation's fields)."""
+    return {"sample_id": expect.sample_id, "num_tokens": expect.num_tokens, "token_ids_xxh64": expect.token_ids_xxh64,
+            "capture_ids": list(expect.capture_ids), "final_norm": expect.final_norm, "dtype": expect.dtype,
+            "checksum": expect.checksum, "hidden_size": expect.hidden_size, "num_layers": expect.num_layers,
+            "model_name": expect.model_name}
+
+
+def native_sample(outcome: Any, expect: StreamExpectation, loss_mask: Sequence[int] | None = None,
+                  use_torch: bool = False, index: int | None = None) -> Sample:
+    """The Sample of a stream that hsx._native received and judged (its Outcome), or
+    what the pure-Python path raises for the same stream: NativeRpcError for the
+    call's status, IntegrityError for a stream that failed a check. The arrays wrap
+    the module's buffers (no copy) and are writable."""
+    if outcome.kind == "rpc":
+        raise NativeRpcError(_STATUS_CODES.get(outcome.code, grpc.StatusCode.UNKNOWN), outcome.message)
+    if outcome.kind != "ok":
+        raise IntegrityError(f"sample {expect.sample_id!r}: {outcome.message}")
+    dtype = NUMPY_DTYPES[expect.dtype]
+    hidden_states = np.frombuffer(outcome.hidden_states, dtype).reshape(
+        outcome.tokens, len(outcome.capture_ids), outcome.hidden)
+    final_norm = None
+    if outcome.final_norm is not None:
+        final_norm = np.frombuffer(outcome.final_norm, dtype).reshape(outcome.tokens, outcome.hidden)
+    return _make_sample(hidden_states, final_norm, list(outcome.capture_ids), expect.sample_id, expect.token_ids,
+                        loss_mask, use_torch, index)
+
+
 class _Reject(Exception):
     """A check failed (StreamDecoder turns it into IntegrityError)."""
 
@@ -462,13 +519,20 @@ class Client:
     retries, backoff: UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED are
          retried with exponential backoff and jitter; a retry restarts the sample.
 
-    Every stream is checked by StreamDecoder against the request and the model
-    the server announced (GetModelInfo, asked once before the first sample).
+    native: how streams are received. None (the default): by the native module
+         hsx._native where it was built and the environment does not set HSX_NATIVE=0,
+         else by grpcio and StreamDecoder; True: the native module or ImportError;
+         False: grpcio. Both make the same checks and give the same Samples; the
+         native path costs about half the CPU per byte (docs/BENCHMARKS.md).
+
+    Every stream is checked against the request and the model the server announced
+    (GetModelInfo, asked once before the first sample): by StreamDecoder, or by the
+    C++ StreamAssembler that hsx-dump uses.
     """
 
     def __init__(self, target: str, token: str | None = None, tls: bool | dict[str, Any] | None = None,
                  timeout: float = 600.0, retries: int = 8, backoff: float = 0.2,
-                 options: Sequence[tuple[str, Any]] | None = None) -> None:
+                 options: Sequence[tuple[str, Any]] | None = None, native: bool | None = None) -> None:
         # SingleThreadedUnaryStream (grpcio's experimental.ChannelOptions): each Extract runs on
         # the thread that iterates it instead of handing every message over from grpcio's
         # thread; 0.91-0.95x the client's CPU per byte (bench/python_ab.py, docs/BENCHMARKS.md).
@@ -485,6 +549,9 @@ class Client:
             "/hsx.v1.HiddenStates/Extract", request_serializer=hsx_pb2.ExtractRequest.SerializeToString,
             response_deserializer=parse_response)
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
+        self._token = token or ""
+        self._native = _native_channel(native, target, tls, [("grpc.max_receive_message_length", 64 << 20)] +
+                                       list(options or []))
         self.target = target
         self.timeout = timeout
         self.retries = retries
@@ -493,7 +560,14 @@ class Client:
         self._info: hsx_pb2.ModelInfo | None = None
         self._info_lock = threading.Lock()
 
+    @property
+    def native(self) -> bool:
+        """Whether streams are received by the native module (see the class doc)."""
+        return self._native is not None
+
     def close(self) -> None:
+        if self._native is not None:
+            self._native.close()
         self._channel.close()
 
     def __enter__(self) -> "Client":
@@ -547,6 +621,10 @@ class Client:
             sample_id=expect.sample_id, token_ids=token_ids, capture_ids=list(capture or []),
             dtype=DTYPES[dtype] if dtype else hsx_pb2.DTYPE_UNSPECIFIED, final_norm=final_norm,
             checksum=CHECKSUMS[checksum])
+        if self._native is not None:
+            return self._call(lambda: native_sample(
+                self._native.extract(request.SerializeToString(), native_expectation(expect), self.timeout,
+                                     self._token), expect, loss_mask, torch, index))
         return self._call(lambda: assemble(
             self._extract(request, timeout=self.timeout, metadata=self._metadata),
             expect, loss_mask=loss_mask, use_torch=torch, index=index))
@@ -598,6 +676,21 @@ def _fields(item: Sequence[int] | Mapping[str, Any], index: int) -> tuple[Sequen
     if isinstance(item, Mapping):
         return item["input_ids"], str(item.get("id", index)), item.get("loss_mask")
     return item, str(index), None
+
+
+def _native_channel(native: bool | None, target: str, tls: bool | dict[str, Any] | None,
+                    options: list[tuple[str, Any]]) -> Any:
+    """The native module's channel, or None for grpcio's path (see Client's native)."""
+    if native is None:
+        native = _native is not None and os.environ.get("HSX_NATIVE", "1") != "0"
+    if not native:
+        return None
+    if _native is None:
+        raise ImportError("hsx._native is not built (client/python/native/; scripts/setup.sh --python builds it)")
+    pem = _tls_args(tls) if tls else {}
+    return _native.Channel(target, tls=bool(tls), ca=pem.get("root_certificates") or b"",
+                           cert=pem.get("certificate_chain") or b"", key=pem.get("private_key") or b"",
+                           options=options)
 
 
 def _tls_args(tls: bool | dict[str, Any]) -> dict[str, bytes | None]:
