@@ -3,10 +3,10 @@
 //
 // Why: a fresh block of tens of megabytes is fresh pages, and the first write
 // to each 4 KiB page is a page fault in which the kernel zeroes the page;
-// freeing it unmaps them again. For the Python client's native receive path,
-// which assembles every sample into a new block, that was 0.2-0.25 CPU-ns per
-// byte of the stream (docs/BENCHMARKS.md). A block that comes back stays
-// mapped, and the next sample of the same size class is written into it.
+// freeing it unmaps them again. In the Python client's native receive path,
+// which assembles every sample into a block of its own, the pool took 0.3-0.4
+// CPU-ns per byte off the stream (docs/BENCHMARKS.md). A block that comes
+// back stays mapped, and a later sample is written into it.
 //
 // New blocks are sized in classes (a power of two times 1, 1.25, 1.5 or
 // 1.75). A request takes the most recently returned idle block that holds it

@@ -143,15 +143,16 @@ Outcome Replay(const std::vector<std::string>& messages, int end_code, const std
 // glibc's initial mmap threshold (128 KiB): each is then mapped, page-faulted
 // in by the kernel's copy and unmapped again, 0.2-0.3 CPU-ns per byte here
 // (docs/BENCHMARKS.md). glibc raises the threshold by itself once a program
-// frees a large block (to the block's size, at most 32 MiB, with the trim
-// threshold at twice that), but the pooled sample blocks are never freed, so
-// nothing here would. This puts the process where glibc's own rule would,
-// once, when the first Channel is made: blocks under 32 MiB come from the
-// heap and are reused, and at most 64 MiB of free heap top is kept.
+// frees a large mapped block, but the pooled sample blocks are never freed,
+// so nothing here would. Set once, when the first Channel is made: blocks
+// under 4 MiB (gRPC's buffers) come from the heap and are reused, larger ones
+// (the pool's) are still mapped; and up to 64 MiB of free heap top is kept
+// (measured: with 8 MiB the heap is trimmed and grown again all the time,
+// 2.5 times the page faults of 64 MiB).
 void RaiseMallocThresholds() {
 #if defined(__GLIBC__)
   static const bool once = [] {
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_MMAP_THRESHOLD, 4 << 20);
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
     return true;
   }();
