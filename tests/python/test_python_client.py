@@ -129,8 +129,33 @@ def test_the_receive_path_is_chosen_as_documented(monkeypatch):
     monkeypatch.setattr(hsx.client, "_native", None)
     monkeypatch.delenv("HSX_NATIVE")
     assert not hsx.Client("127.0.0.1:1").native
-    with pytest.raises(ImportError, match="hsx._native is not built"):
+    monkeypatch.setattr(hsx.client, "_NATIVE_MISSING", "libgrpc++.so.1.51: cannot open shared object file")
+    with pytest.raises(ImportError, match=r"hsx._native cannot be used \(libgrpc\+\+.so.1.51: cannot open"):
         hsx.Client("127.0.0.1:1", native=True)
+
+
+def test_a_native_module_that_does_not_load_leaves_the_grpcio_path(tmp_path):
+    """A broken or foreign hsx/_native*.so (e.g. built against a libgrpc++ this machine lacks):
+    the package still imports, Client(native=None) takes grpcio, native=True says why not."""
+    import importlib.machinery
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    package = tmp_path / "hsx"
+    shutil.copytree(Path(hsx.__file__).parent, package,
+                    ignore=shutil.ignore_patterns("_native*", "__pycache__"))
+    (package / ("_native" + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"not an ELF file")
+    probe = ("import hsx\n"
+             "print(hsx.Client('127.0.0.1:1').native)\n"
+             "try:\n    hsx.Client('127.0.0.1:1', native=True)\nexcept ImportError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "False"
+    assert lines[1].startswith("hsx._native cannot be used (") and "not built" not in lines[1], lines
 
 
 def test_online_dataset_two_workers_yield_each_sample_once(server):

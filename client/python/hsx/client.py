@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import itertools
 import math
 import os
@@ -22,10 +23,20 @@ from .arrays import NUMPY_DTYPES, to_torch
 from .sample import Sample
 from .v1 import hsx_pb2, hsx_pb2_grpc
 
-try:  # the native receive path (client/python/native/hsx_native.cc), where it was built
-    from . import _native
-except ImportError:
-    _native = None
+
+def _load_native() -> tuple[Any, str]:
+    """The native receive path (client/python/native/hsx_native.cc) where it was built and
+    loads here: (the module, ""), or (None, why not)."""
+    if importlib.util.find_spec(f"{__package__}._native") is None:
+        return None, "not built"
+    try:
+        from . import _native as module
+    except ImportError as error:  # built, but not loadable here (e.g. no libgrpc++)
+        return None, str(error)
+    return module, ""
+
+
+_native, _NATIVE_MISSING = _load_native()
 
 DTYPES = {"bf16": hsx_pb2.DTYPE_BF16, "fp16": hsx_pb2.DTYPE_FP16, "fp32": hsx_pb2.DTYPE_FP32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -523,7 +534,7 @@ class Client:
          hsx._native where it was built and the environment does not set HSX_NATIVE=0,
          else by grpcio and StreamDecoder; True: the native module or ImportError;
          False: grpcio. Both make the same checks and give the same Samples; the
-         native path costs about half the CPU per byte (docs/BENCHMARKS.md).
+         native path costs about 0.6 times grpcio's CPU per byte (docs/BENCHMARKS.md).
 
     Every stream is checked against the request and the model the server announced
     (GetModelInfo, asked once before the first sample): by StreamDecoder, or by the
@@ -686,7 +697,8 @@ def _native_channel(native: bool | None, target: str, tls: bool | dict[str, Any]
     if not native:
         return None
     if _native is None:
-        raise ImportError("hsx._native is not built (client/python/native/; scripts/setup.sh --python builds it)")
+        raise ImportError(f"hsx._native cannot be used ({_NATIVE_MISSING}); it is built from client/python/native/ "
+                          "by scripts/setup.sh --python")
     pem = _tls_args(tls) if tls else {}
     return _native.Channel(target, tls=bool(tls), ca=pem.get("root_certificates") or b"",
                            cert=pem.get("certificate_chain") or b"", key=pem.get("private_key") or b"",
