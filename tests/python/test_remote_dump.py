@@ -382,6 +382,11 @@ def fake_server(hsx_pb):
             elif mode == "dtype":
                 header.dtype = pb.DTYPE_FP16
             yield pb.ExtractResponse(header=header)
+            if mode == "hang":  # a stream that stalls after its header, until the client goes
+                deadline = time.monotonic() + 60
+                while context.is_active() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                return
             row = 2 * FAKE_HIDDEN  # bf16
 
             def value():  # a finite, non-zero bf16
@@ -521,6 +526,39 @@ def test_the_python_client_accepts_the_fake_servers_control(fake_server, native)
         sample = client.extract(list(range(7)), capture=[2, 4, 5, 8], dtype="bf16", loss_mask=[1] * 7)
     assert sample.capture_ids == [2, 4, 5, 8] and sample["hidden_states"].shape == (7, 4, FAKE_HIDDEN)
     assert sample["loss_mask"].tolist() == [1] * 7
+
+
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
+def test_closing_the_python_client_ends_its_calls_in_flight(fake_server, native):
+    """Client.close() while a stream stalls: the call ends CANCELLED at once, on both paths."""
+    import threading
+
+    import hsx
+
+    fake_server.mode, fake_server.calls = "hang", 0
+    client = hsx.Client(fake_server.address, retries=0, native=native)
+    client._model_info()
+    outcome = []
+
+    def extract():
+        try:
+            client.extract(list(range(7)), capture=[2, 4, 5, 8], dtype="bf16")
+        except Exception as error:  # noqa: BLE001 - the test inspects what was raised
+            outcome.append(error)
+
+    worker = threading.Thread(target=extract)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while fake_server.calls == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # the header is on its way: the call is in flight
+    started = time.monotonic()
+    client.close()
+    worker.join(30)
+    assert not worker.is_alive(), "close() left the call running"
+    assert time.monotonic() - started < 5
+    assert len(outcome) == 1 and isinstance(outcome[0], hsx.ServerError), outcome
+    assert outcome[0].code.name == "CANCELLED", outcome[0]
 
 
 @pytest.mark.parametrize("mode,code", [("unavailable_once", "UNAVAILABLE"), ("exhausted_once", "RESOURCE_EXHAUSTED")])
