@@ -60,19 +60,15 @@ const std::vector<Xxh3Build>& RunnableXxh3Builds() {
   return builds;
 }
 
-TensorHash::TensorHash(ChecksumKind kind) : kind_(kind) {
-  if (kind_ == ChecksumKind::kXxh3) {
-    xxh3_ = &RunnableXxh3Builds().front();
-    state_ = XXH3_createState();
-  } else {
-    state_ = XXH64_createState();
-  }
-  if (state_ == nullptr) std::abort();  // out of memory for a few hundred bytes
-  Reset();
-}
+TensorHash::TensorHash(ChecksumKind kind)
+    : TensorHash(kind == ChecksumKind::kXxh3 ? &RunnableXxh3Builds().front() : nullptr) {}
 
-TensorHash::TensorHash(const Xxh3Build& build) : kind_(ChecksumKind::kXxh3), xxh3_(&build), state_(XXH3_createState()) {
-  if (state_ == nullptr) std::abort();
+TensorHash::TensorHash(const Xxh3Build& build) : TensorHash(&build) {}
+
+TensorHash::TensorHash(const Xxh3Build* xxh3)
+    : kind_(xxh3 != nullptr ? ChecksumKind::kXxh3 : ChecksumKind::kXxh64), xxh3_(xxh3),
+      state_(xxh3 != nullptr ? static_cast<void*>(XXH3_createState()) : static_cast<void*>(XXH64_createState())) {
+  if (state_ == nullptr) std::abort();  // out of memory for a few hundred bytes
   Reset();
 }
 

@@ -57,6 +57,9 @@ class TensorHash {
   ChecksumKind kind() const { return kind_; }
 
  private:
+  // XXH3 with `xxh3`, or XXH64 when it is null: what both public constructors make.
+  explicit TensorHash(const Xxh3Build* xxh3);
+
   ChecksumKind kind_;
   const Xxh3Build* xxh3_ = nullptr;  // kXxh3 only
   void* state_;                      // XXH64_state_t or XXH3_state_t
