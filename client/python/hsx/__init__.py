@@ -14,8 +14,9 @@ final_norm_hidden_states [T, H] when extracted) with .capture_ids, .sample_id,
 .index and .metadata (see hsx.sample).
 
 Every sample is checked before it is returned (token-id hash, shapes, per-tensor
-XXH64 checksums, finite values, no all-zero layer); a failed check raises
-IntegrityError, never returns data.
+checksums (XXH3 or XXH64), finite values, no all-zero layer); a failed check raises
+IntegrityError, never returns data. Streams are received by the native module
+hsx._native where it was built, else by grpcio (hsx.Client's `native`).
 """
 
 from .client import Client, IntegrityError, ServerError, StreamDecoder, StreamExpectation
