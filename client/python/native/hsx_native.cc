@@ -5,11 +5,11 @@
 // all of hsx-dump --discard (bench/python_ab.py --floor, docs/BENCHMARKS.md).
 // This module runs an Extract call with gRPC's C++ client and hsx's
 // StreamAssembler (the checks hsx-dump runs; kAssemble mode: each chunk is
-// checked, hashed and copied into the [T, L, H] sample in one pass) with the
+// checked, hashed and copied into the [T, L, H] sample 16 KiB at a time) with the
 // GIL released, and hands the tensors to Python as writable buffers that
 // numpy wraps without a copy. Requests, retries, concurrency and the Sample
 // stay in hsx/client.py, which uses its own decoder when this module is not
-// built (docs/api.md, "Python client").
+// built (client/README.md, "Two receive paths").
 //
 // Guarantees: an outcome is "ok" only for a stream the assembler accepted
 // whole (trailer included) whose values pass CheckSampleValues; "data_loss"
