@@ -102,6 +102,12 @@ absl::Status CheckedStatus(const EncodedSample& sample, size_t first, size_t cou
 
 }  // namespace
 
+absl::Status CheckSampleValues(const EncodedSample& sample) {
+  std::vector<std::string> names;
+  for (int id : sample.capture_ids) names.push_back(absl::StrCat("capture id ", id));
+  return CheckSampleValues(sample, names);
+}
+
 absl::Status CheckSampleValues(const EncodedSample& sample, const std::vector<std::string>& names) {
   const size_t layers = sample.capture_ids.size();
   const std::vector<std::string> final_name = {"the final-norm state"};

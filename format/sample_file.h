@@ -136,6 +136,9 @@ absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtyp
 // the final norm ("the final-norm state"): the same first error, taken from
 // sample.values_checked when it is set.
 absl::Status CheckSampleValues(const EncodedSample& sample, const std::vector<std::string>& names);
+// The same, each layer named "capture id N" (what hsx-dump and the Python
+// client report).
+absl::Status CheckSampleValues(const EncodedSample& sample);
 
 // File name of sample `index`: hs_{index}.safetensors.
 std::string SampleFileName(int64_t index);

@@ -47,6 +47,12 @@ StateBytes StreamAssembler::Allocate(int64_t bytes) const {
 
 StreamAssembler::~StreamAssembler() = default;
 
+absl::Status StreamAssembler::EndOfStream() const {
+  if (trailer_) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("the stream ended without a trailer (", tensors_complete(), " of ",
+                                          tensors_total(), " tensors complete)"));
+}
+
 absl::Status StreamAssembler::Consume(const v1::ExtractResponse& response) {
   if (!error_.ok()) return error_;  // nothing is accepted after an error
   error_ = Dispatch(response);

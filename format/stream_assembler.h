@@ -90,10 +90,13 @@ class StreamAssembler {
   absl::Status Consume(const grpc::ByteBuffer& message);
   // True once a valid trailer arrived: the sample is whole and verified.
   bool complete() const { return trailer_; }
+  // For a stream whose call ended OK: OK when complete(), else DATA_LOSS
+  // "the stream ended without a trailer (N of M tensors complete)".
+  absl::Status EndOfStream() const;
   // The assembled sample (its states as received pieces in kKeepReceived
   // mode, without them in kVerifyOnly mode); call once, after complete().
   EncodedSample Take() { return std::move(sample_); }
-  // For "the stream ended without a trailer (N of M tensors complete)".
+  // The N and M of EndOfStream's message.
   size_t tensors_complete() const { return current_; }
   size_t tensors_total() const { return tensors_.size(); }
 

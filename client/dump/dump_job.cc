@@ -116,11 +116,9 @@ absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
     return absl::DataLossError(absl::StrCat(where, ": final norm state ",
                                             spec.capture.final_norm() ? "missing or misshapen" : "not requested"));
   }
-  std::vector<std::string> names;
-  for (int id : sample.capture_ids) names.push_back(absl::StrCat("capture id ", id));
   // Checked on arrival by the stream assembler (values_checked; the only
   // record when the states were dropped), else read here.
-  if (absl::Status s = CheckSampleValues(sample, names); !s.ok()) {
+  if (absl::Status s = CheckSampleValues(sample); !s.ok()) {
     return absl::DataLossError(absl::StrCat(where, ": ", s.message()));
   }
   return absl::OkStatus();

@@ -267,10 +267,8 @@ class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
       result = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                             absl::StrCat(where, ": ", StatusCodeName(status.error_code()), ": ",
                                          status.error_message()));
-    } else if (!assembler_.complete()) {
-      result = absl::DataLossError(absl::StrCat(where, ": the stream ended without a trailer (",
-                                                assembler_.tensors_complete(), " of ",
-                                                assembler_.tensors_total(), " tensors complete)"));
+    } else if (absl::Status end = assembler_.EndOfStream(); !end.ok()) {
+      result = absl::DataLossError(absl::StrCat(where, ": ", end.message()));
       code = grpc::StatusCode::DATA_LOSS;
     } else {
       result = assembler_.Take();

@@ -109,10 +109,7 @@ Verdict Judge(const json& c, StreamAssembler::Mode mode) {
     }
   }
   if (c.contains("end")) return {c["end"]["code"].get<std::string>(), c["end"]["message"].get<std::string>()};
-  if (!assembler.complete()) {
-    return {"data_loss", absl::StrCat("the stream ended without a trailer (", assembler.tensors_complete(), " of ",
-                                      assembler.tensors_total(), " tensors complete)")};
-  }
+  if (absl::Status end = assembler.EndOfStream(); !end.ok()) return {"data_loss", std::string(end.message())};
   if (absl::Status s = VerifySample(input, spec, assembler.Take()); !s.ok()) {
     return {absl::IsDataLoss(s) ? "data_loss" : "other", std::string(s.message())};
   }

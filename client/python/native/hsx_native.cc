@@ -34,12 +34,10 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/sync_stream.h>
 
-#include "absl/strings/str_cat.h"
 #include "format/encoding.h"
 #include "format/sample_file.h"
 #include "format/state_bytes_pool.h"
 #include "format/stream_assembler.h"
-#include "hsx/v1/hsx.grpc.pb.h"
 
 namespace py = pybind11;
 
@@ -82,14 +80,9 @@ Outcome Judge(StreamAssembler& assembler, const absl::Status& error, const grpc:
     o.message = status.error_message();
     return o;
   }
-  if (!assembler.complete()) {
-    return DataLoss(absl::StrCat("the stream ended without a trailer (", assembler.tensors_complete(), " of ",
-                                 assembler.tensors_total(), " tensors complete)"));
-  }
+  if (absl::Status end = assembler.EndOfStream(); !end.ok()) return DataLoss(std::string(end.message()));
   EncodedSample sample = assembler.Take();
-  std::vector<std::string> names;
-  for (int id : sample.capture_ids) names.push_back(absl::StrCat("capture id ", id));
-  if (absl::Status s = CheckSampleValues(sample, names); !s.ok()) return DataLoss(std::string(s.message()));
+  if (absl::Status s = CheckSampleValues(sample); !s.ok()) return DataLoss(std::string(s.message()));
   Outcome o;
   o.capture_ids = sample.capture_ids;
   o.tokens = sample.tokens;
@@ -197,11 +190,10 @@ class Channel {
     channel_ = grpc::CreateCustomChannel(target, credentials, args);
   }
 
-  // Runs one Extract call (`request`: a serialized ExtractRequest) and
-  // verifies its stream against `expect`.
+  // Runs one Extract call (`request`: a serialized ExtractRequest, sent as
+  // it is) and verifies its stream against `expect`.
   Outcome Extract(const py::bytes& request_bytes, const py::dict& expect, double timeout, const std::string& token) {
-    v1::ExtractRequest request;
-    if (!request.ParseFromString(std::string(request_bytes))) throw py::value_error("not an ExtractRequest");
+    const grpc::ByteBuffer request = ToByteBuffer(std::string(request_bytes));
     StreamAssembler assembler(MakeExpectation(expect), StreamAssembler::Mode::kAssemble, pool_);
     py::gil_scoped_release release;
     grpc::ClientContext context;
