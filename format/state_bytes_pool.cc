@@ -1,10 +1,28 @@
 // state_bytes_pool.cc: the size classes and the idle list.
 #include "format/state_bytes_pool.h"
 
+#include <sys/mman.h>
+
 #include <bit>
+#include <cstdint>
 #include <vector>
 
 namespace hsx {
+namespace {
+
+// Asks for transparent huge pages over the 2 MiB-aligned part of a new block,
+// before its first write: one fault per 2 MiB instead of 512 (where THP is
+// "madvise" or "always"; elsewhere the advice is ignored).
+void AdviseHugePages(char* block, size_t capacity) {
+#ifdef MADV_HUGEPAGE
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(block) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(block) + capacity) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#endif
+}
+
+}  // namespace
 
 size_t StateBytesPool::SizeClass(size_t size) {
   if (size < 64) return size;
@@ -28,7 +46,10 @@ StateBytes StateBytesPool::Take(size_t size) {
       }
     }
   }
-  if (block == nullptr) block = std::make_unique_for_overwrite<char[]>(capacity);
+  if (block == nullptr) {
+    block = std::make_unique_for_overwrite<char[]>(capacity);
+    AdviseHugePages(block.get(), capacity);
+  }
   return StateBytes(std::move(block), capacity, size, shared_from_this());
 }
 

@@ -1,8 +1,12 @@
 // state_bytes_test.cc: StateBytes holds what is written into it, copies
 // deeply, leaves a moved-from block empty, and compares by content;
-// StateBytesPool hands a returned block out again, within its bound.
+// StateBytesPool hands a returned block out again, within its bound, and asks
+// for huge pages for its large new blocks.
 #include "format/state_bytes.h"
 
+#include <cstdint>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -121,6 +125,38 @@ TEST(StateBytesPoolTest, ABlockOutlivesItsPool) {
   }
   kept.data()[99] = 'q';  // the pool lives on in the block (ASan would see a use after free)
   EXPECT_EQ(kept.size(), 100u);
+}
+
+// The VmFlags line of the mapping that holds `address` in /proc/self/smaps,
+// or "" where there is none (not Linux).
+std::string VmFlagsAt(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> begin >> dash >> end && dash == '-' && line.find(' ') > line.find('-')) {
+      inside = begin <= at && at < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+TEST(StateBytesPoolTest, ALargeNewBlockAsksForHugePages) {
+  const int on_the_stack = 0;
+  const std::string own = VmFlagsAt(&on_the_stack);
+  if (own.empty()) GTEST_SKIP() << "no /proc/self/smaps with VmFlags here";
+  auto pool = StateBytesPool::Create(size_t{64} << 20);
+  StateBytes block = pool->Take(size_t{24} << 20);  // 12 huge pages, at least 11 of them aligned inside
+  const uintptr_t middle = (reinterpret_cast<uintptr_t>(block.data()) + (size_t{12} << 20)) & ~((uintptr_t{2} << 20) - 1);
+  EXPECT_NE(VmFlagsAt(reinterpret_cast<const void*>(middle)).find(" hg"), std::string::npos)
+      << VmFlagsAt(reinterpret_cast<const void*>(middle));
+  StateBytes small = pool->Take(4096);  // under one huge page: left alone
+  EXPECT_EQ(VmFlagsAt(small.data()).find(" hg"), std::string::npos);
 }
 
 }  // namespace
