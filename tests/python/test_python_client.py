@@ -158,6 +158,44 @@ def test_a_native_module_that_does_not_load_leaves_the_grpcio_path(tmp_path):
     assert lines[1].startswith("hsx._native cannot be used (") and "not built" not in lines[1], lines
 
 
+MALLOC_PROBE = """
+import ctypes
+from hsx import _native
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+_native.Channel("127.0.0.1:1")
+mapped = libc.mallinfo2().hblkhd
+libc.malloc(3 << 20)
+print(libc.mallinfo2().hblkhd - mapped)
+"""
+
+
+@pytest.mark.skipif(not NATIVE_BUILT, reason="hsx._native is not built")
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_the_native_modules_malloc_settings_can_be_left_alone(setting):
+    """The first native Channel raises glibc's mmap threshold to 4 MiB (a 3 MiB block then comes
+    from the heap; glibc's default maps it), unless HSX_NATIVE_MALLOPT=0."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HSX_NATIVE_MALLOPT"}
+    if setting is not None:
+        env["HSX_NATIVE_MALLOPT"] = setting
+    proc = subprocess.run([sys.executable, "-c", MALLOC_PROBE], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    newly_mapped = int(proc.stdout)
+    if setting == "0":
+        assert newly_mapped >= 3 << 20
+    else:
+        assert newly_mapped == 0
+
+
 def test_online_dataset_two_workers_yield_each_sample_once(server):
     samples = rows(24, seed=3)
     dataset = hsx.OnlineDataset(samples, [server.address, server.address], concurrency=4)

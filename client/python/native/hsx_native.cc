@@ -19,11 +19,13 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -141,10 +143,14 @@ Outcome Replay(const std::vector<std::string>& messages, int end_code, const std
 // under 4 MiB (gRPC's buffers) come from the heap and are reused, larger ones
 // (the pool's) are still mapped; and up to 64 MiB of free heap top is kept
 // (measured: with 8 MiB the heap is trimmed and grown again all the time,
-// 2.5 times the page faults of 64 MiB).
+// 2.5 times the page faults of 64 MiB). HSX_NATIVE_MALLOPT=0 in the
+// environment leaves glibc's settings alone, for a process that tunes its
+// own allocator.
 void RaiseMallocThresholds() {
 #if defined(__GLIBC__)
   static const bool once = [] {
+    const char* setting = std::getenv("HSX_NATIVE_MALLOPT");
+    if (setting != nullptr && std::string_view(setting) == "0") return false;
     mallopt(M_MMAP_THRESHOLD, 4 << 20);
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
     return true;
