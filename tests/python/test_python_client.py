@@ -158,6 +158,42 @@ def test_a_native_module_that_does_not_load_leaves_the_grpcio_path(tmp_path):
     assert lines[1].startswith("hsx._native cannot be used (") and "not built" not in lines[1], lines
 
 
+def _sockets_connected_to(port):
+    """The inodes of this process's established TCP sockets whose peer port is `port`."""
+    import os
+
+    ours = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            ours.add(link[len("socket:["):-1])
+    found = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[3] == "01" and fields[9] in ours:
+                    found.add(fields[9])
+    return found
+
+
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
+def test_a_client_holds_one_connection_per_server(server, native):
+    """GetModelInfo and Extract share the receive path's channel (the native path makes no
+    grpcio channel at all)."""
+    port = int(server.address.rsplit(":", 1)[1])
+    before = _sockets_connected_to(port)
+    client = hsx.Client(server.address, native=native)
+    assert client.model_info()["hidden_size"] == HIDDEN
+    assert client.extract([5, 6, 7], capture=[1])["hidden_states"].shape == (3, 1, HIDDEN)
+    assert len(_sockets_connected_to(port) - before) == 1
+    client.close()
+
+
 MALLOC_PROBE = """
 import ctypes
 from hsx import _native

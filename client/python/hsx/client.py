@@ -549,22 +549,26 @@ class Client:
         # SingleThreadedUnaryStream (grpcio's experimental.ChannelOptions): each Extract runs on
         # the thread that iterates it instead of handing every message over from grpcio's
         # thread; 0.91-0.95x the client's CPU per byte (bench/python_ab.py, docs/BENCHMARKS.md).
-        channel_options = [("grpc.max_receive_message_length", 64 << 20),
-                           (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)] + list(options or [])
-        if tls:
-            credentials = grpc.ssl_channel_credentials(**_tls_args(tls))
-            self._channel = grpc.secure_channel(target, credentials, options=channel_options)
-        else:
-            self._channel = grpc.insecure_channel(target, options=channel_options)
-        self._stub = hsx_pb2_grpc.HiddenStatesStub(self._channel)
-        # Extract with parse_response: chunks' rows are read where grpcio put them.
-        self._extract = self._channel.unary_stream(
-            "/hsx.v1.HiddenStates/Extract", request_serializer=hsx_pb2.ExtractRequest.SerializeToString,
-            response_deserializer=parse_response)
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
         self._token = token or ""
+        # The native path makes every call (Extract and GetModelInfo) on its own channel: one
+        # connection per server, and grpcio's channel is not made at all.
         self._native = _native_channel(native, target, tls, [("grpc.max_receive_message_length", 64 << 20)] +
                                        list(options or []))
+        self._channel: grpc.Channel | None = None
+        if self._native is None:
+            channel_options = [("grpc.max_receive_message_length", 64 << 20),
+                               (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)] + list(options or [])
+            if tls:
+                credentials = grpc.ssl_channel_credentials(**_tls_args(tls))
+                self._channel = grpc.secure_channel(target, credentials, options=channel_options)
+            else:
+                self._channel = grpc.insecure_channel(target, options=channel_options)
+            self._stub = hsx_pb2_grpc.HiddenStatesStub(self._channel)
+            # Extract with parse_response: chunks' rows are read where grpcio put them.
+            self._extract = self._channel.unary_stream(
+                "/hsx.v1.HiddenStates/Extract", request_serializer=hsx_pb2.ExtractRequest.SerializeToString,
+                response_deserializer=parse_response)
         self.target = target
         self.timeout = timeout
         self.retries = retries
@@ -581,7 +585,8 @@ class Client:
     def close(self) -> None:
         if self._native is not None:
             self._native.close()
-        self._channel.close()
+        if self._channel is not None:
+            self._channel.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -601,9 +606,18 @@ class Client:
         """ModelInfo, asked once (or again with refresh)."""
         with self._info_lock:
             if self._info is None or refresh:
-                self._info = self._call(lambda: self._stub.GetModelInfo(
-                    hsx_pb2.GetModelInfoRequest(), timeout=30, metadata=self._metadata))
+                self._info = self._call(self._ask_model_info)
             return self._info
+
+    def _ask_model_info(self) -> hsx_pb2.ModelInfo:
+        request = hsx_pb2.GetModelInfoRequest()
+        if self._native is None:
+            return self._stub.GetModelInfo(request, timeout=30, metadata=self._metadata)
+        code, message, response = self._native.unary("/hsx.v1.HiddenStates/GetModelInfo", request.SerializeToString(),
+                                                     30.0, self._token)
+        if code != 0:
+            raise NativeRpcError(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
+        return hsx_pb2.ModelInfo.FromString(response)
 
     def extract(self, token_ids: Sequence[int], capture: Sequence[int] | None = None, dtype: str | None = None,
                 final_norm: bool = False, torch: bool = False, sample_id: str | None = None,

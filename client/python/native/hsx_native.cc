@@ -34,6 +34,7 @@
 #endif
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/client_unary_call.h>
 #include <grpcpp/support/sync_stream.h>
 
 #include "format/encoding.h"
@@ -164,7 +165,7 @@ void RaiseMallocThresholds() {
 // 117 MB), freed by close().
 constexpr size_t kPoolIdleBytes = size_t{512} << 20;
 
-// A connection to one hsx-server for Extract calls, safe to call from many
+// A connection to one hsx-server for Extract (and GetModelInfo) calls, safe to call from many
 // Python threads at once (each call runs on its caller's thread, GIL released).
 // Samples are assembled into blocks from a pool: the arrays of a sample the
 // caller dropped give their memory to the next samples, which then write
@@ -203,13 +204,7 @@ class Channel {
     StreamAssembler assembler(MakeExpectation(expect), StreamAssembler::Mode::kAssemble, pool_);
     py::gil_scoped_release release;
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                             std::chrono::duration<double>(timeout)));
-    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
-    if (!Register(&context)) {
-      return Judge(assembler, absl::OkStatus(), grpc::Status(grpc::StatusCode::CANCELLED, "the client was closed"));
-    }
+    if (!Register(&context, timeout, token)) return Judge(assembler, absl::OkStatus(), Closed());
     std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
         grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method_, &context, request));
     absl::Status error;
@@ -226,6 +221,35 @@ class Channel {
     return Judge(assembler, error, status);
   }
 
+  // Runs one unary call of `method` (e.g. "/hsx.v1.HiddenStates/GetModelInfo")
+  // with a serialized request: (status code, status message, serialized
+  // response). The client's other calls share this connection, so a client
+  // holds one per server.
+  py::tuple Unary(const std::string& method, const py::bytes& request_bytes, double timeout, const std::string& token) {
+    const grpc::ByteBuffer request = ToByteBuffer(std::string(request_bytes));
+    grpc::ByteBuffer response;
+    grpc::Status status;
+    {
+      py::gil_scoped_release release;
+      grpc::ClientContext context;
+      if (Register(&context, timeout, token)) {
+        status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+            channel_.get(), grpc::internal::RpcMethod(method.c_str(), grpc::internal::RpcMethod::NORMAL_RPC), &context,
+            request, &response);
+        Unregister(&context);
+      } else {
+        status = Closed();
+      }
+    }
+    std::string bytes;
+    if (status.ok()) {
+      std::vector<grpc::Slice> slices;
+      if (!response.Dump(&slices).ok()) status = grpc::Status(grpc::StatusCode::INTERNAL, "unreadable response");
+      for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    return py::make_tuple(static_cast<int>(status.error_code()), status.error_message(), py::bytes(bytes));
+  }
+
   // Cancels every call in flight (they end CANCELLED); later calls fail at
   // once. Frees the idle blocks (arrays still held keep theirs).
   void Close() {
@@ -238,12 +262,19 @@ class Channel {
   }
 
  private:
-  bool Register(grpc::ClientContext* context) {
+  // Sets the call's deadline and token, and records it for Close; false once
+  // the channel is closed.
+  bool Register(grpc::ClientContext* context, double timeout, const std::string& token) {
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                              std::chrono::duration<double>(timeout)));
+    if (!token.empty()) context->AddMetadata("authorization", "Bearer " + token);
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return false;
     active_.insert(context);
     return true;
   }
+  static grpc::Status Closed() { return grpc::Status(grpc::StatusCode::CANCELLED, "the client was closed"); }
   void Unregister(grpc::ClientContext* context) {
     std::lock_guard<std::mutex> lock(mutex_);
     active_.erase(context);
@@ -286,6 +317,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("options") = std::vector<std::pair<std::string, py::object>>{})
       .def("extract", &Channel::Extract, py::arg("request"), py::arg("expect"), py::arg("timeout"),
            py::arg("token") = "")
+      .def("unary", &Channel::Unary, py::arg("method"), py::arg("request"), py::arg("timeout"), py::arg("token") = "")
       .def("close", &Channel::Close);
   m.def("replay", &hsx::Replay, py::arg("messages"), py::arg("end_code"), py::arg("end_message"), py::arg("expect"));
 }
