@@ -192,6 +192,9 @@ def test_a_client_holds_one_connection_per_server(server, native):
     assert client.extract([5, 6, 7], capture=[1])["hidden_states"].shape == (3, 1, HIDDEN)
     assert len(_sockets_connected_to(port) - before) == 1
     client.close()
+    if native:  # the module's channel refuses calls once closed
+        with pytest.raises(hsx.ServerError, match="CANCELLED.*the client was closed"):
+            client.model_info()
 
 
 MALLOC_PROBE = """

@@ -546,9 +546,6 @@ class Client:
     def __init__(self, target: str, token: str | None = None, tls: bool | dict[str, Any] | None = None,
                  timeout: float = 600.0, retries: int = 8, backoff: float = 0.2,
                  options: Sequence[tuple[str, Any]] | None = None, native: bool | None = None) -> None:
-        # SingleThreadedUnaryStream (grpcio's experimental.ChannelOptions): each Extract runs on
-        # the thread that iterates it instead of handing every message over from grpcio's
-        # thread; 0.91-0.95x the client's CPU per byte (bench/python_ab.py, docs/BENCHMARKS.md).
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
         self._token = token or ""
         # The native path makes every call (Extract and GetModelInfo) on its own channel: one
@@ -557,6 +554,9 @@ class Client:
                                        list(options or []))
         self._channel: grpc.Channel | None = None
         if self._native is None:
+            # SingleThreadedUnaryStream (grpcio's experimental.ChannelOptions): each Extract runs on
+            # the thread that iterates it instead of handing every message over from grpcio's
+            # thread; 0.91-0.95x the client's CPU per byte (bench/python_ab.py, docs/BENCHMARKS.md).
             channel_options = [("grpc.max_receive_message_length", 64 << 20),
                                (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)] + list(options or [])
             if tls:

@@ -165,8 +165,9 @@ void RaiseMallocThresholds() {
 // 117 MB), freed by close().
 constexpr size_t kPoolIdleBytes = size_t{512} << 20;
 
-// A connection to one hsx-server for Extract (and GetModelInfo) calls, safe to call from many
-// Python threads at once (each call runs on its caller's thread, GIL released).
+// A connection to one hsx-server for Extract and GetModelInfo calls, safe to
+// call from many Python threads at once (each call runs on its caller's
+// thread, GIL released).
 // Samples are assembled into blocks from a pool: the arrays of a sample the
 // caller dropped give their memory to the next samples, which then write
 // into pages already mapped (state_bytes_pool.h says what that saves).
