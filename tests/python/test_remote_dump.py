@@ -518,6 +518,30 @@ def test_the_python_client_refuses_what_hsx_dump_refuses(fake_server, mode, mess
 
 
 @pytest.mark.parametrize("native", RECEIVE_PATHS)
+def test_a_model_info_that_does_not_parse_is_a_server_error(native):
+    """A server whose GetModelInfo answers bytes that are not a ModelInfo: INTERNAL on both
+    receive paths (grpcio's deserializer refuses them; the native path parses them itself)."""
+    from concurrent import futures
+
+    import grpc
+    import hsx
+
+    garbled = grpc.unary_unary_rpc_method_handler(lambda request, context: b"\xff\xff\xff")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("hsx.v1.HiddenStates",
+                                                                          {"GetModelInfo": garbled})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with hsx.Client(f"127.0.0.1:{port}", retries=0, native=native) as client:
+            with pytest.raises(hsx.ServerError) as error:
+                client.model_info()
+        assert error.value.code == grpc.StatusCode.INTERNAL, error.value
+    finally:
+        server.stop(None)
+
+
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
 def test_the_python_client_accepts_the_fake_servers_control(fake_server, native):
     import hsx
 

@@ -18,6 +18,7 @@ import grpc
 import grpc.experimental
 import numpy as np
 import xxhash
+from google.protobuf.message import DecodeError
 
 from .arrays import NUMPY_DTYPES, to_torch
 from .sample import Sample
@@ -617,7 +618,11 @@ class Client:
                                                      30.0, self._token)
         if code != 0:
             raise NativeRpcError(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
-        return hsx_pb2.ModelInfo.FromString(response)
+        try:
+            return hsx_pb2.ModelInfo.FromString(response)
+        except DecodeError as error:  # INTERNAL, as grpcio reports a response its deserializer refuses
+            raise NativeRpcError(grpc.StatusCode.INTERNAL,
+                                 f"GetModelInfo: the response is not a ModelInfo ({error})") from None
 
     def extract(self, token_ids: Sequence[int], capture: Sequence[int] | None = None, dtype: str | None = None,
                 final_norm: bool = False, torch: bool = False, sample_id: str | None = None,
