@@ -148,8 +148,10 @@ std::string VmFlagsAt(const void* address) {
 
 TEST(StateBytesPoolTest, ALargeNewBlockAsksForHugePages) {
   const int on_the_stack = 0;
-  const std::string own = VmFlagsAt(&on_the_stack);
-  if (own.empty()) GTEST_SKIP() << "no /proc/self/smaps with VmFlags here";
+  if (VmFlagsAt(&on_the_stack).empty()) GTEST_SKIP() << "no /proc/self/smaps with VmFlags here";
+  if (!std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  }
   auto pool = StateBytesPool::Create(size_t{64} << 20);
   StateBytes block = pool->Take(size_t{24} << 20);  // 12 huge pages, at least 11 of them aligned inside
   const uintptr_t middle = (reinterpret_cast<uintptr_t>(block.data()) + (size_t{12} << 20)) & ~((uintptr_t{2} << 20) - 1);
