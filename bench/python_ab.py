@@ -96,7 +96,7 @@ def main():
                 env = {**os.environ, "PYTHONPATH": str(Path(package).resolve()), **extra.get(name, {})}
                 stdout, _ = sc.child([sys.executable, script, "--role", role, "--address", server.address,
                                       "--samples-path", samples, "--dtype", args.dtype], env=env)
-                nbytes, cpu = stdout.split()
+                nbytes, cpu = stdout.split()[:2]
                 return float(cpu) * 1e9 / int(nbytes)
 
             def dump():

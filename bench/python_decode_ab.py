@@ -92,7 +92,7 @@ def main():
             for name in (["A", "B"] if r % 2 == 0 else ["B", "A"]):
                 stdout, _ = sc.child([sys.executable, __file__, "--role", "decode", "--recorded", recorded,
                                       "--dtype", args.dtype], env={**os.environ, "PYTHONPATH": str(dirs[name])})
-                nbytes, cpu = stdout.split()
+                nbytes, cpu = stdout.split()[:2]
                 if r > 0:
                     results[name].append(float(cpu) * 1e9 / int(nbytes))
     print(f"python decoding alone, {args.dtype}, {args.samples} recorded streams, {args.repeats} interleaved repeats, "

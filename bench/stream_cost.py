@@ -21,7 +21,9 @@ thread: "engine" is its threads named hsx-engine* (the rank threads and the CPU 
 the model's embedding gather and capture copy, device work on CUDA), "streaming" the rest (the
 batcher's checks and hashing, gRPC, the kernel's send path). Rows give median [min-max]
 CPU-ns per byte over the repeats, and ratios of medians: server / socket sender, client /
-socket receiver, python / hsx-dump --discard. The server's peak RSS (VmHWM) is printed per dtype.
+socket receiver, python / hsx-dump --discard. The server's peak RSS (VmHWM) is printed per dtype,
+and each side's minor page faults per MB streamed, from the same accounting (/proc/PID/stat for
+the server, rusage for the clients): a pooled path has next to none.
 
     ~/.cache/hsx/venv/bin/python bench/stream_cost.py [--bin-dir build/bin] [--repeats 3]
         [--dtypes bf16,fp16,fp32] [--sides socket,discard,disk,python] [--server-flag=--some-flag ...]
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +78,12 @@ def proc_cpu(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def proc_faults(pid):
+    """Minor page faults of a running process so far (/proc/PID/stat field 10)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
 
 
 def engine_cpu(pid):
@@ -149,16 +158,20 @@ def own_cpu():
     return usage.ru_utime + usage.ru_stime
 
 
+def own_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def socket_sender(port, total):
     payload = memoryview(os.urandom(CHUNK))
     with socket.create_connection(("127.0.0.1", port)) as s:
-        start = own_cpu()
+        start, faults = own_cpu(), own_faults()
         sent = 0
         while sent < total:
             n = min(CHUNK, total - sent)
             s.sendall(payload[:n])
             sent += n
-    print(sent, own_cpu() - start)
+    print(sent, own_cpu() - start, own_faults() - faults)
 
 
 def socket_receiver(port_file, total):
@@ -168,7 +181,7 @@ def socket_receiver(port_file, total):
         Path(port_file).write_text(str(server.getsockname()[1]))
         conn, _ = server.accept()
         view = memoryview(bytearray(CHUNK))
-        start = own_cpu()
+        start, faults = own_cpu(), own_faults()
         received = 0
         while received < total:
             n = conn.recv_into(view)
@@ -176,11 +189,11 @@ def socket_receiver(port_file, total):
                 break
             received += n
         conn.close()
-    print(received, own_cpu() - start)
+    print(received, own_cpu() - start, own_faults() - faults)
 
 
 def socket_side(work, total):
-    """(server CPU, client CPU, bytes, engine CPU = 0): the sender's and the receiver's CPU seconds."""
+    """Side(...) of the pair: the sender is the "server", the receiver the "client"."""
     port_file = work / "port"
     port_file.unlink(missing_ok=True)
     me = [sys.executable, __file__]
@@ -192,7 +205,8 @@ def socket_side(work, total):
     received = receiver.stdout.read()
     if receiver.wait() != 0 or int(received.split()[0]) != total:
         raise SystemExit(f"the socket receiver got {received} of {total} bytes")
-    return float(sent.split()[1]), float(received.split()[1]), total, 0.0
+    sent, received = sent.split(), received.split()
+    return Side(float(sent[1]), float(received[1]), total, 0.0, int(sent[2]), int(received[2]))
 
 
 # --- the Python client, in a child so that its CPU is its own -----------------------------------
@@ -201,34 +215,49 @@ def python_client(address, samples_path, dtype, concurrency):
     import hsx
     samples = [json.loads(line) for line in open(samples_path)]
     client = hsx.Client(address)
-    start = own_cpu()
+    start, faults = own_cpu(), own_faults()
     total = 0
     for _, sample in client.extract_many(samples, concurrency=concurrency, capture=[0], dtype=dtype):
         total += sample["hidden_states"].nbytes
     client.close()
-    print(total, own_cpu() - start)
+    print(total, own_cpu() - start, own_faults() - faults)
 
 
 # --- the sides ---------------------------------------------------------------------------------
 
+class Side(typing.NamedTuple):
+    """One run of a side: CPU seconds and minor page faults of the two ends, bytes streamed."""
+    server_cpu: float
+    client_cpu: float
+    nbytes: int
+    engine_cpu: float
+    server_faults: int
+    client_faults: int
+
+
 def hsx_side(server, cmd):
+    """cmd() -> (bytes, client CPU seconds, client faults); the server's are read around it."""
     def fn():
         pid = server.proc.pid
-        before, engine_before = proc_cpu(pid), engine_cpu(pid)
-        out, client_cpu = cmd()
-        server_cpu = proc_cpu(pid) - before
-        return server_cpu, client_cpu, out, engine_cpu(pid) - engine_before
+        before, engine_before, faults_before = proc_cpu(pid), engine_cpu(pid), proc_faults(pid)
+        nbytes, client_cpu, client_faults = cmd()
+        return Side(proc_cpu(pid) - before, client_cpu, nbytes, engine_cpu(pid) - engine_before,
+                    proc_faults(pid) - faults_before, client_faults)
     return fn
 
 
 def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags, names):
     def dump(discard):
-        return run_dump(bin_dir / "hsx-dump", server.address, samples, work / "out", dtype, discard)
+        usage = {}
+        nbytes, cpu = run_dump(bin_dir / "hsx-dump", server.address, samples, work / "out", dtype, discard,
+                               usage_out=usage)
+        return nbytes, cpu, usage["usage"].ru_minflt
 
     def python():
         stdout, _ = child([sys.executable, __file__, "--role", "python", "--address", server.address,
                            "--samples-path", samples, "--dtype", dtype])
-        return int(stdout.split()[0]), float(stdout.split()[1])
+        nbytes, cpu, faults = stdout.split()
+        return int(nbytes), float(cpu), int(faults)
 
     with HsxServer(bin_dir, model, "--capture", "0", "--max-batch-tokens", "8192", *server_flags) as server:
         sides = {
@@ -239,23 +268,24 @@ def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags, nam
         # Warm-up (one pass each) and the byte count the socket pair moves.
         total = None
         for name in ["discard"] + [n for n in names if n not in ("socket", "discard")]:
-            server_cpu, client_cpu, nbytes, _ = sides[name]()
-            total = total or nbytes
+            total = total or sides[name]().nbytes
         sides["socket"] = lambda: socket_side(work, total)
         runs = {name: [] for name in names}
         for r in range(repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                server_cpu, client_cpu, nbytes, engine = sides[name]()
+                run = sides[name]()
                 # hsx-dump's count to disk includes the files' headers: a little more.
-                if not total <= nbytes < total * 1.01:
-                    raise SystemExit(f"{name}: {nbytes} bytes, expected {total}")
-                runs[name].append((server_cpu * 1e9 / total, client_cpu * 1e9 / total, engine * 1e9 / total))
+                if not total <= run.nbytes < total * 1.01:
+                    raise SystemExit(f"{name}: {run.nbytes} bytes, expected {total}")
+                runs[name].append((run.server_cpu * 1e9 / total, run.client_cpu * 1e9 / total,
+                                   run.engine_cpu * 1e9 / total, run.server_faults * 1e6 / total,
+                                   run.client_faults * 1e6 / total))
         hwm = vm_hwm(server.proc.pid)
     return total, runs, hwm
 
 
-def fmt(values):
-    return f"{statistics.median(values):6.3f} [{min(values):.3f}-{max(values):.3f}]"
+def fmt(values, digits=3):
+    return f"{statistics.median(values):6.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
 
 
 def report(dtype, total, runs, hwm, names):
@@ -275,6 +305,9 @@ def report(dtype, total, runs, hwm, names):
         print(f"{name:8} {fmt(server):>22} {fmt(engine):>22} {fmt(streaming):>22} {fmt(client):>22} "
               f"{statistics.median(server) / sock_send:11.2f} {statistics.median(streaming) / sock_send:11.2f} "
               f"{statistics.median(client) / sock_recv:11.2f} {statistics.median(client) / discard_client:14.2f}")
+    print("minor page faults per MB streamed (median [min-max]): the whole server (engine included), the client")
+    for name in names:
+        print(f"{name:8} server {fmt([r[3] for r in runs[name]], 1)}   client {fmt([r[4] for r in runs[name]], 1)}")
 
 
 def main():
