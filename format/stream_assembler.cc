@@ -49,8 +49,8 @@ StreamAssembler::~StreamAssembler() = default;
 
 absl::Status StreamAssembler::EndOfStream() const {
   if (trailer_) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat("the stream ended without a trailer (", tensors_complete(), " of ",
-                                          tensors_total(), " tensors complete)"));
+  return absl::DataLossError(absl::StrCat("the stream ended without a trailer (", current_, " of ",
+                                          tensors_.size(), " tensors complete)"));
 }
 
 absl::Status StreamAssembler::Consume(const v1::ExtractResponse& response) {

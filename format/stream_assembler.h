@@ -96,9 +96,6 @@ class StreamAssembler {
   // The assembled sample (its states as received pieces in kKeepReceived
   // mode, without them in kVerifyOnly mode); call once, after complete().
   EncodedSample Take() { return std::move(sample_); }
-  // The N and M of EndOfStream's message.
-  size_t tensors_complete() const { return current_; }
-  size_t tensors_total() const { return tensors_.size(); }
 
  private:
   absl::Status Dispatch(const v1::ExtractResponse& response);
