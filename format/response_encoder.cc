@@ -59,9 +59,15 @@ absl::Status AllZero(int id) { return absl::InternalError(absl::StrCat("capture 
 // f32 -> fp32: the conversion is the identity), and their owner keeps no
 // more than the rows sent (so holding it is the bound docs/api.md states).
 bool SendInPlace(const SampleView& view, OutputDType dtype) {
-  const bool identity = (view.type == ElementType::kBf16 && dtype == OutputDType::kBf16) ||
-                        (view.type == ElementType::kF32 && dtype == OutputDType::kFp32);
-  return identity && view.owner != nullptr && view.held_bytes == view.view_bytes();
+  return SentAsIs(view.type, dtype) && view.owner != nullptr && view.held_bytes == view.view_bytes();
+}
+
+// The capture copy's findings for these rows, when it checked and hashed them
+// as `options` asks.
+const std::vector<TensorEncoding>* CheckedInCopy(const SampleView& view, const EncoderOptions& options) {
+  const bool usable = view.checked.has_value() && view.checked->check == RowCheck{options.dtype, options.checksum} &&
+                      static_cast<int>(view.checked->tensors.size()) == view.num_tensors();
+  return usable ? &view.checked->tensors : nullptr;
 }
 
 }  // namespace
@@ -89,9 +95,12 @@ absl::Status ResponseEncoder::EncodeAll(const SampleView& view, const Allocator&
 }
 
 absl::Status ResponseEncoder::CheckInPlace(const SampleView& view, const std::vector<const void*>& sources) {
+  const std::vector<TensorEncoding>* checked = CheckedInCopy(view, options_);
   for (size_t k = 0; k < sources.size(); ++k) {
     const int id = capture_id(static_cast<int>(k));
-    const TensorEncoding e = CheckTensor(sources[k], tokens_ * hidden_, options_.dtype, options_.checksum);
+    const TensorEncoding e = checked != nullptr ? (*checked)[k]
+                                                : CheckTensor(sources[k], tokens_ * hidden_, options_.dtype,
+                                                              options_.checksum);
     if (e.bad_index >= 0) return BadValue(id, e.bad_index, hidden_, e.bad_value);
     if (!e.nonzero) return AllZero(id);
     checksums_.push_back(e.checksum);

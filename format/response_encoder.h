@@ -16,7 +16,10 @@
 // and the view's owner holds only them (the engine's per-sample buffer), the
 // conversion would be a copy: the rows are checked and hashed where they are
 // (CheckTensor, one read-only pass) and sent from there, and the encoder keeps
-// the view's owner instead of a buffer of its own. Next() then only frames: a
+// the view's owner instead of a buffer of its own. Where the engine's capture
+// copy already checked and hashed them as this request asks (the CPU backend:
+// SampleView::checked), its findings stand for that pass and the rows are not
+// read at all before the socket sends them. Next() then only frames: a
 // Chunk is a few bytes of hand-encoded protobuf framing plus a slice aliasing
 // its rows (response_framing.h), so the bytes the socket sends are never
 // copied again. The memory returns to its pool when the encoder and the last

@@ -14,12 +14,23 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "format/sample_states.h"
+#include "format/tensor_encoding.h"
 #include "kernels/backend.h"
 
 namespace hsx {
+
+// What the engine's capture copy found while it wrote a sample's rows (the
+// CPU backend, Model::Run): per tensor of the view, the checks and checksum
+// CheckTensor would give for `check`, so that a consumer
+// sending the rows as they are need not read them once more.
+struct CheckedRows {
+  RowCheck check;
+  std::vector<TensorEncoding> tensors;  // layers, then the final norm
+};
 
 struct SampleView {
   std::vector<int> capture_ids;  // ascending
@@ -30,6 +41,7 @@ struct SampleView {
   const void* final_norm = nullptr;     // [tokens, hidden], or null
   std::shared_ptr<const void> owner;    // keeps the rows alive
   int64_t held_bytes = 0;               // the memory `owner` keeps alive
+  std::optional<CheckedRows> checked;   // when the capture copy checked the rows
 
   int64_t row_bytes() const { return hidden * static_cast<int64_t>(ElementSize(type)); }
   int num_tensors() const { return static_cast<int>(layers.size()) + (final_norm != nullptr ? 1 : 0); }

@@ -179,31 +179,46 @@ int64_t CheckEncoded(const void* bytes, int64_t count, OutputDType dtype, bool* 
   return -1;
 }
 
-TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype, ChecksumKind checksum) {
-  TensorEncoding result;
-  TensorHash hash(checksum);
-  const int64_t size = OutputDTypeSize(dtype);
-  uint32_t nonzero = 0;
-  for (int64_t begin = 0; begin < count; begin += kEncodeBlock) {
+TensorChecker::TensorChecker(OutputDType dtype, ChecksumKind checksum) : dtype_(dtype), hash_(checksum) {}
+
+void TensorChecker::Update(const void* values, int64_t count) {
+  const int64_t size = OutputDTypeSize(dtype_);
+  for (int64_t begin = 0; begin < count && bad_index_ < 0; begin += kEncodeBlock) {
     const int64_t n = std::min(kEncodeBlock, count - begin);
-    const char* block = static_cast<const char*>(src) + begin * size;
-    const uint32_t bad = dtype == OutputDType::kFp32
-                             ? CheckFloatBits(reinterpret_cast<const unsigned char*>(block), n, &nonzero)
-                             : CheckHalfBits(reinterpret_cast<const unsigned char*>(block), n, 0x7f80u, &nonzero);
+    const auto* block = static_cast<const unsigned char*>(values) + begin * size;
+    const uint32_t bad = dtype_ == OutputDType::kFp32 ? CheckFloatBits(block, n, &nonzero_)
+                                                      : CheckHalfBits(block, n, 0x7f80u, &nonzero_);
     if (bad) {  // rare: locate the value, the stream fails
       bool ignored = false;
-      result.bad_index = begin + CheckEncoded(block, n, dtype, &ignored);
-      uint32_t u = dtype == OutputDType::kFp32
-                       ? reinterpret_cast<const uint32_t*>(src)[result.bad_index]
-                       : static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(src)[result.bad_index]) << 16;
-      std::memcpy(&result.bad_value, &u, sizeof(u));
+      const int64_t i = CheckEncoded(block, n, dtype_, &ignored);
+      const uint32_t u = dtype_ == OutputDType::kFp32 ? Load32(block + 4 * i) : uint32_t{Load16(block + 2 * i)} << 16;
+      bad_index_ = fed_ + begin + i;
+      std::memcpy(&bad_value_, &u, sizeof(u));
       break;
     }
-    hash.Update(block, n * size);
+    hash_.Update(block, n * size);
   }
-  result.nonzero = nonzero != 0;
-  result.checksum = hash.Digest();
+  fed_ += count;
+}
+
+TensorEncoding TensorChecker::Finish() const {
+  TensorEncoding result;
+  result.nonzero = nonzero_ != 0;
+  result.bad_index = bad_index_;
+  result.bad_value = bad_value_;
+  result.checksum = hash_.Digest();
   return result;
+}
+
+bool SentAsIs(ElementType type, OutputDType dtype) {
+  return (type == ElementType::kBf16 && dtype == OutputDType::kBf16) ||
+         (type == ElementType::kF32 && dtype == OutputDType::kFp32);
+}
+
+TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype, ChecksumKind checksum) {
+  TensorChecker checker(dtype, checksum);
+  checker.Update(src, count);
+  return checker.Finish();
 }
 
 TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst,

@@ -41,6 +41,45 @@ TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, Ou
 TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype,
                            ChecksumKind checksum = ChecksumKind::kXxh64);
 
+// How rows are checked and hashed before they are sent as they are:
+// CheckTensor's `dtype` and `checksum`.
+struct RowCheck {
+  OutputDType dtype = OutputDType::kBf16;
+  ChecksumKind checksum = ChecksumKind::kXxh64;
+  bool operator==(const RowCheck&) const = default;
+};
+
+// CheckTensor fed piece by piece: the values of one tensor in order, in any
+// number of pieces, give what CheckTensor gives over all of them at once. The
+// CPU engine's capture copy feeds each piece of rows it has just written, so
+// the check and the hash read them from cache (Model::Run).
+class TensorChecker {
+ public:
+  // `dtype` as for CheckTensor (kBf16 or kFp32).
+  TensorChecker(OutputDType dtype, ChecksumKind checksum);
+  explicit TensorChecker(const RowCheck& check) : TensorChecker(check.dtype, check.checksum) {}
+  TensorChecker(const TensorChecker&) = delete;
+  TensorChecker& operator=(const TensorChecker&) = delete;
+
+  // The next `count` values. After a bad value the rest is skipped.
+  void Update(const void* values, int64_t count);
+  // Of every value fed so far (bad_index counts from the first).
+  TensorEncoding Finish() const;
+
+ private:
+  OutputDType dtype_;
+  TensorHash hash_;
+  int64_t fed_ = 0;
+  uint32_t nonzero_ = 0;
+  int64_t bad_index_ = -1;
+  float bad_value_ = 0;
+};
+
+// True when rows of activation type `type` are already in `dtype` (bf16 rows
+// for kBf16, float32 rows for kFp32): sending them is a copy at most, and
+// CheckTensor / TensorChecker check them.
+bool SentAsIs(ElementType type, OutputDType dtype);
+
 // The receiving side's check of values already encoded: the index of the
 // first of `count` values at `bytes` (little-endian `dtype`) that is not
 // finite in its own dtype (all exponent bits set), or -1. ORs into *nonzero

@@ -225,6 +225,9 @@ class Backend {
   // Synchronize() returns, or the fence of the next FenceCopies() completes;
   // on CUDA it must lie in a HostBuffer of this backend.
   virtual void CopyToHost(const Matrix& src, void* dst) = 0;
+  // True when CopyToHost has written `dst` by the time it returns (the CPU
+  // backend): the caller may read the rows at once, while they are in cache.
+  virtual bool copies_land_on_return() const { return false; }
   // Enqueues a copy of host rows (packed, dst.cols elements of dst's type per
   // row) into `dst`. `src` must stay valid until the next Synchronize().
   virtual void CopyFromHost(const void* src, const Matrix& dst) = 0;

@@ -30,6 +30,9 @@ class ForwardingBackend : public Backend {
     return inner_->AllocateHost(bytes);
   }
   void CopyToHost(const Matrix& src, void* dst) override { inner_->CopyToHost(src, dst); }
+  // copies_land_on_return() is not forwarded either: a decorator may change
+  // when its copies land (one in tests/unit/engine_test.cc defers them), so
+  // its callers read the rows only after the fence.
   void CopyFromHost(const void* src, const Matrix& dst) override { inner_->CopyFromHost(src, dst); }
   absl::Status Synchronize() override { return inner_->Synchronize(); }
   // FenceCopies() is not forwarded: the default calls this->Synchronize(), so

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
+#include "format/tensor_encoding.h"
 #include "kernels/bf16.h"
 
 namespace hsx {
@@ -18,6 +19,10 @@ namespace {
 // Idle capture buffers the model keeps at least (more when a batch's captures
 // add up to more: HostBufferPool::RaiseIdleCap).
 constexpr size_t kIdleCaptureBytes = size_t{1} << 30;
+
+// Rows the capture copy writes before it checks them (Model::CopyChecked):
+// few enough to be read back from L2, enough that each copy call is worth it.
+constexpr int64_t kCheckedCopyBytes = int64_t{128} << 10;
 
 // HF's yarn_get_mscale.
 double YarnMscale(double scale, double mscale) {
@@ -77,9 +82,13 @@ void DecodeRow(ElementType type, const char* row, int64_t n, float* dst) {
 
 }  // namespace
 
-void Batch::AddSample(const std::vector<int32_t>& sample) {
+void Batch::AddSample(const std::vector<int32_t>& sample, std::optional<RowCheck> check) {
   tokens.insert(tokens.end(), sample.begin(), sample.end());
   cu_seqlens.push_back(static_cast<int64_t>(tokens.size()));
+  if (check.has_value() || !row_checks.empty()) {
+    row_checks.resize(num_samples() - 1);  // the earlier samples asked for none
+    row_checks.push_back(check);
+  }
 }
 
 float Model::SoftmaxScale(const ModelConfig& c) {
@@ -126,6 +135,7 @@ Captures& Captures::operator=(Captures&& other) noexcept {
   cu_seqlens = std::move(other.cu_seqlens);
   samples = std::move(other.samples);
   copies = std::move(other.copies);
+  checked = std::move(other.checked);
   return *this;
 }
 
@@ -305,6 +315,32 @@ absl::Status Model::RunLayer(const LayerWeights& layer, const StagedBatch& batch
   return absl::OkStatus();
 }
 
+std::vector<std::optional<CheckedRows>> Model::PlanRowChecks(const Batch& batch, ElementType type,
+                                                             size_t tensors) const {
+  std::vector<std::optional<CheckedRows>> checked(batch.num_samples());
+  if (!backend_.copies_land_on_return()) return checked;  // the consumer checks them after the fence
+  for (size_t s = 0; s < batch.row_checks.size() && s < checked.size(); ++s) {
+    const std::optional<RowCheck>& check = batch.row_checks[s];
+    if (check.has_value() && SentAsIs(type, check->dtype)) {
+      checked[s] = CheckedRows{*check, std::vector<TensorEncoding>(tensors)};
+    }
+  }
+  return checked;
+}
+
+TensorEncoding Model::CopyChecked(const Matrix& rows, const RowCheck& check, void* dst) {
+  TensorChecker checker(check);
+  const int64_t row_bytes = rows.cols * static_cast<int64_t>(ElementSize(rows.type));
+  const int64_t step = std::max<int64_t>(1, kCheckedCopyBytes / row_bytes);
+  for (int64_t r = 0; r < rows.rows; r += step) {
+    const int64_t n = std::min(step, rows.rows - r);
+    char* out = static_cast<char*>(dst) + r * row_bytes;
+    backend_.CopyToHost(rows.Rows(r, n), out);
+    checker.Update(out, n * rows.cols);
+  }
+  return checker.Finish();
+}
+
 absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& capture) {
   HSX_RETURN_IF_ERROR(CheckBatch(batch));
   scratch_.clear();
@@ -335,11 +371,18 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
       result.samples.push_back(std::move(buffer));
     }
   }
-  // Copies m's rows of every sample into tensor k of that sample's buffer.
+  const size_t tensors = capture.ids().size() + (capture.final_norm() ? 1 : 0);
+  if (captures_here) result.checked = PlanRowChecks(batch, result.type, tensors);
+  // Copies m's rows of every sample into tensor k of that sample's buffer,
+  // checked on the way where the batch asked for it.
   auto copy_out = [&](const Matrix& m, size_t k) {
     for (int64_t s = 0; s < result.num_samples(); ++s) {
-      const int64_t begin = batch.cu_seqlens[s];
-      backend_.CopyToHost(m.Rows(begin, batch.cu_seqlens[s + 1] - begin), result.Tensor(s, k));
+      const Matrix rows = m.Rows(batch.cu_seqlens[s], batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]);
+      if (result.checked[s].has_value()) {
+        result.checked[s]->tensors[k] = CopyChecked(rows, result.checked[s]->check, result.Tensor(s, k));
+      } else {
+        backend_.CopyToHost(rows, result.Tensor(s, k));
+      }
     }
   };
   const int64_t last_layer = capture.final_norm() ? c.num_hidden_layers : (capture.ids().empty() ? 0 : capture.ids().back());

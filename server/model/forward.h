@@ -12,12 +12,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "format/capture_spec.h"
+#include "format/sample_view.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "server/model/config.h"
@@ -36,8 +38,13 @@ inline absl::StatusOr<CaptureSpec> ParseCaptureSpec(const std::string& text, con
 struct Batch {
   std::vector<int32_t> tokens;
   std::vector<int64_t> cu_seqlens = {0};
+  // Per sample (or empty: none): how its consumer will check and hash its
+  // rows when it sends them as they are (SentAsIs). A backend whose copies
+  // land on return (the CPU) has the capture copy do it, while the rows it
+  // has just written are in cache: Captures::checked.
+  std::vector<std::optional<RowCheck>> row_checks;
 
-  void AddSample(const std::vector<int32_t>& sample);
+  void AddSample(const std::vector<int32_t>& sample, std::optional<RowCheck> check = std::nullopt);
   int64_t num_samples() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
 };
 
@@ -70,6 +77,9 @@ struct Captures {
   std::vector<int64_t> cu_seqlens = {0};           // the batch's samples
   std::vector<std::unique_ptr<HostBuffer>> samples;  // per sample, as above
   std::shared_ptr<CopyFence> copies;                 // their end (null: nothing to wait for)
+  // Per sample (or empty): what the capture copy found for the sample's
+  // tensors, when it checked them as Batch::row_checks asked.
+  std::vector<std::optional<CheckedRows>> checked;
 
   int64_t num_samples() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
   // Tensor k (index into ids, or ids.size() for the final norm) of sample s: [T_s, hidden].
@@ -119,6 +129,13 @@ class Model {
   absl::Status RunMlp(const MlpWeights& mlp, const Matrix& x, const Matrix& out);
   absl::Status RunMoe(const LayerWeights& layer, const Matrix& x, const Matrix& out);
   absl::Status Embed(const StagedBatch& batch, const Matrix& h);
+  // Per sample of `batch`: the CheckedRows its capture copy fills (one slot
+  // per tensor), where the batch asked for a check of rows of `type` sent as
+  // they are and this backend's copies land on return; else none.
+  std::vector<std::optional<CheckedRows>> PlanRowChecks(const Batch& batch, ElementType type, size_t tensors) const;
+  // CopyToHost of `rows` into `dst` a piece at a time, each piece checked
+  // and hashed (TensorChecker) right after it is written, from cache.
+  TensorEncoding CopyChecked(const Matrix& rows, const RowCheck& check, void* dst);
   // True when this model is one rank of several: split blocks end in partial sums.
   bool split() const;
   // Where a split block writes its partial sum for `out`: `out` itself when

@@ -193,7 +193,7 @@ void Batcher::RunBatch(std::vector<WorkItem> items) {
   Batch batch;
   std::vector<const CaptureSpec*> specs;
   for (const WorkItem& item : items) {
-    batch.AddSample(item.tokens);
+    batch.AddSample(item.tokens, item.row_check);
     specs.push_back(&item.capture);
   }
   const CaptureSpec capture = UnionCapture(specs);

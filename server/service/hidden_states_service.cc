@@ -219,6 +219,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Accept(grpc::Ca
   WorkItem item;
   item.tokens = std::move(tokens);
   item.capture = valid->capture;
+  item.row_check = RowCheck{valid->dtype, valid->checksum};  // what ResponseEncoder::CheckInPlace runs
   item.abandoned = [reactor] { return reactor->Abandoned(); };
   item.deliver = [this, reactor](absl::StatusOr<SampleView> view) {
     reactor->Deliver(std::move(view));

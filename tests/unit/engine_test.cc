@@ -10,11 +10,13 @@
 #include <cstring>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "format/tensor_encoding.h"
 #include "kernels/cpu/in_process_communicator.h"
 #include "kernels/device_lost.h"
 #include "kernels/forwarding_backend.h"
@@ -575,6 +577,64 @@ TEST_F(EngineTest, CapturesCopiedAfterRunReturnsAreWaitedForBeforeDelivery) {
   const std::vector<SampleStates> a = SplitBySample(*waited, batch.cu_seqlens);
   const std::vector<SampleStates> b = SplitBySample(*reference, batch.cu_seqlens);
   for (size_t s = 0; s < a.size(); ++s) EXPECT_EQ(a[s].hidden_states, b[s].hidden_states) << "sample " << s;
+}
+
+// Where copies land on return (the CPU backend), the capture copy checks and
+// hashes each sample's rows as their consumer asked (Batch::row_checks):
+// exactly what CheckTensor gives over the rows in the buffer, tensor by
+// tensor, for every sample that asked for a check of rows sent as they are,
+// and nothing for the others; rank 0 does it with tensor parallelism too. A
+// backend whose copies land later (LateCopyBackend) leaves it to the consumer.
+TEST_F(EngineTest, TheCaptureCopyChecksTheRowsAsTheirConsumerAsked) {
+  const int64_t hidden = checkpoint_->config().hidden_size;
+  // Sample 3 is long enough that its copy is checked in several pieces and a partial one.
+  const int64_t long_sample = 5 * (int64_t{128} << 10) / (hidden * 2) / 2 + 3;
+  std::vector<int32_t> long_tokens(long_sample);
+  for (int64_t t = 0; t < long_sample; ++t) long_tokens[t] = static_cast<int32_t>(1 + t % 50);
+  for (const Precision precision : {Precision::kBf16, Precision::kFp32}) {
+    const OutputDType as_is = precision == Precision::kBf16 ? OutputDType::kBf16 : OutputDType::kFp32;
+    const std::vector<std::optional<RowCheck>> checks = {RowCheck{as_is, ChecksumKind::kXxh3}, std::nullopt,
+                                                         RowCheck{OutputDType::kFp16, ChecksumKind::kXxh64},
+                                                         RowCheck{as_is, ChecksumKind::kXxh64}};
+    Batch batch;
+    batch.AddSample({1, 2, 3, 4, 5, 6, 7}, checks[0]);
+    batch.AddSample({9, 8, 7}, checks[1]);
+    batch.AddSample({4, 4, 4}, checks[2]);
+    batch.AddSample(long_tokens, checks[3]);
+    for (const bool late : {false, true}) {
+      for (const int tp : {1, 2}) {
+        if (late && tp == 2) continue;
+        SCOPED_TRACE(::testing::Message() << (precision == Precision::kBf16 ? "bf16" : "fp32") << " tp " << tp
+                                        << (late ? " late copies" : ""));
+        LateCopies how;
+        EngineOptions options{.tp = tp, .precision = precision, .threads = tp};
+        if (late) options.factory = std::make_shared<LateCopyFactory>(&how);
+        absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);
+        ASSERT_TRUE(engine.ok()) << engine.status();
+        for (const CaptureSpec& spec : {AllLayers(), *CaptureSpec::Make({0}, false, 3)}) {
+          absl::StatusOr<Captures> captures = (*engine)->Run(batch, spec);
+          ASSERT_TRUE(captures.ok()) << captures.status();
+          ASSERT_EQ(captures->checked.size(), 4u);
+          const size_t tensors = spec.ids().size() + (spec.final_norm() ? 1 : 0);
+          for (int64_t s = 0; s < 4; ++s) {
+            const bool want = !late && checks[s].has_value() && checks[s]->dtype == as_is;
+            ASSERT_EQ(captures->checked[s].has_value(), want) << "sample " << s;
+            if (!want) continue;
+            EXPECT_EQ(captures->checked[s]->check, *checks[s]);
+            ASSERT_EQ(captures->checked[s]->tensors.size(), tensors);
+            const int64_t count = (batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]) * hidden;
+            for (size_t k = 0; k < tensors; ++k) {
+              const TensorEncoding got = captures->checked[s]->tensors[k];
+              const TensorEncoding wanted = CheckTensor(captures->Tensor(s, k), count, as_is, checks[s]->checksum);
+              EXPECT_EQ(got.checksum, wanted.checksum) << "sample " << s << " tensor " << k;
+              EXPECT_EQ(got.bad_index, -1) << "sample " << s << " tensor " << k;
+              EXPECT_TRUE(got.nonzero) << "sample " << s << " tensor " << k;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 // A copy that fails because its device was lost, seen only when the batcher

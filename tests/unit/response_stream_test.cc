@@ -181,6 +181,47 @@ TEST(TensorEncodingTest, CheckTensorIsTheIdentityEncodingWithoutTheCopy) {
   }
 }
 
+// The capture copy feeds a tensor's rows piece by piece: any cut gives what
+// one pass gives, and a bad value is counted from the tensor's first.
+TEST(TensorCheckerTest, PiecesGiveWhatOnePassGives) {
+  const std::vector<float> wide = TrickyValues(3 * 4096 + 5, 9);
+  std::vector<uint16_t> bf16(wide.size());
+  for (size_t i = 0; i < wide.size(); ++i) bf16[i] = FloatToBf16(wide[i]);
+  const int64_t n = static_cast<int64_t>(wide.size());
+  std::mt19937 rng(3);
+  for (const ChecksumKind kind : {ChecksumKind::kXxh64, ChecksumKind::kXxh3}) {
+    for (const int64_t bad_at : {int64_t{-1}, int64_t{2 * 4096 + 17}}) {
+      std::vector<uint16_t> b = bf16;
+      std::vector<float> f = wide;
+      if (bad_at >= 0) {
+        b[bad_at] = 0x7fc1;  // NaN
+        f[bad_at + 1] = -std::numeric_limits<float>::infinity();
+      }
+      const TensorEncoding want_b = CheckTensor(b.data(), n, OutputDType::kBf16, kind);
+      const TensorEncoding want_f = CheckTensor(f.data(), n, OutputDType::kFp32, kind);
+      for (int trial = 0; trial < 6; ++trial) {
+        SCOPED_TRACE(::testing::Message() << ChecksumKindName(kind) << " bad at " << bad_at << " trial " << trial);
+        TensorChecker checker_b(OutputDType::kBf16, kind);
+        TensorChecker checker_f(RowCheck{OutputDType::kFp32, kind});
+        for (int64_t at = 0; at < n;) {  // pieces of 1 value to a few blocks, some not a block's multiple
+          const int64_t piece = std::min<int64_t>(n - at, trial == 0 ? 1 : 1 + rng() % (trial * 3000));
+          checker_b.Update(b.data() + at, piece);
+          checker_f.Update(f.data() + at, piece);
+          at += piece;
+        }
+        for (auto [want, got] : {std::pair{want_b, checker_b.Finish()}, std::pair{want_f, checker_f.Finish()}}) {
+          EXPECT_EQ(got.bad_index, want.bad_index);
+          EXPECT_EQ(got.nonzero, want.nonzero);
+          if (want.bad_index < 0) EXPECT_EQ(got.checksum, want.checksum);
+        }
+      }
+      EXPECT_EQ(want_b.bad_index, bad_at);
+      EXPECT_EQ(want_f.bad_index, bad_at < 0 ? -1 : bad_at + 1);
+      if (bad_at >= 0) EXPECT_EQ(want_f.bad_value, -std::numeric_limits<float>::infinity());
+    }
+  }
+}
+
 TEST(ResponseFramingTest, ChunkBytesAreTheGeneratedSerialization) {
   const std::string data(100000, '\x5a');
   for (int32_t capture_id : {0, 3, 61, -1}) {
@@ -442,6 +483,58 @@ TEST(ResponseEncoderTest, RowsInPlaceAreCheckedAsWhenCopied) {
   EXPECT_NE(encoder.status().message().find("capture id 2: every value is zero"), std::string::npos);
 }
 
+// What the capture copy found (SampleView::checked) stands for the encoder's
+// own pass when it was made for the request's dtype and checksum, and only then.
+TEST(ResponseEncoderTest, TheCaptureCopysFindingsAreUsedWhenTheyAnswerTheRequest) {
+  const int64_t tokens = 6, hidden = 16;
+  FakeSample floats = MakeSample({1, 4}, true, tokens, hidden);
+  std::weak_ptr<std::vector<uint16_t>> watch;
+  EncoderOptions options;
+  options.checksum = ChecksumKind::kXxh3;
+  auto trailer_of = [&](SampleView view) -> absl::StatusOr<v1::Trailer> {
+    auto encoder = ResponseEncoder::Create(std::move(view), options, HostBufferPool::HeapAllocator());
+    if (!encoder.ok()) return encoder.status();
+    return Drain(**encoder).back().trailer();
+  };
+  const absl::StatusOr<v1::Trailer> own = trailer_of(Bf16View(floats, &watch));
+  ASSERT_TRUE(own.ok()) << own.status();
+  // Findings that differ from the rows (a checksum off by one) show which pass was used.
+  CheckedRows found{RowCheck{OutputDType::kBf16, ChecksumKind::kXxh3}, {}};
+  for (int k = 0; k < 3; ++k) {
+    TensorEncoding e;
+    e.nonzero = true;
+    e.checksum = own->checksums(k).xxh3_64() + 1;
+    found.tensors.push_back(e);
+  }
+  SampleView view = Bf16View(floats, &watch);
+  view.checked = found;
+  const absl::StatusOr<v1::Trailer> used = trailer_of(view);
+  ASSERT_TRUE(used.ok()) << used.status();
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(used->checksums(k).xxh3_64(), own->checksums(k).xxh3_64() + 1) << k;
+  // Made for another checksum, another dtype, or other tensors: the encoder reads the rows itself.
+  for (int change = 0; change < 3; ++change) {
+    view = Bf16View(floats, &watch);
+    view.checked = found;
+    if (change == 0) view.checked->check.checksum = ChecksumKind::kXxh64;
+    if (change == 1) view.checked->check.dtype = OutputDType::kFp32;
+    if (change == 2) view.checked->tensors.pop_back();
+    const absl::StatusOr<v1::Trailer> ignored = trailer_of(view);
+    ASSERT_TRUE(ignored.ok()) << ignored.status();
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(ignored->checksums(k).xxh3_64(), own->checksums(k).xxh3_64()) << change;
+  }
+  // A bad value or all zeros the copy found fail the sample as the encoder's own check would.
+  view = Bf16View(floats, &watch);
+  view.checked = found;
+  view.checked->tensors[1].bad_index = 2 * hidden + 3;
+  view.checked->tensors[1].bad_value = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_NE(trailer_of(view).status().message().find("capture id 4: value nan at row 2, column 3 is not finite"),
+            std::string::npos);
+  view = Bf16View(floats, &watch);
+  view.checked = found;
+  view.checked->tensors[2].nonzero = false;
+  EXPECT_NE(trailer_of(view).status().message().find("capture id -1: every value is zero"), std::string::npos);
+}
+
 // A host buffer that records its release.
 class WatchedBuffer : public HostBuffer {
  public:
@@ -487,6 +580,35 @@ TEST(CaptureViewsTest, EachSampleOwnsItsBufferAlone) {
   EXPECT_EQ(released, 1) << "a sample's buffer must go back as soon as its view does";
   SampleView subset = SelectCaptures(std::move(views[0]), *CaptureSpec::Make({2}, false, 2));
   EXPECT_EQ(subset.view_bytes() * 3, subset.held_bytes) << "a subset still holds the whole sample";
+}
+
+// The capture copy's findings follow the tensors a request keeps.
+TEST(CaptureViewsTest, TheCopysFindingsAreSelectedWithTheirTensors) {
+  SampleView view;
+  view.capture_ids = {0, 2, 5};
+  view.tokens = 1;
+  view.hidden = 1;
+  static const float rows[4] = {1, 2, 3, 4};
+  view.layers = {&rows[0], &rows[1], &rows[2]};
+  view.final_norm = &rows[3];
+  view.checked = CheckedRows{};
+  for (uint64_t k = 0; k < 4; ++k) view.checked->tensors.push_back(TensorEncoding{.checksum = 100 + k});
+  struct Case {
+    std::vector<int> ids;
+    bool final_norm;
+    std::vector<uint64_t> want;
+  };
+  for (const Case& c : {Case{{0, 2, 5}, true, {100, 101, 102, 103}}, Case{{0, 2, 5}, false, {100, 101, 102}},
+                        Case{{5}, true, {102, 103}}, Case{{0, 5}, false, {100, 102}}}) {
+    SampleView subset = SelectCaptures(view, *CaptureSpec::Make(c.ids, c.final_norm, 5));
+    ASSERT_TRUE(subset.checked.has_value());
+    std::vector<uint64_t> got;
+    for (const TensorEncoding& e : subset.checked->tensors) got.push_back(e.checksum);
+    EXPECT_EQ(got, c.want) << c.ids.size() << " ids, final norm " << c.final_norm;
+    EXPECT_EQ(static_cast<int>(got.size()), subset.num_tensors());
+  }
+  view.checked->tensors.pop_back();  // findings that do not match the view are dropped, not misassigned
+  EXPECT_FALSE(SelectCaptures(view, *CaptureSpec::Make({2}, true, 5)).checked.has_value());
 }
 
 // The same bytes, cut into slices of 1..`most` bytes (as a transport may deliver them).
