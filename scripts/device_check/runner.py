@@ -233,6 +233,236 @@ class GpuForward(Step):
         return {"status": "pass", "summary": summarize_forward(result), "result": result}
 
 
+# A loopback TCP pair moving the same bytes as the service: the baseline of StreamCost. Each side
+# prints its CPU seconds around the transfer alone (getrusage), and the receiver the bytes.
+SOCKET_RECEIVER = """
+import resource, socket, sys
+def cpu():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(1)
+print(listener.getsockname()[1], flush=True)
+conn, _ = listener.accept()
+view = memoryview(bytearray(1 << 20))
+start, received = cpu(), 0
+while True:
+    n = conn.recv_into(view)
+    if not n:
+        break
+    received += n
+print(received, cpu() - start, flush=True)
+"""
+SOCKET_SENDER = """
+import resource, socket, sys
+def cpu():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+port, total = int(sys.argv[1]), int(sys.argv[2])
+conn = socket.create_connection(("127.0.0.1", port))
+block = bytes(1 << 20)
+start, sent = cpu(), 0
+while sent < total:
+    n = min(len(block), total - sent)
+    conn.sendall(block[:n] if n < len(block) else block)
+    sent += n
+conn.close()
+print(sent, cpu() - start, flush=True)
+"""
+
+
+def process_cpu_s(pid, engine_only=False):
+    """utime + stime of a live process (/proc/PID/stat), or of its threads named hsx-engine*."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    paths = glob.glob("/proc/%d/task/*/stat" % pid) if engine_only else ["/proc/%d/stat" % pid]
+    total = 0
+    for path in paths:
+        try:
+            with open(path) as f:
+                text = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that just ended (engine threads stay)
+        name, rest = text.split("(", 1)[1].rsplit(")", 1)
+        if engine_only and not name.startswith("hsx-engine"):
+            continue
+        fields = rest.split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
+    return total / ticks
+
+
+class StepEnded(Exception):
+    """Raised inside a step to end it with this result (a failure or timeout, said)."""
+
+    def __init__(self, status, summary):
+        super().__init__(summary)
+        self.result = {"status": status, "summary": summary}
+
+
+class StreamCost(Step):
+    """Issue 13 where the engine runs on the device: bench/stream_cost.py's set-up (a model of
+    hidden 7168 and vocabulary 32000 with --capture 0, so no decoder layer runs; 64 samples of
+    512-2048 tokens; bf16; hsx-dump --discard --concurrency 4) served by hsx-server --device DEVICE,
+    a warm-up pass and then `passes` measured ones: the server's CPU-ns per streamed byte (the
+    whole process, its hsx-engine* threads, the rest: the streaming path) and hsx-dump's, from the
+    processes' own accounting, next to a loopback socket sender and receiver moving the same bytes
+    once. Medians over the passes."""
+
+    binaries = ("hsx-make-model", "hsx-server", "hsx-dump")
+    timeout_s = 150
+    reserve_s = 45
+
+    def __init__(self, device="cuda", hidden=7168, vocab=32000, samples=64, lengths=(512, 2048), passes=3):
+        super().__init__("stream_cost", "issue 13 with --device %s: hsx-server -> hsx-dump --discard, CPU-ns per"
+                         " streamed byte of the server (whole, engine threads, streaming) and the client, against"
+                         " a loopback socket pair" % device)
+        self.needs_gpu = device == "cuda"
+        self.device = device
+        self.config = {"hidden_size": hidden, "vocab_size": vocab, "n_routed_experts": 0, "num_hidden_layers": 1,
+                       "intermediate_size": 32, "num_attention_heads": 1, "num_key_value_heads": 1,
+                       "q_lora_rank": 64, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                       "v_head_dim": 16, "first_k_dense_replace": 1}
+        self.samples = samples
+        self.lengths = lengths
+        self.passes = passes
+
+    def run(self, ctx):
+        try:
+            return self.measure(ctx)
+        except StepEnded as ended:
+            return ended.result
+
+    def measure(self, ctx):
+        model, samples = self.prepare(ctx)
+        server_log = os.path.join(ctx.work_dir, "stream-server.log")
+        with open(server_log, "w") as log:
+            server = subprocess.Popen(
+                [ctx.binary("hsx-server"), "--model", model, "--device", self.device, "--listen", "127.0.0.1:0",
+                 "--capture", "0", "--max-batch-tokens", "8192"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=ctx.env, cwd=ctx.work_dir,
+                start_new_session=True)
+        try:
+            address = wait_for_server(server, server_log, min(90, ctx.remaining_s() - 10))
+            runs = [self.dump_pass(ctx, server.pid, address, samples, i) for i in range(self.passes + 1)][1:]
+        finally:
+            kill_group(server)
+            with open(server_log) as f:
+                ctx.log.write("\n[hsx-server's log]\n" + f.read()[-LOG_TAIL_BYTES:])
+        nbytes = runs[0]["bytes"]
+        sender, receiver = socket_baseline(ctx, nbytes)
+        return summarize_stream_cost(runs, sender, receiver, self.device)
+
+    def prepare(self, ctx):
+        """The model and the samples in the work folder: (model, samples)."""
+        tiny = os.path.join(ctx.work_dir, "stream-tiny")
+        model = os.path.join(ctx.work_dir, "stream-wide")
+        config_path = os.path.join(ctx.work_dir, "stream-wide.json")
+        outcome = ctx.execute([ctx.binary("hsx-make-model"), "--preset", "tiny", "--out", tiny], 60)
+        if outcome.rc != 0 or outcome.timed_out:
+            raise StepEnded("fail", "hsx-make-model --preset tiny exited %s" % outcome.rc)
+        with open(os.path.join(tiny, "config.json")) as f:
+            config = json.load(f)
+        config.update(self.config)
+        with open(config_path, "w") as f:
+            json.dump(config, f)
+        outcome = ctx.execute([ctx.binary("hsx-make-model"), "--config", config_path, "--out", model], 90)
+        if outcome.rc != 0 or outcome.timed_out:
+            raise StepEnded("fail", "hsx-make-model --config exited %s" % outcome.rc)
+        samples = os.path.join(ctx.work_dir, "stream-samples.jsonl")
+        rng = random.Random(0)
+        with open(samples, "w") as f:
+            for i in range(self.samples):
+                ids = [rng.randrange(self.config["vocab_size"]) for _ in range(rng.randint(*self.lengths))]
+                f.write(json.dumps({"id": str(i), "input_ids": ids}) + "\n")
+        return model, samples
+
+    def dump_pass(self, ctx, server_pid, address, samples, index):
+        """One hsx-dump --discard pass (index 0 warms up): its bytes and each side's CPU seconds."""
+        out = os.path.join(ctx.work_dir, "stream-out-%d" % index)
+        argv = [ctx.binary("hsx-dump"), "--server", address, "--input", samples, "--out", out, "--capture", "0",
+                "--dtype", "bf16", "--concurrency", "4", "--discard"]
+        ctx.log.write("\n$ %s\n" % " ".join(argv))
+        whole, engine = process_cpu_s(server_pid), process_cpu_s(server_pid, engine_only=True)
+        with tempfile.TemporaryFile(dir=ctx.work_dir) as output:
+            dump = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                    env=ctx.env, cwd=ctx.work_dir)
+            deadline = time.monotonic() + max(5.0, min(60.0, ctx.remaining_s() - 5))
+            while True:
+                pid, status, usage = os.wait4(dump.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.monotonic() > deadline:
+                    dump.kill()
+                    dump.wait()
+                    raise StepEnded("timeout", "hsx-dump pass %d killed at its time limit" % index)
+                time.sleep(0.02)
+            dump.returncode = os.waitstatus_to_exitcode(status)
+            output.seek(0)
+            text = output.read().decode("utf-8", "replace")
+        ctx.log.write(text[-LOG_TAIL_BYTES:])
+        shutil.rmtree(out, ignore_errors=True)
+        whole, engine = process_cpu_s(server_pid) - whole, process_cpu_s(server_pid, engine_only=True) - engine
+        match = re.search(r"(\d+) tokens, (\d+) bytes", text)
+        if dump.returncode != 0 or not match:
+            raise StepEnded("fail", "hsx-dump pass %d exited %d (see the log)" % (index, dump.returncode))
+        return {"bytes": int(match.group(2)), "server_s": whole, "engine_s": engine,
+                "client_s": usage.ru_utime + usage.ru_stime}
+
+
+def wait_for_server(server, log_path, timeout_s):
+    """The address hsx-server reports once it says it is ready."""
+    deadline = time.monotonic() + max(5.0, timeout_s)
+    while time.monotonic() < deadline:
+        with open(log_path) as f:
+            text = f.read()
+        listening = re.search(r"listening on (\S+)", text)
+        if listening and "ready: serving" in text:
+            return listening.group(1)
+        if server.poll() is not None:
+            last = text.strip().splitlines()[-1] if text.strip() else "no output"
+            raise StepEnded("fail", "hsx-server exited %d: %s" % (server.returncode, last))
+        time.sleep(0.1)
+    raise StepEnded("timeout", "hsx-server was not ready within %.0f s" % timeout_s)
+
+
+def socket_baseline(ctx, nbytes):
+    """CPU seconds of a loopback sender and receiver moving nbytes: (sender_s, receiver_s)."""
+    receiver = subprocess.Popen([sys.executable, "-c", SOCKET_RECEIVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = receiver.stdout.readline().strip()
+        sent = subprocess.run([sys.executable, "-c", SOCKET_SENDER, port, str(nbytes)], capture_output=True,
+                              text=True, timeout=max(10.0, ctx.remaining_s() - 5), check=True)
+        received = receiver.stdout.readline().split()
+    finally:
+        receiver.kill()
+        receiver.wait()
+    return float(sent.stdout.split()[1]), float(received[1])
+
+
+def summarize_stream_cost(runs, sender_s, receiver_s, device):
+    """The step's result from the measured passes and the socket pair (ns per byte, medians)."""
+    def median_ns(key):
+        values = sorted(run[key] * 1e9 / run["bytes"] for run in runs)
+        return values[len(values) // 2]
+    nbytes = runs[0]["bytes"]
+    result = {"device": device, "bytes": nbytes, "passes": len(runs),
+              "server_ns_per_byte": median_ns("server_s"), "engine_ns_per_byte": median_ns("engine_s"),
+              "client_ns_per_byte": median_ns("client_s"),
+              "socket_sender_ns_per_byte": sender_s * 1e9 / nbytes,
+              "socket_receiver_ns_per_byte": receiver_s * 1e9 / nbytes}
+    streaming = sorted((run["server_s"] - run["engine_s"]) * 1e9 / run["bytes"] for run in runs)
+    result["streaming_ns_per_byte"] = streaming[len(streaming) // 2]
+    summary = ("%.2f GB x %d passes: server %.3f ns/B (engine threads %.3f, streaming %.3f = %.2fx the socket"
+               " sender's %.3f); hsx-dump --discard %.3f (%.2fx the receiver's %.3f)" % (
+                   nbytes / 1e9, len(runs), result["server_ns_per_byte"], result["engine_ns_per_byte"],
+                   result["streaming_ns_per_byte"],
+                   result["streaming_ns_per_byte"] / max(result["socket_sender_ns_per_byte"], 1e-12),
+                   result["socket_sender_ns_per_byte"], result["client_ns_per_byte"],
+                   result["client_ns_per_byte"] / max(result["socket_receiver_ns_per_byte"], 1e-12),
+                   result["socket_receiver_ns_per_byte"]))
+    return {"status": "pass", "summary": summary, "result": result}
+
+
 def parse_bench_result(output):
     """The JSON of the last 'RESULT {...}' line, or None."""
     for line in reversed(output.splitlines()):
@@ -287,6 +517,7 @@ STEPS = [
                " bitwise, and through the batcher (last copies fenced, waited for on its delivery thread) each"
                " sample equals its solo run, bitwise", timeout_s=90, reserve_s=20, gtest_filter="*CudaCapture*"),
     GpuForward(),
+    StreamCost(),
     CpuPipeline(),
     GTestSuite("cpu_unit", "hsx_unit_tests", "CPU unit tests (tests/unit)", timeout_s=180, reserve_s=40),
 ]

@@ -83,6 +83,7 @@ def test_run_here_says_no_gpu_and_exits_0(bundle, tmp_path):
     assert step(report, "bundle")["status"] == "pass"
     assert step(report, "cpu_unit")["status"] == "pass" and step(report, "cpu_unit")["counts"]["passed"] > 0
     assert step(report, "cpu_pipeline")["status"] == "pass"
+    assert step(report, "stream_cost")["status"] == ("pass" if have_gpu() else "skip"), step(report, "stream_cost")
     forward = step(report, "gpu_forward")
     if "gpu_forward" in json.loads((bundle / "manifest.json").read_text())["binaries"]:
         if have_gpu():
@@ -281,6 +282,42 @@ def test_a_gpu_step_is_skipped_without_a_gpu_and_a_broken_step_is_reported(tmp_p
     assert runner.run_step(NeedsGpu("g", "t"), Ctx(), no_gpu)["status"] == "skip"
     result = runner.run_step(Broken("b", "t"), Ctx(), no_gpu)
     assert (result["status"], result["summary"]) == ("error", "KeyError: 'boom'")
+
+
+def run_stream_cost(tmp_path, **options):
+    """runner.StreamCost run here against the build's binaries: (result, tokens of its samples)."""
+    args = type("Args", (), {"budget_s": 120})()
+    with open(tmp_path / "log", "w") as log:
+        ctx = runner.Context(args, {"binaries": []}, log)
+        ctx.bin_dir = os.path.abspath(os.path.join(BUILD_DIR, "bin"))
+        try:
+            result = runner.StreamCost(**options).run(ctx)
+            samples = os.path.join(ctx.work_dir, "stream-samples.jsonl")
+            tokens = sum(len(json.loads(line)["input_ids"]) for line in open(samples)) if os.path.exists(samples) else 0
+        finally:
+            shutil.rmtree(ctx.work_dir, ignore_errors=True)
+    return result, tokens
+
+
+def test_the_stream_cost_step_measures_server_client_and_socket_pair(tmp_path):
+    # On the CPU backend here (the device check runs it with --device cuda), a small set-up.
+    result, tokens = run_stream_cost(tmp_path, device="cpu", hidden=512, vocab=1000, samples=8, lengths=(64, 128))
+    assert result["status"] == "pass", result
+    measured = result["result"]
+    assert measured["bytes"] == tokens * 512 * 2 and tokens >= 8 * 64  # capture 0 of every sample, bf16
+    assert measured["passes"] == 3 and measured["device"] == "cpu"
+    for key in ("server", "client", "socket_sender", "socket_receiver"):
+        assert measured[key + "_ns_per_byte"] > 0, key
+    assert 0 <= measured["engine_ns_per_byte"] <= measured["server_ns_per_byte"]
+    assert abs(measured["streaming_ns_per_byte"] - (measured["server_ns_per_byte"] - measured["engine_ns_per_byte"])) \
+        <= measured["server_ns_per_byte"]  # medians of differences, close to the difference of medians
+    assert result["summary"].startswith("0.00 GB x 3 passes: server ") and "hsx-dump --discard" in result["summary"]
+
+
+def test_the_stream_cost_step_reports_a_server_that_does_not_start(tmp_path):
+    result, _ = run_stream_cost(tmp_path, device="tpu", hidden=64, vocab=100, samples=2, lengths=(4, 8))
+    assert result["status"] == "fail" and result["summary"].startswith("hsx-server exited "), result
+    assert "tpu" in result["summary"], result
 
 
 def test_a_hung_step_leaves_the_later_steps_their_reserve(tmp_path):
