@@ -318,6 +318,8 @@ class StreamCost(Step):
                          " a loopback socket pair" % device)
         self.needs_gpu = device == "cuda"
         self.device = device
+        # bench/bench_util.py's wide model (NARROW_ATTENTION), copied: the bundle carries no bench/
+        # (test_the_stream_cost_step_runs_the_benchmarks_set_up keeps the two equal).
         self.config = {"hidden_size": hidden, "vocab_size": vocab, "n_routed_experts": 0, "num_hidden_layers": 1,
                        "intermediate_size": 32, "num_attention_heads": 1, "num_key_value_heads": 1,
                        "q_lora_rank": 64, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,

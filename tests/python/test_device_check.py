@@ -300,18 +300,29 @@ def run_stream_cost(tmp_path, **options):
 
 
 def test_the_stream_cost_step_measures_server_client_and_socket_pair(tmp_path):
-    # On the CPU backend here (the device check runs it with --device cuda), a small set-up.
-    result, tokens = run_stream_cost(tmp_path, device="cpu", hidden=512, vocab=1000, samples=8, lengths=(64, 128))
+    # On the CPU backend here (the device check runs it with --device cuda), a smaller set-up, but
+    # about 64 MB a pass: the server's CPU comes from /proc in 10 ms ticks.
+    result, tokens = run_stream_cost(tmp_path, device="cpu", hidden=4096, vocab=1000, samples=16, lengths=(256, 768))
     assert result["status"] == "pass", result
     measured = result["result"]
-    assert measured["bytes"] == tokens * 512 * 2 and tokens >= 8 * 64  # capture 0 of every sample, bf16
+    assert measured["bytes"] == tokens * 4096 * 2 and tokens >= 16 * 256  # capture 0 of every sample, bf16
     assert measured["passes"] == 3 and measured["device"] == "cpu"
     for key in ("server", "client", "socket_sender", "socket_receiver"):
         assert measured[key + "_ns_per_byte"] > 0, key
     assert 0 <= measured["engine_ns_per_byte"] <= measured["server_ns_per_byte"]
-    assert abs(measured["streaming_ns_per_byte"] - (measured["server_ns_per_byte"] - measured["engine_ns_per_byte"])) \
-        <= measured["server_ns_per_byte"]  # medians of differences, close to the difference of medians
-    assert result["summary"].startswith("0.00 GB x 3 passes: server ") and "hsx-dump --discard" in result["summary"]
+    assert 0 <= measured["streaming_ns_per_byte"] <= measured["server_ns_per_byte"]  # whole - engine, per pass
+    assert result["summary"].startswith("%.2f GB x 3 passes: server " % (measured["bytes"] / 1e9))
+    assert "hsx-dump --discard" in result["summary"]
+
+
+def test_the_stream_cost_step_runs_the_benchmarks_set_up():
+    # The runner carries its own copy (the bundle has no bench/): it must stay bench/stream_cost.py's.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import bench_util
+    step = runner.StreamCost()
+    assert step.config == {**bench_util.NARROW_ATTENTION, "hidden_size": 7168, "vocab_size": 32000,
+                           "n_routed_experts": 0}
+    assert (step.samples, step.lengths, step.device, step.needs_gpu) == (64, (512, 2048), "cuda", True)
 
 
 def test_the_stream_cost_step_reports_a_server_that_does_not_start(tmp_path):
