@@ -1,6 +1,6 @@
 // cli.h: small helpers shared by the command-line tools (error reporting,
-// byte sizes), so that every tool fails the same way: one line on stderr
-// naming the tool and what went wrong, exit status 1.
+// byte sizes, process set-up), so that every tool fails the same way: one
+// line on stderr naming the tool and what went wrong, exit status 1.
 #ifndef HSX_BASE_CLI_H_
 #define HSX_BASE_CLI_H_
 
@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace hsx {
 
@@ -61,6 +62,15 @@ inline void AcceptDashedFlags(int argc, char** argv) {
       if (*c == '-') *c = '_';
     }
   }
+}
+
+// Debian builds Abseil without NDEBUG, which leaves absl::Mutex's deadlock
+// detection on: every lock taken while another is held (gRPC's own, per
+// message) updates a process-wide lock-order graph under a global lock, and a
+// cycle in that graph aborts the process. Abseil's release builds skip it;
+// the processes that stream (hsx-server, hsx-dump, the Python module) do too.
+inline void SkipMutexDeadlockDetection() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 }  // namespace hsx

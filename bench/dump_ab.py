@@ -35,6 +35,8 @@ def main():
     parser.add_argument("--capture", default="0",
                         help="hsx-dump's --capture (the model has one layer: ids 0 and 1; 0,1 streams two)")
     parser.add_argument("--final-norm", action="store_true", help="hsx-dump's --final-norm")
+    parser.add_argument("--server-flag", action="append", default=[],
+                        help="extra hsx-server flag (repeatable), e.g. --server-flag=--max-chunk-bytes=256KiB")
     parser.add_argument("--bin-dir", default=str(REPO / "build" / "bin"), help="hsx-server and hsx-make-model")
     args = parser.parse_args()
     if args.repeats < 3:
@@ -45,7 +47,7 @@ def main():
         results = {"A": [], "B": []}
         rss = {"A": [], "B": []}
         server_results = {"A": [], "B": []}  # the server's CPU while each binary ran
-        with HsxServer(bin_dir, model, "--capture", "0", "--max-batch-tokens", "8192") as server:
+        with HsxServer(bin_dir, model, "--capture", "0", "--max-batch-tokens", "8192", *args.server_flag) as server:
             for r in range(args.repeats + 1):  # round 0 warms up
                 for name in (["A", "B"] if r % 2 == 0 else ["B", "A"]):
                     usage = {}

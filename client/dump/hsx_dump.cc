@@ -355,5 +355,6 @@ int main(int argc, char** argv) {
   // (page faults were ~15% of --discard's CPU). The few large allocations
   // per sample make the single arena's lock cheap.
   mallopt(M_ARENA_MAX, 1);
+  hsx::SkipMutexDeadlockDetection();
   return hsx::ExitWithStatus("hsx-dump", Run());
 }

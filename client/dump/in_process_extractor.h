@@ -18,15 +18,16 @@ class InProcessExtractor : public Extractor {
   InProcessExtractor(Engine& engine, const BatcherOptions& options) : batcher_(engine, options) {}
   void Extract(const InputSample& sample, const ExtractSpec& spec, Done done) override {
     const OutputDType dtype = spec.dtype;
-    WorkItem item{sample.input_ids, spec.capture,
-                  [dtype, done](absl::StatusOr<SampleStates> states) {
-                    if (!states.ok()) {
-                      done(states.status());
-                      return;
-                    }
-                    done(EncodeSampleStates(*states, dtype));
-                  },
-                  /*abandoned=*/nullptr};
+    WorkItem item;
+    item.tokens = sample.input_ids;
+    item.capture = spec.capture;
+    item.done = [dtype, done](absl::StatusOr<SampleStates> states) {
+      if (!states.ok()) {
+        done(states.status());
+        return;
+      }
+      done(EncodeSampleStates(*states, dtype));
+    };
     if (absl::Status s = batcher_.Submit(std::move(item)); !s.ok()) done(s);
   }
 

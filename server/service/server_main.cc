@@ -299,5 +299,6 @@ int main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
   hsx::AcceptDashedFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
+  hsx::SkipMutexDeadlockDetection();
   return hsx::ExitWithStatus("hsx-server", hsx::Serve());
 }

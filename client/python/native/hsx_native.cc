@@ -37,6 +37,7 @@
 #include <grpcpp/impl/client_unary_call.h>
 #include <grpcpp/support/sync_stream.h>
 
+#include "base/cli.h"
 #include "format/encoding.h"
 #include "format/sample_file.h"
 #include "format/state_bytes_pool.h"
@@ -297,6 +298,9 @@ PYBIND11_MODULE(_native, m) {
   using hsx::Outcome;
   using hsx::TensorBytes;
   m.doc() = "hsx's native receive path (client/python/native/hsx_native.cc); used by hsx.Client when built.";
+  // This module's Abseil (Debian's shared one, which Python's grpcio does not
+  // use) serves only it and its gRPC.
+  hsx::SkipMutexDeadlockDetection();
   py::class_<TensorBytes, std::shared_ptr<TensorBytes>>(m, "TensorBytes", py::buffer_protocol())
       .def_buffer([](TensorBytes& t) {
         return py::buffer_info(t.bytes.data(), 1, py::format_descriptor<uint8_t>::format(), 1,

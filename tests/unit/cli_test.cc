@@ -1,0 +1,40 @@
+// cli_test.cc: the process set-up the streaming binaries share (base/cli.h).
+#include "base/cli.h"
+
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/mutex.h"
+
+namespace hsx {
+namespace {
+
+// Takes two mutexes in one order, then in the other: a lock-order cycle
+// (no deadlock: one thread), which Debian's Abseil reports and dies of by default.
+void TakeTwoLocksBothWays() {
+  absl::Mutex a;
+  absl::Mutex b;
+  {
+    absl::MutexLock first(&a);
+    absl::MutexLock second(&b);
+  }
+  {
+    absl::MutexLock first(&b);
+    absl::MutexLock second(&a);
+  }
+}
+
+TEST(CliTest, WithoutDeadlockDetectionALockOrderCycleIsNotFatal) {
+  // In a child process: the setting is process-wide.
+  EXPECT_EXIT(
+      {
+        SkipMutexDeadlockDetection();
+        TakeTwoLocksBothWays();
+        std::exit(0);
+      },
+      testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace hsx
