@@ -26,7 +26,10 @@ void TakeTwoLocksBothWays() {
 }
 
 TEST(CliTest, WithoutDeadlockDetectionALockOrderCycleIsNotFatal) {
-  // In a child process: the setting is process-wide.
+  // In a child process, since the setting is process-wide; a re-executed one
+  // ("threadsafe"): a child forked from this multi-threaded binary can inherit
+  // an Abseil lock held by another thread and hang.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
         SkipMutexDeadlockDetection();
