@@ -130,27 +130,33 @@ uint32_t Load32(const unsigned char* p) {
   return v;
 }
 
-// Encoded 16-bit values (bf16: exponent 0x7f80; fp16: 0x7c00).
+// Encoded 16-bit values (bf16: exponent 0x7f80; fp16: 0x7c00). A value is
+// non-finite when all its exponent bits are set; since v & exponent never
+// exceeds exponent, the largest v & exponent equals it exactly when some value
+// is. A running maximum and a running OR are one instruction each per vector
+// (a compare into a mask and a masked merge were three): 0.021 against 0.028
+// CPU-ns per byte over 16 KiB in cache (AVX-512, docs/BENCHMARKS.md).
 HSX_VECTOR_CLONES uint32_t CheckHalfBits(const unsigned char* in, int64_t n, uint16_t exponent, uint32_t* nonzero) {
-  uint16_t bad = 0, nz = 0;
+  uint16_t largest = 0, any = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t v = Load16(in + 2 * i);
-    bad |= (v & exponent) == exponent;
-    nz |= v & 0x7fffu;
+    largest = std::max<uint16_t>(largest, v & exponent);
+    any |= v;
   }
-  *nonzero |= nz;
-  return bad;
+  *nonzero |= any & 0x7fffu;
+  return largest == exponent;
 }
 
+// fp32 values, as CheckHalfBits.
 HSX_VECTOR_CLONES uint32_t CheckFloatBits(const unsigned char* in, int64_t n, uint32_t* nonzero) {
-  uint32_t bad = 0, nz = 0;
+  uint32_t largest = 0, any = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t v = Load32(in + 4 * i);
-    bad |= (v & 0x7f800000u) == 0x7f800000u;
-    nz |= v & 0x7fffffffu;
+    largest = std::max<uint32_t>(largest, v & 0x7f800000u);
+    any |= v;
   }
-  *nonzero |= nz;
-  return bad;
+  *nonzero |= any & 0x7fffffffu;
+  return largest == 0x7f800000u;
 }
 
 
