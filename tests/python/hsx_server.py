@@ -41,7 +41,7 @@ class HsxServer:
         deadline = time.time() + timeout
         while self.address is None:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"hsx-server exited with {self.proc.returncode}:\n{self.text()}")
+                raise self._exited()
             if time.time() > deadline:
                 raise TimeoutError(f"hsx-server did not report its address:\n{self.text()}")
             time.sleep(0.02)
@@ -60,6 +60,12 @@ class HsxServer:
     def text(self):
         return "".join(self.log)
 
+    def _exited(self):
+        """The error for a server that exited: with its whole log, so the reader thread (which
+        may not have reached the last lines when the exit was seen) is first let reach the end."""
+        self._reader.join(5)
+        return RuntimeError(f"hsx-server exited with {self.proc.returncode}:\n{self.text()}")
+
     def health(self, service=""):
         with grpc.insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
@@ -74,7 +80,7 @@ class HsxServer:
             except grpc.RpcError:
                 pass
             if self.proc.poll() is not None:
-                raise RuntimeError(f"hsx-server exited with {self.proc.returncode}:\n{self.text()}")
+                raise self._exited()
             if time.time() > deadline:
                 raise TimeoutError(f"hsx-server not SERVING after {timeout}s:\n{self.text()}")
             time.sleep(0.05)
