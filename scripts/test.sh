@@ -26,7 +26,9 @@ fuzz_seconds="${HSX_FUZZ_SECONDS:-60}"
 venv="${HSX_VENV:-$HOME/.cache/hsx/venv}"
 jobs=$(nproc)
 
-stage() { printf '\n== %s\n' "$*"; }
+# Each header says when its stage began (bash's SECONDS since the start), so
+# that a slow run shows which stage took the time (CI's budget is 30 minutes).
+stage() { printf '\n== %s (at %d:%02d)\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 
 stage "setup and build"
 scripts/setup.sh --python
@@ -185,3 +187,4 @@ HSX_BIN_DIR="$root/$build/bin" "$venv/bin/python" -m pytest tests/python -q
 stage "trainers: speculators, SpecForge and ModelOpt loaders on hsx output (docs/trainers.md)"
 await "$trainers_prep" "$prep_logs/trainers.log"
 HSX_BUILD_DIR="$build" scripts/trainers.sh
+printf '\n== all stages passed in %d:%02d\n' $((SECONDS / 60)) $((SECONDS % 60))
