@@ -198,7 +198,7 @@ def test_a_client_holds_one_connection_per_server(server, native):
 
 
 MALLOC_PROBE = """
-import ctypes
+import ctypes, threading
 from hsx import _native
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -211,6 +211,20 @@ _native.Channel("127.0.0.1:1")
 mapped = libc.mallinfo2().hblkhd
 libc.malloc(3 << 20)
 print(libc.mallinfo2().hblkhd - mapped)
+# Eight threads allocating at once; malloc_stats() writes one "Arena N:" block per arena to stderr.
+all_allocated = threading.Barrier(9)
+def allocate():
+    libc.malloc(1000)
+    all_allocated.wait()
+    all_allocated.wait()
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for thread in threads:
+    thread.start()
+all_allocated.wait()
+libc.malloc_stats()
+all_allocated.wait()
+for thread in threads:
+    thread.join()
 """
 
 
@@ -218,21 +232,27 @@ print(libc.mallinfo2().hblkhd - mapped)
 @pytest.mark.parametrize("setting", [None, "0"])
 def test_the_native_modules_malloc_settings_can_be_left_alone(setting):
     """The first native Channel raises glibc's mmap threshold to 4 MiB (a 3 MiB block then comes
-    from the heap; glibc's default maps it), unless HSX_NATIVE_MALLOPT=0."""
+    from the heap; glibc's default maps it) and allows two malloc arenas (eight threads allocating
+    at once share them; glibc's default gives them arenas of their own), unless
+    HSX_NATIVE_MALLOPT=0."""
     import os
+    import re
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "HSX_NATIVE_MALLOPT"}
+    env = {k: v for k, v in os.environ.items() if k not in ("HSX_NATIVE_MALLOPT", "MALLOC_ARENA_MAX")}
     if setting is not None:
         env["HSX_NATIVE_MALLOPT"] = setting
     proc = subprocess.run([sys.executable, "-c", MALLOC_PROBE], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     newly_mapped = int(proc.stdout)
+    arenas = len(re.findall(r"^Arena \d+:", proc.stderr, re.MULTILINE))
     if setting == "0":
         assert newly_mapped >= 3 << 20
+        assert arenas > 2, proc.stderr
     else:
         assert newly_mapped == 0
+        assert arenas == 2, proc.stderr
 
 
 def test_online_dataset_two_workers_yield_each_sample_once(server):

@@ -536,8 +536,9 @@ class Client:
          else by grpcio and StreamDecoder; True: the native module or ImportError;
          False: grpcio. Both make the same checks and give the same Samples; the
          native path costs about 0.6 times grpcio's CPU per byte (docs/BENCHMARKS.md).
-         The first native client sets glibc's malloc thresholds for the process
-         (client/README.md says why); HSX_NATIVE_MALLOPT=0 leaves them alone.
+         The first native client sets glibc's malloc thresholds and arena limit for
+         the process (client/README.md says why); HSX_NATIVE_MALLOPT=0 leaves them
+         alone.
 
     Every stream is checked against the request and the model the server announced
     (GetModelInfo, asked once before the first sample): by StreamDecoder, or by the

@@ -141,20 +141,27 @@ Outcome Replay(const std::vector<std::string>& messages, int end_code, const std
 // in by the kernel's copy and unmapped again, 0.2-0.3 CPU-ns per byte here
 // (docs/BENCHMARKS.md). glibc raises the threshold by itself once a program
 // frees a large mapped block, but the pooled sample blocks are never freed,
-// so nothing here would. Set once, when the first Channel is made: blocks
-// under 4 MiB (gRPC's buffers) come from the heap and are reused, larger ones
-// (the pool's) are still mapped; and up to 64 MiB of free heap top is kept
-// (measured: with 8 MiB the heap is trimmed and grown again all the time,
-// 2.5 times the page faults of 64 MiB). HSX_NATIVE_MALLOPT=0 in the
-// environment leaves glibc's settings alone, for a process that tunes its
-// own allocator.
-void RaiseMallocThresholds() {
+// so nothing here would. So: blocks under 4 MiB (gRPC's buffers) come from
+// the heap and are reused, larger ones (the pool's) are still mapped; up to
+// 64 MiB of free heap top is kept (measured: with 8 MiB the heap is trimmed
+// and grown again all the time, 2.5 times the page faults of 64 MiB); and at
+// most kMallocArenas arenas: a thread allocates from the arena it first took
+// for good, gRPC's threads take one each by default, and each arena's heap
+// is faulted in on its own (a 32-sample run: 13 arenas, 41k-50k faults; two
+// arenas, 11k). glibc limits only arenas made after the call: hence once,
+// when the first Channel is made, before it starts gRPC's threads.
+// HSX_NATIVE_MALLOPT=0 in the environment leaves glibc's settings alone, for
+// a process that tunes its own allocator.
+constexpr int kMallocArenas = 2;
+
+void TuneMalloc() {
 #if defined(__GLIBC__)
   static const bool once = [] {
     const char* setting = std::getenv("HSX_NATIVE_MALLOPT");
     if (setting != nullptr && std::string_view(setting) == "0") return false;
     mallopt(M_MMAP_THRESHOLD, 4 << 20);
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
+    mallopt(M_ARENA_MAX, kMallocArenas);
     return true;
   }();
   (void)once;
@@ -177,7 +184,7 @@ class Channel {
   Channel(const std::string& target, bool tls, const std::string& ca, const std::string& cert,
           const std::string& key, const std::vector<std::pair<std::string, py::object>>& options)
       : method_("/hsx.v1.HiddenStates/Extract", grpc::internal::RpcMethod::SERVER_STREAMING) {
-    RaiseMallocThresholds();
+    TuneMalloc();
     grpc::ChannelArguments args;
     for (const auto& [name, value] : options) {
       if (py::isinstance<py::bool_>(value) || py::isinstance<py::int_>(value)) {
