@@ -235,8 +235,7 @@ def setup_sh_packages():
 # the device-check bundle's RPATHs).
 NOT_FOR_THE_IMAGE = {"git", "clang", "libclang-rt-14-dev", "python3-venv", "libgtest-dev", "libgmock-dev",
                      "kubernetes-client", "patchelf",
-                     "pybind11-dev", "python3-dev",  # the Python client's native module: not in the server image
-                     "ccache"}  # a developer convenience: the image builds once, from scratch
+                     "pybind11-dev", "python3-dev"}  # the Python client's native module: not in the server image
 
 
 def test_dockerfile_stages_base_images_and_build():
