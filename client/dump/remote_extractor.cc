@@ -311,8 +311,15 @@ class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
   StreamAssembler assembler_;
 };
 
+absl::Status CheckStreamWindow(int64_t bytes) {
+  if (bytes == 0 || (bytes >= kMinStreamWindowBytes && bytes <= kMaxStreamWindowBytes)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("a stream window of ", bytes,
+                                                 " bytes: 0 (gRPC's automatic window) or 64KiB to 1GiB"));
+}
+
 absl::Status RemoteExtractor::Impl::Connect() {
   if (options_.servers.empty()) return absl::InvalidArgumentError("no server address");
+  if (absl::Status window = CheckStreamWindow(options_.stream_window_bytes); !window.ok()) return window;
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (options_.tls) {
     grpc::SslCredentialsOptions ssl;
@@ -339,6 +346,10 @@ absl::Status RemoteExtractor::Impl::Connect() {
     // Detect dead connections; every 5 min is what servers accept by default.
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 300000);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+    if (options_.stream_window_bytes > 0) {
+      args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+      args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, static_cast<int>(options_.stream_window_bytes));
+    }
     if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
     Server server;
     server.address = address;

@@ -34,10 +34,21 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/dump/extractor.h"
 
 namespace hsx {
+
+// A fixed window rather than gRPC's automatic one: hsx-dump --discard cost
+// 0.93-0.95x the CPU per byte with it (docs/BENCHMARKS.md), and 4 MiB per
+// stream allows 4 GB/s per stream at a 1 ms round trip.
+inline constexpr int64_t kDefaultStreamWindowBytes = int64_t{4} << 20;
+inline constexpr int64_t kMinStreamWindowBytes = int64_t{64} << 10;
+inline constexpr int64_t kMaxStreamWindowBytes = int64_t{1} << 30;  // gRPC takes an int
+
+// OK for 0 (gRPC's automatic window) and kMinStreamWindowBytes..kMaxStreamWindowBytes.
+absl::Status CheckStreamWindow(int64_t bytes);
 
 struct RemoteOptions {
   std::vector<std::string> servers;  // gRPC target addresses (host:port, dns:///..., unix:...)
@@ -51,6 +62,10 @@ struct RemoteOptions {
   std::string tls_cert_pem;          // client certificate chain (mTLS)
   std::string tls_key_pem;
   std::string tls_server_name;       // name to check the server certificate against (optional)
+  // HTTP/2 flow-control window of each Extract stream: how far the server may
+  // send ahead of what has been read (a stream's throughput is at most the
+  // window per round trip). 0: gRPC's automatic window (BDP probing).
+  int64_t stream_window_bytes = kDefaultStreamWindowBytes;
   std::function<void(const std::string&)> log;  // notes about retries (default: stderr)
 };
 

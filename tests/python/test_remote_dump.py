@@ -335,6 +335,36 @@ def test_every_wire_checksum_writes_the_same_files(run, tools, tiny, server, tmp
     assert_same_files(outs["xxh64"], outs[None])
 
 
+def test_every_stream_window_writes_the_same_files(run, tools, tiny, tmp_path):
+    """--stream-window: the smallest fixed window (64 KiB, with tensors of many chunks: the server
+    waits on the window again and again), gRPC's automatic one (0) and the default write the same,
+    verified files (fp32, capture all, final norm: each stream 82-205 KB, more than one window)."""
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(12, lo=16, hi=40))
+    outs = {}
+    with HsxServer(tools, tiny, "--max-chunk-bytes", "1000") as server:
+        for window in ("64KiB", "0", None):
+            outs[window] = tmp_path / str(window)
+            run("hsx-dump", "--server", server.address, "--input", inputs, "--out", outs[window], "--capture", "all",
+                "--final-norm", "--dtype", "fp32", *(["--stream-window", window] if window else []))
+            verify(run, outs[window], inputs)
+    assert_same_files(outs["64KiB"], outs[None])
+    assert_same_files(outs["0"], outs[None])
+
+
+@pytest.mark.parametrize("window,message", [
+    ("1KiB", "--stream-window 1KiB: a stream window of 1024 bytes: 0 (gRPC's automatic window) or 64KiB to 1GiB"),
+    ("2GiB", "--stream-window 2GiB: a stream window of 2147483648 bytes"),
+    ("lots", "--stream-window: 'lots' is not a positive size"),
+])
+def test_a_bad_stream_window_is_refused_before_anything_starts(run, tmp_path, window, message):
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(1))
+    proc = run("hsx-dump", "--server", "127.0.0.1:1", "--input", inputs, "--out", tmp_path / "out",
+               "--stream-window", window, expect_ok=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_unknown_wire_checksum_is_refused_before_anything_starts(run, tmp_path):
     inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(1))
     proc = run("hsx-dump", "--server", "127.0.0.1:1", "--input", inputs, "--out", tmp_path / "out",
