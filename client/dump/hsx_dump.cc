@@ -93,7 +93,7 @@ ABSL_FLAG(std::string, stream_window, "4MiB", "--server: the HTTP/2 flow-control
           "sample's stream, how far the server may send ahead of what hsx-dump has read: 64KiB to 1GiB, "
           "or 0 for gRPC's automatic window (BDP probing). A stream moves at most one window per round "
           "trip (4 MiB: 4 GB/s at 1 ms); the automatic window grows the buffers and cost hsx-dump "
-          "about 6% more CPU per byte on loopback (docs/BENCHMARKS.md).");
+          "5-9% more CPU per byte on loopback (docs/BENCHMARKS.md).");
 ABSL_FLAG(std::string, progress, "auto", "auto (a bar on a terminal, else a line every "
           "--progress-interval seconds), bar, plain or none.");
 ABSL_FLAG(double, progress_interval, 10, "Seconds between plain progress lines.");

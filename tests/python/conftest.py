@@ -12,13 +12,6 @@ from pathlib import Path
 
 import pytest
 
-# hsx first: its native module loads Debian's libprotobuf, and grpcio-tools' protoc (the hsx_pb
-# fixture) carries a protobuf of its own; both export the same GNU "unique" symbols (function-local
-# statics), which the process binds once, to the library loaded first. Loaded after grpc_tools,
-# libprotobuf's initializer locks a mutex in grpc_tools' object of another layout and aborts
-# (glibc's tpp.c assertion); in this order both work (client/README.md).
-import hsx  # noqa: E402,F401
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BIN_DIR = REPO_ROOT / "build" / "bin"
 BINARIES = ("hsx-make-model", "hsx-inspect", "hsx-dump", "hsx-server", "hsx-verify")
@@ -118,6 +111,12 @@ def hsx_pb(tmp_path_factory):
     import importlib
     import sys
 
+    # hsx first: its native module loads Debian's libprotobuf, and grpcio-tools' protoc carries a
+    # protobuf of its own; both export the same GNU "unique" symbols (function-local statics),
+    # which the process binds once, to the library loaded first. Loaded after grpc_tools,
+    # libprotobuf's initializer locks a mutex in grpc_tools' object of another layout and aborts
+    # (glibc's tpp.c assertion); in this order both work (client/README.md).
+    import hsx  # noqa: F401
     from grpc_tools import protoc
 
     out = tmp_path_factory.mktemp("stubs")

@@ -336,9 +336,10 @@ def test_every_wire_checksum_writes_the_same_files(run, tools, tiny, server, tmp
 
 
 def test_every_stream_window_writes_the_same_files(run, tools, tiny, tmp_path):
-    """--stream-window: the smallest fixed window (64 KiB, with tensors of many chunks: the server
-    waits on the window again and again), gRPC's automatic one (0) and the default write the same,
-    verified files (fp32, capture all, final norm: each stream 82-205 KB, more than one window)."""
+    """--stream-window: the smallest fixed window (64 KiB, tensors of many 1000-byte chunks: each
+    stream, 82-205 KB with fp32, capture all and the final norm, outgrows one window, so the server
+    waits for the client's window updates), gRPC's automatic one (0) and the default write the
+    same, verified files."""
     inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(12, lo=16, hi=40))
     outs = {}
     with HsxServer(tools, tiny, "--max-chunk-bytes", "1000") as server:
