@@ -13,10 +13,14 @@ round, so that all see the same server, page cache and neighbours. With --floor,
 grpcio alone, the same Extract calls (4 threads) with no deserializer, each message's bytes
 counted and dropped: what any client built on grpcio's synchronous API pays before it looks at a
 byte. Prints median [min-max] per side, B / A, and each side / hsx-dump --discard (ratios of
-medians).
+medians), then the same ratios taken within each round (median and range over the rounds).
 
     ~/.cache/hsx/venv/bin/python bench/python_ab.py A_DIR B_DIR [--dtype bf16] [--repeats 8]
-        [--bin-dir build/bin] [--env-b NAME=VALUE ...] [--floor]
+        [--bin-dir build/bin] [--env-b NAME=VALUE ...] [--floor] [--warm]
+
+--warm times each client's second pass over the samples, in the same process: its native
+receive path's pool then holds blocks, as in a long job, where the first pass also faults in
+the first samples' fresh memory (stream_cost.py's python side is such a first pass).
 """
 
 import argparse
@@ -68,6 +72,8 @@ def main():
     parser.add_argument("--env-b", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for B's runs only (repeatable)")
     parser.add_argument("--floor", action="store_true", help="also run grpcio alone (no deserializer, no checks)")
+    parser.add_argument("--warm", action="store_true",
+                        help="time each client's second pass over the samples (the first warms its native pool)")
     parser.add_argument("--role", choices=["floor"], help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--samples-path", help=argparse.SUPPRESS)
@@ -94,8 +100,9 @@ def main():
             def python(name, script=sc.__file__, role="python"):
                 package = args.b if name == "floor" else getattr(args, name.lower())
                 env = {**os.environ, "PYTHONPATH": str(Path(package).resolve()), **extra.get(name, {})}
+                warm = ["--warm"] if args.warm and role == "python" else []
                 stdout, _ = sc.child([sys.executable, script, "--role", role, "--address", server.address,
-                                      "--samples-path", samples, "--dtype", args.dtype], env=env)
+                                      "--samples-path", samples, "--dtype", args.dtype, *warm], env=env)
                 nbytes, cpu = stdout.split()[:2]
                 return float(cpu) * 1e9 / int(nbytes)
 
@@ -114,7 +121,8 @@ def main():
                     if r > 0:
                         results[name].append(value)
     med = {name: statistics.median(v) for name, v in results.items()}
-    print(f"python client A/B, {args.dtype}, {args.repeats} interleaved repeats, CPU-ns per byte:")
+    print(f"python client A/B, {args.dtype}, {args.repeats} interleaved repeats, CPU-ns per byte"
+          + (" (each client's second pass)" if args.warm else "") + ":")
     print(f"  A    {sc.fmt(results['A'])}  {args.a}")
     print(f"  B    {sc.fmt(results['B'])}  {args.b} {' '.join(args.env_b)}".rstrip())
     print(f"  dump {sc.fmt(results['dump'])}  hsx-dump --discard")
@@ -123,6 +131,12 @@ def main():
     print(f"  B / A {med['B'] / med['A']:.2f}; A / dump {med['A'] / med['dump']:.2f}; "
           f"B / dump {med['B'] / med['dump']:.2f}" + (f"; floor / dump {med['floor'] / med['dump']:.2f}; "
                                                        f"B - floor {med['B'] - med['floor']:.3f}" if args.floor else ""))
+    # Per round (the runs of one round are neighbours in time): less moved by the host's slow
+    # drift than the ratios of medians above.
+    def per_round(x, y):
+        return sc.fmt([b / a for a, b in zip(results[x], results[y])], 2)
+    print(f"  per round, median [min-max]: B / A {per_round('A', 'B')}; A / dump {per_round('dump', 'A')}; "
+          f"B / dump {per_round('dump', 'B')}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "format/tensor_encoding.h"
+#include "format/uncached_copy.h"
 
 namespace hsx {
 namespace {
@@ -127,6 +128,7 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
     // Not zero-filled: the chunks write every byte before the trailer is accepted.
     sample_.hidden_states = Allocate(tokens * static_cast<int64_t>(ids.size()) * row_bytes_);
     if (sample_.has_final_norm) sample_.final_norm = Allocate(tokens * row_bytes_);
+    uncached_ = sample_.hidden_states.size() + sample_.final_norm.size() >= kUncachedCopyMinBytes;
   } else if (mode_ == Mode::kKeepReceived) {
     kept_ = std::make_shared<std::vector<std::vector<grpc::Slice>>>();
     sample_.received.emplace();
@@ -197,6 +199,7 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
       offset += static_cast<int64_t>(n);
     }
   }
+  if (uncached_) FenceUncachedCopies();  // the sample may be read on another thread next
   if (mode_ == Mode::kKeepReceived) {
     // The pieces stay valid: moving the vector keeps its elements in place.
     std::vector<BytePiece>& pieces = sample_.received->tensors[current_];
@@ -229,7 +232,11 @@ void StreamAssembler::CopyIntoSample(const char* bytes, size_t length, int64_t o
                           : sample_.hidden_states.data() + (row * layers + static_cast<int64_t>(current_)) * row_bytes_;
     const size_t n = contiguous ? length - done
                                 : std::min<size_t>(length - done, static_cast<size_t>(row_bytes_ - at % row_bytes_));
-    std::memcpy(base + at % row_bytes_, bytes + done, n);
+    if (uncached_) {
+      CopyUncached(base + at % row_bytes_, bytes + done, n);
+    } else {
+      std::memcpy(base + at % row_bytes_, bytes + done, n);
+    }
     done += n;
   }
 }

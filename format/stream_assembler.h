@@ -16,7 +16,8 @@
 // Three modes share every one of these checks (each piece of a chunk is
 // hashed and value-checked in place, in the received slices) and differ only
 // in where the rows go: kAssemble copies them into the sample (the bytes of
-// the output file, [T, L, H]); kKeepReceived copies nothing and keeps
+// the output file, [T, L, H]; a sample of 2 MiB or more with non-temporal
+// stores, uncached_copy.h); kKeepReceived copies nothing and keeps
 // references to the received slices instead (grpc::Slice is reference
 // counted): Take() returns each tensor's bytes as those pieces, in stream
 // order (EncodedSample::received; WriteSampleFile writes the file from them,
@@ -133,6 +134,12 @@ class StreamAssembler {
   char carry_[8];             // the first bytes of a value split between two pieces
   size_t carried_ = 0;
   std::optional<TensorHash> hash_;  // of the current tensor's bytes, as the header says
+  // kAssemble: the sample is copied with CopyUncached (uncached_copy.h) when
+  // its states take at least kUncachedCopyMinBytes: more than a core's L2
+  // cache (1-2 MiB), so that its first rows would leave the cache before
+  // anyone reads them anyway.
+  static constexpr size_t kUncachedCopyMinBytes = size_t{2} << 20;
+  bool uncached_ = false;
   std::vector<uint64_t> digests_;
   // kKeepReceived: the slices of every chunk message, which hold the pieces
   // of sample_.received (each message's own vector, so that slices whose

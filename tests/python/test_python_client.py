@@ -121,6 +121,20 @@ def test_native_arrays_are_writable_and_outlive_their_client(server):
     assert sample["hidden_states"][0, 0, 0] == 7.0
 
 
+@pytest.mark.skipif(not NATIVE_BUILT, reason="hsx._native is not built")
+def test_extract_many_keeps_no_sample_the_caller_let_go_of(server):
+    """A sample the caller drops is freed before extract_many starts the next call: with
+    concurrency 1 and samples of one size, the native path writes every sample into the same
+    pooled block (if extract_many still held the previous sample, two blocks would alternate)."""
+    client = hsx.Client(server.address, native=True)
+    addresses = []
+    for _, sample in client.extract_many([[5, 6, 7, 8] * 8] * 6, concurrency=1, capture=[1, 8]):
+        addresses.append(sample["hidden_states"].ctypes.data)
+        del sample
+    client.close()
+    assert len(set(addresses)) == 1, addresses
+
+
 def test_the_receive_path_is_chosen_as_documented(monkeypatch):
     assert hsx.Client("127.0.0.1:1").native == NATIVE_BUILT
     assert not hsx.Client("127.0.0.1:1", native=False).native

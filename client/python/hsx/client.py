@@ -685,9 +685,14 @@ class Client:
                 if not pending:
                     return
                 done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-                for future in done:
-                    index = pending.pop(future)
-                    yield index, future.result()
+                # No name in this frame holds a finished future (it holds its sample) while
+                # suspended: a sample the caller has let go of is freed before the next calls
+                # start, and the native path reuses its memory for them.
+                ready = [(pending.pop(future), future) for future in done]
+                del done
+                while ready:
+                    index = ready[0][0]
+                    yield index, ready.pop(0)[1].result()
 
     def _call(self, fn: Callable[[], T]) -> T:
         """fn(), retrying the retryable statuses; any other status raises ServerError."""
