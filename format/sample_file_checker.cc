@@ -35,7 +35,7 @@ std::string ShapeText(const std::vector<int64_t>& shape) { return absl::StrCat("
 
 }  // namespace
 
-std::vector<std::string> CheckSampleFileBytes(std::span<const uint8_t> bytes, absl::string_view name,
+std::vector<std::string> CheckSampleFileBytes(std::span<const uint8_t> bytes, absl::string_view file_name,
                                               const JournalEntry& e, const InputSample* input) {
   std::vector<std::string> errors;
   if (static_cast<int64_t>(bytes.size()) != e.bytes) {
@@ -45,7 +45,7 @@ std::vector<std::string> CheckSampleFileBytes(std::span<const uint8_t> bytes, ab
     errors.push_back(absl::StrCat("xxh64 ", hash, ", the journal says ", e.xxh64,
                                   " (changed or corrupted since it was written)"));
   }
-  absl::StatusOr<SafetensorsHeader> header = ParseSafetensors(bytes, name);
+  absl::StatusOr<SafetensorsHeader> header = ParseSafetensors(bytes, file_name);
   if (!header.ok()) {
     errors.push_back(absl::StrCat("invalid safetensors: ", header.status().message()));
     return errors;

@@ -26,9 +26,9 @@
 
 namespace hsx {
 
-// Every problem with the file whose contents are `bytes` (`name` names it in
+// Every problem with the file whose contents are `bytes` (`file_name` names it in
 // parser errors); empty when it verifies. `input` may be null.
-std::vector<std::string> CheckSampleFileBytes(std::span<const uint8_t> bytes, absl::string_view name,
+std::vector<std::string> CheckSampleFileBytes(std::span<const uint8_t> bytes, absl::string_view file_name,
                                               const JournalEntry& entry, const InputSample* input);
 
 // The same for the file at `path` (mapped, not read).

@@ -38,29 +38,43 @@ constexpr int64_t kHidden = 4;
 const std::vector<int> kIds = {2, 3, 7};
 const std::vector<int32_t> kTokenIds = {11, 12, 13, 14, 15};
 
-SampleStates MakeStates(bool final_norm, const std::vector<int>& ids = kIds) {
+// A sample's size: these tests' small one by default.
+struct Shape {
+  int64_t tokens = kTokens;
+  int64_t hidden = kHidden;
+};
+
+// Token ids 11, 12, ...: kTokenIds for kTokens.
+std::vector<int32_t> TokenIds(int64_t tokens) {
+  std::vector<int32_t> ids(static_cast<size_t>(tokens));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(11 + i);
+  return ids;
+}
+
+SampleStates MakeStates(bool final_norm, const std::vector<int>& ids = kIds, Shape shape = {}) {
   SampleStates s;
   s.capture_ids = ids;
-  s.tokens = kTokens;
-  s.hidden = kHidden;
-  for (size_t i = 0; i < kTokens * ids.size() * kHidden; ++i) s.hidden_states.push_back(0.25f * (i % 17) - 1.5f);
+  s.tokens = shape.tokens;
+  s.hidden = shape.hidden;
+  const int64_t layers = static_cast<int64_t>(ids.size());
+  for (int64_t i = 0; i < shape.tokens * layers * shape.hidden; ++i) s.hidden_states.push_back(0.25f * (i % 17) - 1.5f);
   if (final_norm) {
-    for (size_t i = 0; i < kTokens * kHidden; ++i) s.final_norm.push_back(0.5f * (i % 5) + 0.125f);
+    for (int64_t i = 0; i < shape.tokens * shape.hidden; ++i) s.final_norm.push_back(0.5f * (i % 5) + 0.125f);
   }
   return s;
 }
 
 StreamExpectation Expect(OutputDType dtype, bool final_norm, const std::vector<int>& ids = kIds,
-                         ChecksumKind checksum = ChecksumKind::kXxh64) {
+                         ChecksumKind checksum = ChecksumKind::kXxh64, Shape shape = {}) {
   StreamExpectation e;
   e.checksum = checksum;
   e.sample_id = "s-1";
-  e.num_tokens = kTokens;
-  e.token_ids_xxh64 = TokenIdsHash(kTokenIds);
+  e.num_tokens = shape.tokens;
+  e.token_ids_xxh64 = TokenIdsHash(TokenIds(shape.tokens));
   e.capture_ids = ids;
   e.final_norm = final_norm;
   e.dtype = dtype;
-  e.hidden_size = kHidden;
+  e.hidden_size = shape.hidden;
   e.num_layers = 7;
   e.model_name = "tiny";
   return e;
@@ -68,30 +82,30 @@ StreamExpectation Expect(OutputDType dtype, bool final_norm, const std::vector<i
 
 // The stream the server would send: two rows per chunk, so tensors span chunks.
 std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm, const std::vector<int>& ids = kIds,
-                                        ChecksumKind checksum = ChecksumKind::kXxh64) {
+                                        ChecksumKind checksum = ChecksumKind::kXxh64, Shape shape = {}) {
   EncoderOptions o;
   o.checksum = checksum;
   o.sample_id = "s-1";
   o.dtype = dtype;
-  o.max_chunk_bytes = 2 * kHidden * OutputDTypeSize(dtype);
-  o.token_ids_hash = TokenIdsHash(kTokenIds);
+  o.max_chunk_bytes = 2 * shape.hidden * OutputDTypeSize(dtype);
+  o.token_ids_hash = TokenIdsHash(TokenIds(shape.tokens));
   o.model_name = "tiny";
   o.num_layers = 7;
   o.layer_convention = kLayerConvention;
   // The states as the engine holds them: each tensor's [T, H] rows contiguous.
-  const SampleStates states = MakeStates(final_norm, ids);
+  const SampleStates states = MakeStates(final_norm, ids, shape);
   auto tensors = std::make_shared<std::vector<std::vector<float>>>();
   for (size_t l = 0; l < ids.size(); ++l) {
     tensors->emplace_back();
-    for (int64_t t = 0; t < kTokens; ++t) {
-      const float* row = &states.hidden_states[(t * ids.size() + l) * kHidden];
-      tensors->back().insert(tensors->back().end(), row, row + kHidden);
+    for (int64_t t = 0; t < shape.tokens; ++t) {
+      const float* row = &states.hidden_states[(t * ids.size() + l) * shape.hidden];
+      tensors->back().insert(tensors->back().end(), row, row + shape.hidden);
     }
   }
   SampleView view;
   view.capture_ids = ids;
-  view.tokens = kTokens;
-  view.hidden = kHidden;
+  view.tokens = shape.tokens;
+  view.hidden = shape.hidden;
   for (const std::vector<float>& rows : *tensors) view.layers.push_back(rows.data());
   if (final_norm) view.final_norm = states.final_norm.data();
   view.owner = tensors;
@@ -226,7 +240,7 @@ TEST(StreamAssemblerTest, APooledSampleHasTheSameBytesAndItsBlocksComeBack) {
     EXPECT_EQ(got.hidden_states, want.hidden_states);
     EXPECT_EQ(got.final_norm, want.final_norm);
     EXPECT_EQ(pool->idle_blocks(), 0u);
-    if (round == 1) EXPECT_EQ(got.hidden_states.data(), block);  // the first sample's block again
+    if (round == 1) { EXPECT_EQ(got.hidden_states.data(), block); }  // the first sample's block again
     block = got.hidden_states.data();
   }
   EXPECT_EQ(pool->idle_blocks(), 2u);
@@ -377,12 +391,34 @@ std::vector<grpc::ByteBuffer> Sliced(const std::vector<v1::ExtractResponse>& str
   return out;
 }
 
+// A sample of at least StreamAssembler's uncached-copy size (2 MiB) is
+// copied into its blocks with streaming stores (uncached_copy.h): the same
+// bytes as the encoder's, whatever alignment the received pieces give each
+// copy (slices cut at odd lengths, rows interleaved across layers).
+TEST(StreamAssemblerTest, ALargeSampleAssemblesToTheFileBytesFromPiecesCutAnywhere) {
+  const Shape large{300, 1792};  // bf16: 3 layers of 300 x 1792 = 3.2 MB, and a final norm
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+    const std::vector<v1::ExtractResponse> stream = Stream(dtype, true, kIds, ChecksumKind::kXxh3, large);
+    const EncodedSample want = EncodeSampleStates(MakeStates(true, kIds, large), dtype);
+    ASSERT_GE(want.hidden_states.size(), size_t{2} << 20);
+    for (const std::vector<size_t>& cuts : std::vector<std::vector<size_t>>{{size_t{1} << 20}, {4093, 7, 1}}) {
+      SCOPED_TRACE(OutputDTypeName(dtype) + ", cuts of " + std::to_string(cuts[0]) + "...");
+      StreamAssembler a(Expect(dtype, true, kIds, ChecksumKind::kXxh3, large));
+      for (const grpc::ByteBuffer& message : Sliced(stream, cuts)) ASSERT_TRUE(a.Consume(message).ok());
+      ASSERT_TRUE(a.complete());
+      const EncodedSample got = a.Take();
+      EXPECT_TRUE(got.hidden_states == want.hidden_states);  // not EXPECT_EQ: it would print megabytes
+      EXPECT_TRUE(got.final_norm == want.final_norm);
+    }
+  }
+}
+
 // What one mode concludes about a stream: the first error, else the value
 // checks' verdict; and the sample it delivers.
 struct Outcome {
   absl::Status status;
   bool has_sample = false;
-  EncodedSample sample;
+  EncodedSample sample{};
 };
 
 Outcome Judge(StreamAssembler& a, absl::Status fed) {
@@ -427,7 +463,7 @@ TEST(StreamAssemblerTest, VerifyOnlyFromSlicesCutMidValueGivesTheAssemblingVerdi
         const Outcome got = Judge(verifying, fed);
         EXPECT_EQ(got.status, want.status);
         EXPECT_EQ(Judge(keeping, kept).status, want.status);  // kKeepReceived: the same checks
-        if (what.empty()) EXPECT_TRUE(got.status.ok()) << got.status;
+        if (what.empty()) { EXPECT_TRUE(got.status.ok()) << got.status; }
         ASSERT_EQ(got.has_sample, want.has_sample);
         if (!want.has_sample) continue;  // refused at the trailer
         ASSERT_TRUE(got.sample.dropped.has_value());

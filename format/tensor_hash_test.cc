@@ -44,7 +44,7 @@ TEST(TensorHashTest, EveryXxh3BuildThisCpuRunsMatchesLibxxhash) {
   std::printf("XXH3 builds this CPU runs:%s\n", names.c_str());
   EXPECT_EQ(std::string(RunnableXxh3Builds().back().name), "libxxhash");
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2")) EXPECT_NE(names.find("avx2"), std::string::npos) << names;
+  if (__builtin_cpu_supports("avx2")) { EXPECT_NE(names.find("avx2"), std::string::npos) << names; }
 #endif
   for (const Xxh3Build& build : RunnableXxh3Builds()) {
     TensorHash hash(build);

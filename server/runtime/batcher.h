@@ -57,11 +57,11 @@ struct WorkItem {
   // Optional: asked before the sample is packed into a batch; true means its
   // consumer has gone (a cancelled RPC), so it is dropped, not computed.
   std::function<bool()> abandoned;
-  std::function<void(absl::StatusOr<SampleView>)> deliver;  // see `done`
+  std::function<void(absl::StatusOr<SampleView>)> deliver = nullptr;  // see `done`
   // Optional: how `deliver`'s consumer checks and hashes the rows it sends as
   // they are; the capture copy then does it where it can (Batch::row_checks)
   // and the view says what it found (SampleView::checked).
-  std::optional<RowCheck> row_check;
+  std::optional<RowCheck> row_check = std::nullopt;
 };
 
 struct BatcherOptions {

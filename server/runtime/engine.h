@@ -50,11 +50,11 @@ struct EngineOptions {
   // The batcher's token budget: the batch term of the device memory plan.
   int64_t max_batch_tokens = 8192;
   // Tests: builds the ranks' backends and communicators instead of `device`'s factory.
-  std::shared_ptr<DeviceFactory> factory;
+  std::shared_ptr<DeviceFactory> factory = nullptr;
   // Called once, on the thread that called Run() or WaitForCopies(), with
   // lost()'s status when the engine stops because a device was lost
   // (hsx-server: health NOT_SERVING). May be empty.
-  std::function<void(const absl::Status&)> on_device_lost;
+  std::function<void(const absl::Status&)> on_device_lost = nullptr;
 };
 
 class Engine {

@@ -231,8 +231,8 @@ TEST_P(CudaCaptureOverlapTest, CapturesHoldTheSourceAsItWasWhenCopied) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, CudaCaptureOverlapTest, ::testing::Values(Precision::kFp32, Precision::kBf16),
-                         [](const ::testing::TestParamInfo<Precision>& info) {
-                           return info.param == Precision::kBf16 ? "bf16" : "fp32";
+                         [](const ::testing::TestParamInfo<Precision>& param_info) {
+                           return param_info.param == Precision::kBf16 ? "bf16" : "fp32";
                          });
 
 // The whole tiny model, every layer and the final norm captured, a few

@@ -159,7 +159,7 @@ TEST_P(CudaCommunicatorTest, AbortWakesARankWaitingForAnother) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, CudaCommunicatorTest,
                          ::testing::Values(Transport::kSameDevice, Transport::kNccl),
-                         [](const auto& info) { return info.param == Transport::kNccl ? "nccl" : "same_device"; });
+                         [](const auto& param_info) { return param_info.param == Transport::kNccl ? "nccl" : "same_device"; });
 
 }  // namespace
 }  // namespace hsx

@@ -150,7 +150,7 @@ TEST_P(TensorParallelTest, MoreRanksThanGpusIsRefusedWithTheFlagToUse) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, TensorParallelTest, ::testing::Values(Device::kCpu, Device::kCuda),
-                         [](const auto& info) { return std::string(DeviceName(info.param)); });
+                         [](const auto& param_info) { return std::string(DeviceName(param_info.param)); });
 
 }  // namespace
 }  // namespace hsx

@@ -46,15 +46,15 @@ TEST_P(PlacementTest, LoaderPlacesWhatTheInspectPlanCounts) {
       EXPECT_EQ((*engine)->placed_bytes(rank), plan[rank]) << "rank " << rank;
       total += plan[rank];
     }
-    if (tp > 1) EXPECT_LT(plan[0], total) << "ranks share the model, not replicate it";
+    if (tp > 1) { EXPECT_LT(plan[0], total) << "ranks share the model, not replicate it"; }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, PlacementTest,
                          ::testing::Values(PlacementCase{"tiny", 0}, PlacementCase{"small", 0},
                                            PlacementCase{"kimi-k2", 2}),
-                         [](const auto& info) {
-                           std::string name = info.param.preset;
+                         [](const auto& param_info) {
+                           std::string name = param_info.param.preset;
                            for (char& c : name) c = c == '-' ? '_' : c;
                            return name;
                          });

@@ -171,13 +171,13 @@ TEST(TensorEncodingTest, CheckTensorIsTheIdentityEncodingWithoutTheCopy) {
         EXPECT_EQ(got.checksum, want.checksum) << "trial " << trial;
       } else {
         EXPECT_EQ(std::isnan(got.bad_value), std::isnan(want.bad_value));
-        if (!std::isnan(want.bad_value)) EXPECT_EQ(got.bad_value, want.bad_value);
+        if (!std::isnan(want.bad_value)) { EXPECT_EQ(got.bad_value, want.bad_value); }
       }
     }
-    if (trial == 0) EXPECT_EQ(got_b.checksum, Xxh64(b.data(), b.size() * 2));
-    if (trial == 1) EXPECT_EQ(got_b.bad_index, 2 * 4096 + 17);
-    if (trial == 1) EXPECT_EQ(got_f.bad_index, 4096 + 3);
-    if (trial == 2) EXPECT_FALSE(got_b.nonzero);
+    if (trial == 0) { EXPECT_EQ(got_b.checksum, Xxh64(b.data(), b.size() * 2)); }
+    if (trial == 1) { EXPECT_EQ(got_b.bad_index, 2 * 4096 + 17); }
+    if (trial == 1) { EXPECT_EQ(got_f.bad_index, 4096 + 3); }
+    if (trial == 2) { EXPECT_FALSE(got_b.nonzero); }
   }
 }
 
@@ -212,12 +212,12 @@ TEST(TensorCheckerTest, PiecesGiveWhatOnePassGives) {
         for (auto [want, got] : {std::pair{want_b, checker_b.Finish()}, std::pair{want_f, checker_f.Finish()}}) {
           EXPECT_EQ(got.bad_index, want.bad_index);
           EXPECT_EQ(got.nonzero, want.nonzero);
-          if (want.bad_index < 0) EXPECT_EQ(got.checksum, want.checksum);
+          if (want.bad_index < 0) { EXPECT_EQ(got.checksum, want.checksum); }
         }
       }
       EXPECT_EQ(want_b.bad_index, bad_at);
       EXPECT_EQ(want_f.bad_index, bad_at < 0 ? -1 : bad_at + 1);
-      if (bad_at >= 0) EXPECT_EQ(want_f.bad_value, -std::numeric_limits<float>::infinity());
+      if (bad_at >= 0) { EXPECT_EQ(want_f.bad_value, -std::numeric_limits<float>::infinity()); }
     }
   }
 }

@@ -133,8 +133,8 @@ TEST_P(StreamTable, SameVerdictWhenVerifyingInPlace) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, StreamTable, ::testing::ValuesIn(Cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.row["name"].get<std::string>();
+                         [](const ::testing::TestParamInfo<Case>& param_info) {
+                           return param_info.param.row["name"].get<std::string>();
                          });
 
 TEST(StreamTableFile, HoldsTheCasesIssue14Names) {
