@@ -39,10 +39,15 @@ double Pass(char* to, size_t bytes, const char* from, size_t piece, Copy copy) {
   return (CpuSeconds() - start) * 1e9 / static_cast<double>(bytes);
 }
 
-void Print(const char* name, std::vector<double> v, double baseline) {
+double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  const double median = v[v.size() / 2];
-  std::printf("%-14s %.4f [%.4f-%.4f] ns/B  %.2fx memcpy\n", name, median, v.front(), v.back(), median / baseline);
+  return v[v.size() / 2];
+}
+
+void Print(const char* name, const std::vector<double>& v, double baseline) {
+  const double median = Median(v);
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  std::printf("%-14s %.4f [%.4f-%.4f] ns/B  %.2fx memcpy\n", name, median, *lo, *hi, median / baseline);
 }
 
 }  // namespace
@@ -64,8 +69,7 @@ int main(int argc, char** argv) {
     uncached.push_back(Pass(to.get(), bytes, from.data(), piece, hsx::CopyUncached));
   }
   std::printf("copy_bench: %zu MiB in %zu-byte pieces, %d interleaved repeats\n", bytes >> 20, piece, repeats);
-  std::sort(plain.begin(), plain.end());
-  const double baseline = plain[plain.size() / 2];
+  const double baseline = Median(plain);
   Print("memcpy", plain, baseline);
   Print("CopyUncached", uncached, baseline);
   return 0;

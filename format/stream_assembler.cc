@@ -199,7 +199,6 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
       offset += static_cast<int64_t>(n);
     }
   }
-  if (uncached_) FenceUncachedCopies();  // the sample may be read on another thread next
   if (mode_ == Mode::kKeepReceived) {
     // The pieces stay valid: moving the vector keeps its elements in place.
     std::vector<BytePiece>& pieces = sample_.received->tensors[current_];
@@ -361,6 +360,8 @@ absl::Status StreamAssembler::OnTrailer(const v1::Trailer& t) {
     if (sample_.capture_ids.size() == 1) sample_.hidden_states_xxh64 = digests_[0];
     if (sample_.has_final_norm) sample_.final_norm_xxh64 = digests_.back();
   }
+  // The sample is whole: from here on it may be read on another thread.
+  if (uncached_) FenceUncachedCopies();
   trailer_ = true;
   return absl::OkStatus();
 }

@@ -137,7 +137,7 @@ class StreamAssembler {
   // kAssemble: the sample is copied with CopyUncached (uncached_copy.h) when
   // its states take at least kUncachedCopyMinBytes: more than a core's L2
   // cache (1-2 MiB), so that its first rows would leave the cache before
-  // anyone reads them anyway.
+  // anyone reads them anyway. Fenced once, when the trailer is accepted.
   static constexpr size_t kUncachedCopyMinBytes = size_t{2} << 20;
   bool uncached_ = false;
   std::vector<uint64_t> digests_;
