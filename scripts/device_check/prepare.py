@@ -7,21 +7,28 @@ at most --max-mib; each binary finds its libraries through RPATH $ORIGIN/../lib,
 from any folder; a library that cannot be resolved here is an error, never a silent gap.
 Libraries not carried (runner.carried): glibc's, the NVIDIA driver's, and the CUDA libraries
 the GPU machine has (cuBLAS, cuBLASLt, cuDNN, NCCL), which the runner finds there by path.
+compute-sanitizer (PyPI nvidia-cuda-sanitizer-api in the test venv) is carried as one xz archive.
 """
 
 import argparse
+import glob
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import runner  # noqa: E402  (the steps and the library rules are the runner's)
+import sanitizer  # noqa: E402
+
+# The runner's own modules, copied beside it (run.py) into the bundle.
+RUNNER_MODULES = ("gtest_output.py", "isolated.py", "sanitizer.py")
 
 
 class PrepareError(Exception):
@@ -123,7 +130,43 @@ def folder_bytes(path):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def assemble(staging, build, built, missing, cache):
+def find_sanitizer(venv):
+    """The files of the pinned nvidia-cuda-sanitizer-api package in the test venv that the
+    sanitizer runs from (its bin/ and lib/ under nvidia/cu13), as listed by the package's own
+    RECORD (other nvidia-* packages share those folders), and its version:
+    ([(path, name in the archive)], version). Raises PrepareError naming the fix."""
+    records = sorted(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages",
+                                            "nvidia_cuda_sanitizer_api-*.dist-info", "RECORD")))
+    if not records:
+        raise PrepareError("compute-sanitizer not found in %s (the PyPI package nvidia-cuda-sanitizer-api, pinned "
+                           "in tests/python/requirements.txt): run scripts/setup.sh --python, or set HSX_VENV" % venv)
+    site = os.path.dirname(os.path.dirname(records[-1]))
+    version = re.search(r"nvidia_cuda_sanitizer_api-([\w.]+)\.dist-info", records[-1]).group(1)
+    members = []
+    with open(records[-1]) as f:
+        for line in f:
+            path = line.split(",")[0]
+            match = re.match(r"^nvidia/(cu\d+)/(bin|lib)/([^/]+)$", path)
+            if match:
+                members.append((os.path.join(site, path), "%s/%s/%s" % match.groups()))
+    if not any(name.endswith("/bin/compute-sanitizer") for _, name in members):
+        raise PrepareError("%s lists no bin/compute-sanitizer" % records[-1])
+    return sorted(members, key=lambda m: m[1]), version
+
+
+def pack_sanitizer(staging, found):
+    """compute-sanitizer's files as one xz archive in the bundle, under cu13/bin and cu13/lib as
+    the wheel has them (the runner unpacks it where a step needs it; sanitizer.py)."""
+    members, version = found
+    archive = os.path.join(staging, sanitizer.ARCHIVE)
+    with tarfile.open(archive, "w:xz", preset=9) as tar:
+        for path, arcname in members:
+            tar.add(path, arcname=arcname)
+    return {"version": version, "archive": sanitizer.ARCHIVE,
+            "unpacked_bytes": sum(os.path.getsize(p) for p, _ in members), "bytes": os.path.getsize(archive)}
+
+
+def assemble(staging, build, built, missing, cache, sanitizer_files):
     bin_dir, lib_dir = os.path.join(staging, "bin"), os.path.join(staging, "lib")
     os.makedirs(bin_dir)
     os.makedirs(lib_dir)
@@ -136,7 +179,10 @@ def assemble(staging, build, built, missing, cache):
     for soname, path in sorted(libraries.items()):
         output_of(["strip", "--strip-unneeded", "-o", os.path.join(lib_dir, soname), os.path.realpath(path)])
     shutil.copy2(os.path.join(HERE, "runner.py"), os.path.join(staging, "run.py"))
+    for module in RUNNER_MODULES:
+        shutil.copy2(os.path.join(HERE, module), os.path.join(staging, module))
     shutil.copy2(os.path.join(HERE, "run.sh"), os.path.join(staging, "run.sh"))
+    sanitizer_facts = pack_sanitizer(staging, sanitizer_files)
     files = [os.path.join(bin_dir, n) for n in built] + [os.path.join(lib_dir, s) for s in libraries]
     commit = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"],
                             capture_output=True, text=True).stdout.strip()
@@ -152,6 +198,7 @@ def assemble(staging, build, built, missing, cache):
         "missing_binaries": missing,
         "libraries": sorted(libraries),
         "gpu_machine_libraries": from_gpu_machine,
+        "sanitizer": sanitizer_facts,
     }
     with open(os.path.join(staging, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
@@ -165,7 +212,10 @@ def main(argv):
                         help="build tree to build in and take binaries from (default $HSX_BUILD_DIR or build)")
     parser.add_argument("--bundle", default=".device-bundle",
                         help="where to put the bundle, relative to the repository root (default .device-bundle)")
-    parser.add_argument("--max-mib", type=float, default=60, help="size limit of the bundle (default 60)")
+    parser.add_argument("--max-mib", type=float, default=64, help="size limit of the bundle (default 64: what the "
+                        "device tool carries)")
+    parser.add_argument("--venv", default=os.environ.get("HSX_VENV", os.path.expanduser("~/.cache/hsx/venv")),
+                        help="the test venv holding nvidia-cuda-sanitizer-api (default $HSX_VENV or ~/.cache/hsx/venv)")
     args = parser.parse_args(argv)
     if shutil.which("patchelf") is None:
         parser.error("patchelf not found: install it (scripts/setup.sh does, or apt-get install patchelf)")
@@ -174,9 +224,10 @@ def main(argv):
     staging = bundle + ".tmp"
     start = time.monotonic()
     try:
+        sanitizer_files = find_sanitizer(args.venv)
         built, missing, cache = configure_and_build(build, runner.required_binaries(), os.cpu_count() or 2)
         shutil.rmtree(staging, ignore_errors=True)
-        manifest = assemble(staging, build, built, missing, cache)
+        manifest = assemble(staging, build, built, missing, cache, sanitizer_files)
         size = folder_bytes(staging)
         if size > args.max_mib * 2**20:
             raise PrepareError("the bundle is %.1f MiB, over --max-mib %g" % (size / 2**20, args.max_mib))
@@ -186,10 +237,13 @@ def main(argv):
         return 1
     shutil.rmtree(bundle, ignore_errors=True)
     os.rename(staging, bundle)
-    print("prepare: %s: %.1f MiB (bin %.1f, lib %.1f), %d binaries, %d libraries, needs glibc >= %s; %.0f s"
+    print("prepare: %s: %.1f MiB (bin %.1f, lib %.1f, compute-sanitizer %s %.1f packed from %.1f), %d binaries, "
+          "%d libraries, needs glibc >= %s; %.0f s"
           % (args.bundle, size / 2**20, folder_bytes(os.path.join(bundle, "bin")) / 2**20,
-             folder_bytes(os.path.join(bundle, "lib")) / 2**20, len(manifest["binaries"]),
-             len(manifest["libraries"]), manifest["glibc_required"], time.monotonic() - start))
+             folder_bytes(os.path.join(bundle, "lib")) / 2**20, manifest["sanitizer"]["version"],
+             manifest["sanitizer"]["bytes"] / 2**20, manifest["sanitizer"]["unpacked_bytes"] / 2**20,
+             len(manifest["binaries"]), len(manifest["libraries"]), manifest["glibc_required"],
+             time.monotonic() - start))
     for name, why in sorted(missing.items()):
         print("prepare: %s %s" % (name, why))
     return 0

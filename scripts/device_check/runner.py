@@ -31,14 +31,19 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ElementTree
+
+import gtest_output
+import isolated
+import sanitizer
+from gtest_output import parse_gtest_xml  # noqa: F401  (the tests' and the steps' name for it)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE = "hsx_cuda_probe"  # versions and devices (tests/cuda/cuda_probe.cc)
+CUDA_TESTS = "hsx_cuda_tests"  # tests/cuda: kernels, backend, model, TP, capture overlap
 MAX_BUDGET_S = 540  # a device command runs at most 10 minutes; leave room for start and copy-back
 LOG_TAIL_BYTES = 64 * 1024  # of each command's output, in the log
 
-# What Context.execute returns: exit status, output (its tail), whether it was killed at its
+# What Context.execute returns: exit status, output (all of it; the log keeps its tail), whether it was killed at its
 # time limit, and how long it ran.
 Outcome = collections.namedtuple("Outcome", "rc output timed_out seconds")
 
@@ -81,6 +86,11 @@ class Step:
 
     def run(self, ctx):
         raise NotImplementedError
+
+    def detailed(self, previous):
+        """This step as rerun by --from-report after `previous` (its result there) failed: more
+        detail where the step has more to give; by default the step as it is."""
+        return self
 
 
 class Pending(Step):
@@ -131,36 +141,246 @@ class BundleCheck(Step):
 
 
 class GTestSuite(Step):
-    """A GoogleTest binary; its counts come from --gtest_output=xml."""
+    """A GoogleTest binary (or a filter of one). A test that crashes the binary does not hide the
+    tests after it: the binary is run again without the tests that finished and the one that
+    crashed (at most MAX_ATTEMPTS runs, within the step's time). A failure that names a sticky CUDA
+    error poisons the process's context, so the tests that failed after it are run once more in a
+    fresh process: the report tells the defect from its consequences. The result lists each failed
+    and crashed test with what it printed (the mismatch messages of tests/common/value_comparison.h).
 
-    def __init__(self, name, binary, title, timeout_s, gtest_filter=None, reserve_s=Step.reserve_s):
+    env: extra environment (HSX_TEST_SHAPES=small for smaller shapes); wrap: a command to run the
+    binary under (compute-sanitizer), as a function of the context."""
+
+    MAX_ATTEMPTS = 4
+
+    def __init__(self, name, binary, title, timeout_s, gtest_filter=None, reserve_s=Step.reserve_s, env=None):
         super().__init__(name, title)
         self.binaries = (binary,)
         self.timeout_s = timeout_s
         self.reserve_s = reserve_s
         self.gtest_filter = gtest_filter
+        self.env = dict(env or {})
+
+    def wrap(self, ctx):
+        """The command before the binary's argv ([] for none); raises StepEnded if it cannot run."""
+        return []
+
+    def detailed(self, previous):
+        """Only the tests that failed or crashed before (all of the filter if the report names
+        none), on small shapes; CUDA tests under compute-sanitizer memcheck with backtraces."""
+        gtest_filter = failed_tests_filter(previous, self.gtest_filter)
+        if self.binaries[0] == CUDA_TESTS:
+            return SanitizerSuite("memcheck", gtest_filter, self.timeout_s, self.reserve_s, detail=True,
+                                  name=self.name, title="%s (detail rerun: failed tests, small shapes, memcheck)"
+                                  % self.title)
+        return GTestSuite(self.name, self.binaries[0], "%s (detail rerun: failed tests, small shapes)" % self.title,
+                          self.timeout_s, gtest_filter, self.reserve_s, env=dict(self.env, HSX_TEST_SHAPES="small"))
+
+    def argv(self, ctx, xml_path, gtest_filter):
+        argv = self.wrap(ctx) + [ctx.binary(self.binaries[0]), "--gtest_output=xml:" + xml_path]
+        return argv + (["--gtest_filter=" + gtest_filter] if gtest_filter else [])
 
     def run(self, ctx):
-        xml_path = os.path.join(ctx.work_dir, self.name + ".xml")
-        argv = [ctx.binary(self.binaries[0]), "--gtest_brief=1", "--gtest_output=xml:" + xml_path]
-        if self.gtest_filter:
-            argv.append("--gtest_filter=" + self.gtest_filter)
-        outcome = ctx.execute(argv, self.timeout_s)
-        if outcome.timed_out:
-            return {"status": "timeout", "summary": "killed at its time limit, after %.0f s" % outcome.seconds}
-        if not os.path.exists(xml_path):
-            return {"status": "error", "summary": "no XML report (exit status %d)" % outcome.rc}
-        counts, skip_reasons = parse_gtest_xml(xml_path)
+        try:
+            return self.run_attempts(ctx)
+        except StepEnded as ended:
+            return ended.result
+
+    def run_attempts(self, ctx):
+        ends_at = time.monotonic() + min(self.timeout_s, ctx.remaining_s())
+        tally = GTestTally()
+        gtest_filter = self.gtest_filter
+        for attempt in range(1, self.MAX_ATTEMPTS + 1):
+            xml_path = os.path.join(ctx.work_dir, "%s-%d.xml" % (self.name, attempt))
+            left = ends_at - time.monotonic()
+            if left < 3:
+                tally.notes.append("no time left for run %d" % attempt)
+                break
+            outcome = ctx.execute(self.argv(ctx, xml_path, gtest_filter), left, env=self.env)
+            self.inspect(outcome, ctx)
+            gtest_filter = tally.add(outcome, xml_path, gtest_filter)
+            if gtest_filter is None:
+                break
+        return self.verdict(tally)
+
+    def inspect(self, outcome, ctx):
+        """Hook for subclasses: read the run's output (the sanitizer's findings)."""
+
+    def verdict(self, tally):
+        counts = tally.counts
         summary = "%(passed)d passed, %(failed)d failed, %(skipped)d skipped of %(tests)d" % counts
-        if skip_reasons:
-            summary += " (skipped: %s)" % "; ".join(skip_reasons[:3])
-        if outcome.rc != 0 or counts["failed"]:
+        if tally.crashed:
+            summary += ", %d crashed (%s)" % (len(tally.crashed), "; ".join(
+                "%s: %s" % (c["name"], c["how"]) for c in tally.crashed[:3]))
+        if tally.failures:
+            summary += "; failed: " + "; ".join(f["name"] for f in tally.failures[:6])
+        if tally.skip_reasons:
+            summary += " (skipped: %s)" % "; ".join(tally.skip_reasons[:3])
+        if tally.notes:
+            summary += " [%s]" % "; ".join(tally.notes)
+        if tally.timed_out:
+            status = "timeout"
+            summary = "%s; %s" % (tally.timed_out, summary)
+        elif counts["failed"] or tally.crashed or tally.bad_exit:
             status = "fail"
         elif counts["tests"] and counts["skipped"] == counts["tests"]:
             status = "skip"
+        elif not counts["tests"]:
+            status = "error"
+            summary = "no test ran" + (" [%s]" % "; ".join(tally.notes) if tally.notes else "")
         else:
             status = "pass"
-        return {"status": status, "summary": summary, "counts": counts}
+        return {"status": status, "summary": summary, "counts": counts,
+                "tests": {"failed": tally.failures, "crashed": tally.crashed}}
+
+
+class GTestTally:
+    """What the runs of one GTestSuite step found, added up run by run."""
+
+    def __init__(self):
+        self.counts = {"tests": 0, "passed": 0, "failed": 0, "skipped": 0, "disabled": 0}
+        self.failures, self.crashed, self.skip_reasons, self.notes = [], [], [], []
+        self.timed_out = None  # what the kill says, when the last run hit the time limit
+        self.bad_exit = False
+        self.sticky_rerun_done = False
+
+    def add(self, outcome, xml_path, gtest_filter):
+        """Adds one run; returns the filter for the next run, or None when the step is done."""
+        tests = gtest_output.tests_in_output(outcome.output)
+        running = [name for name, status, _ in tests if status is None]
+        if outcome.timed_out:
+            self.timed_out = True
+            self.add_from_output(tests)
+            self.timed_out = "killed at its time limit, after %.0f s%s" % (
+                outcome.seconds, " in " + running[-1] if running else "")
+            return None
+        if os.path.exists(xml_path):
+            return self.add_from_xml(outcome, xml_path, tests)
+        # No XML: the binary died. Count what finished, name the test it died in, run the rest.
+        self.add_from_output(tests)
+        how = exit_description(outcome.rc)
+        if not running:
+            self.bad_exit = True
+            self.notes.append("%s before any test ran, no XML report" % how if not tests else
+                              "%s after its last test, no XML report" % how)
+            return None
+        victim = running[-1]
+        output = next(text for name, status, text in tests if name == victim and status is None)
+        self.crashed.append({"name": victim, "how": how, "message": gtest_output.first_lines(output)})
+        self.counts["tests"] += 1
+        return gtest_output.exclude(gtest_filter, [name for name, _, _ in tests])
+
+    def add_from_output(self, tests):
+        for name, status, text in tests:
+            if status is None:
+                continue
+            self.counts["tests"] += 1
+            key = {"OK": "passed", "FAILED": "failed", "SKIPPED": "skipped"}[status]
+            self.counts[key] += 1
+            if status == "FAILED":
+                self.failures.append({"name": name, "message": gtest_output.first_lines(text)})
+
+    def add_from_xml(self, outcome, xml_path, tests):
+        counts, reasons = parse_gtest_xml(xml_path)
+        failures = gtest_output.xml_failures(xml_path)
+        sticky = gtest_output.sticky_failure(failures)
+        order = [name for name, _, _ in tests]
+        after = [f["name"] for f in failures if sticky and f is not sticky and f["name"] in order
+                 and order.index(f["name"]) > order.index(sticky["name"])] if sticky and sticky["name"] in order else []
+        if after and not self.sticky_rerun_done:
+            # Keep the sticky failure; count the rest of this run except the failures after it,
+            # which run again in a fresh process.
+            self.sticky_rerun_done = True
+            counts["failed"] -= len(after)
+            counts["tests"] -= len(after)
+            failures = [f for f in failures if f["name"] not in after]
+            self.notes.append("%s left a sticky CUDA error; the %d tests that failed after it ran again in a "
+                              "fresh process" % (sticky["name"], len(after)))
+            self.merge(counts, reasons, failures)
+            return gtest_output.only(after)
+        self.merge(counts, reasons, failures)
+        if outcome.rc != 0 and not counts["failed"]:
+            self.bad_exit = True
+            self.notes.append("%s with no failed test" % exit_description(outcome.rc))
+        return None
+
+    def merge(self, counts, reasons, failures):
+        for key in self.counts:
+            self.counts[key] += counts[key]
+        self.failures += failures
+        self.skip_reasons += [r for r in reasons if r not in self.skip_reasons]
+
+
+def failed_tests_filter(previous, gtest_filter, also=()):
+    """A filter of the tests a previous result names as failed or crashed (plus `also`), or
+    gtest_filter when it names none."""
+    tests = previous.get("tests") or {}
+    names = [t["name"] for t in tests.get("failed", []) + tests.get("crashed", []) if t.get("name")]
+    names += [n for n in also if n not in names]
+    return gtest_output.only(names) if names else gtest_filter
+
+
+def exit_description(rc):
+    """'killed by SIGSEGV' for a negative Popen return code, else 'exit status N'."""
+    if rc is not None and rc < 0:
+        try:
+            return "killed by %s" % signal.Signals(-rc).name
+        except ValueError:
+            return "killed by signal %d" % -rc
+    return "exit status %s" % rc
+
+
+class SanitizerSuite(GTestSuite):
+    """A GoogleTest filter under one compute-sanitizer tool (memcheck, racecheck, synccheck,
+    initcheck), on small shapes (HSX_TEST_SHAPES=small). Each distinct finding goes into the result
+    (tool, what, kernel, source line, the test that was running, how often)."""
+
+    needs_gpu = True
+
+    def __init__(self, tool, gtest_filter, timeout_s, reserve_s, detail=False, name=None, title=None):
+        super().__init__(name or "sanitize_" + tool, CUDA_TESTS,
+                         title or "compute-sanitizer --tool %s: the CUDA conformance suite and the CUDA model test on"
+                         " small shapes" % tool, timeout_s, gtest_filter, reserve_s, env={"HSX_TEST_SHAPES": "small"})
+        self.tool = tool
+        self.detail = detail
+        self.findings = []
+        self.errors = 0
+
+    def wrap(self, ctx):
+        binary = ctx.sanitizer()
+        if binary is None:
+            raise StepEnded("not built", "no compute-sanitizer: not in the bundle (%s), not on PATH, not in "
+                            "/usr/local/cuda*/bin" % sanitizer.ARCHIVE)
+        return sanitizer.command(binary, self.tool, self.detail)
+
+    def detailed(self, previous):
+        """The tests with findings or failures only, with backtraces and a higher print limit."""
+        names = [f["test"] for f in previous.get("findings", []) if f.get("test")]
+        gtest_filter = failed_tests_filter(previous, self.gtest_filter, also=names)
+        return SanitizerSuite(self.tool, gtest_filter, self.timeout_s, self.reserve_s, detail=True, name=self.name,
+                              title="%s (detail rerun: backtraces)" % self.title)
+
+    def inspect(self, outcome, ctx):
+        for finding in sanitizer.findings(outcome.output, self.tool):
+            same = [f for f in self.findings if (f["what"], f["kernel"], f["line"]) ==
+                    (finding["what"], finding["kernel"], finding["line"])]
+            if same:
+                same[0]["count"] += finding["count"]
+            else:
+                self.findings.append(finding)
+        self.errors += sanitizer.error_count(outcome.output) or 0
+
+    def verdict(self, tally):
+        result = super().verdict(tally)
+        result["findings"] = self.findings
+        if self.findings or self.errors:
+            result["status"] = "fail" if result["status"] in ("pass", "skip", "fail") else result["status"]
+            result["summary"] = "%d errors, %d distinct: %s; tests: %s" % (
+                self.errors, len(self.findings), "; ".join(sanitizer.describe(f) for f in self.findings[:4]),
+                result["summary"])
+        elif result["status"] == "pass":
+            result["summary"] = "no errors; tests: " + result["summary"]
+        return result
 
 
 class CpuPipeline(Step):
@@ -210,16 +430,22 @@ class GpuForward(Step):
     timeout_s = 170
     reserve_s = 60
 
-    def __init__(self):
+    def __init__(self, tokens="8192,32768", layers=2, repeats=3, capture_tokens=32768):
         super().__init__("gpu_forward", "bench/gpu_forward: one rank of Kimi-K2 at 8k and 32k tokens"
                          " (tokens/s, TFLOP/s per op class against a cuBLAS BF16 peak; the capture copy"
                          " time the forward pays with the overlap off and on)")
+        self.tokens, self.layers, self.repeats, self.capture_tokens = tokens, layers, repeats, capture_tokens
+
+    def detailed(self, previous):
+        """One layer at 1k tokens, one repeat: whether it runs at all, and where it stops."""
+        return GpuForward(tokens="1024", layers=1, repeats=1, capture_tokens=1024)
 
     def run(self, ctx):
         # Its own limit inside the time this step has, so that it reports what it measured.
         max_seconds = int(max(10, min(110, ctx.remaining_s() - 15)))
-        argv = [ctx.binary("gpu_forward"), "--tokens=8192,32768", "--layers=2", "--repeats=3",
-                "--max-seconds=%d" % max_seconds, "--capture-tokens=32768"]
+        argv = [ctx.binary("gpu_forward"), "--tokens=%s" % self.tokens, "--layers=%d" % self.layers,
+                "--repeats=%d" % self.repeats, "--max-seconds=%d" % max_seconds,
+                "--capture-tokens=%d" % self.capture_tokens]
         outcome = ctx.execute(argv, self.timeout_s)
         if outcome.timed_out:
             return {"status": "timeout", "summary": "killed at its time limit, after %.0f s" % outcome.seconds}
@@ -300,7 +526,7 @@ class StepEnded(Exception):
 
 
 class StreamCost(Step):
-    """Issue 13 where the engine runs on the device: bench/stream_cost.py's set-up (a model of
+    """The streaming path's CPU cost where the engine runs on the device: bench/stream_cost.py's set-up (a model of
     hidden 7168 and vocabulary 32000 with --capture 0, so no decoder layer runs; 64 samples of
     512-2048 tokens; bf16; hsx-dump --discard --concurrency 4) served by hsx-server --device DEVICE,
     a warm-up pass and then `passes` measured ones: the server's CPU-ns per streamed byte (the
@@ -313,7 +539,7 @@ class StreamCost(Step):
     reserve_s = 45
 
     def __init__(self, device="cuda", hidden=7168, vocab=32000, samples=64, lengths=(512, 2048), passes=3):
-        super().__init__("stream_cost", "issue 13 with --device %s: hsx-server -> hsx-dump --discard, CPU-ns per"
+        super().__init__("stream_cost", "streaming CPU cost with --device %s: hsx-server -> hsx-dump --discard, CPU-ns per"
                          " streamed byte of the server (whole, engine threads, streaming) and the client, against"
                          " a loopback socket pair" % device)
         self.needs_gpu = device == "cuda"
@@ -327,6 +553,10 @@ class StreamCost(Step):
         self.samples = samples
         self.lengths = lengths
         self.passes = passes
+
+    def detailed(self, previous):
+        """8 samples of 64-256 tokens and one measured pass: whether the path works at all."""
+        return StreamCost(self.device, samples=8, lengths=(64, 256), passes=1)
 
     def run(self, ctx):
         try:
@@ -492,6 +722,10 @@ def summarize_forward(result):
     return "; ".join(parts)
 
 
+# What runs under compute-sanitizer: the CUDA backend's per-op conformance cases and the whole tiny
+# model against the CPU backend.
+SANITIZED_TESTS = "Cuda/BackendConformance.*:CudaModelTest.MatchesTheCpuBackend"
+
 # The device check, in order. New suites, oracle comparisons and benchmarks go here (and only
 # here): prepare bundles each step's binaries, the report gets one line per step.
 STEPS = [
@@ -518,6 +752,12 @@ STEPS = [
                " rings that wrap), the tiny model's captures with the overlap on equal those with it off,"
                " bitwise, and through the batcher (last copies fenced, waited for on its delivery thread) each"
                " sample equals its solo run, bitwise", timeout_s=90, reserve_s=20, gtest_filter="*CudaCapture*"),
+    # compute-sanitizer, one tool a step (each its own process): the per-op conformance suite and
+    # the whole-model comparison on small shapes (HSX_TEST_SHAPES=small), 10-100x slower under it.
+    SanitizerSuite("memcheck", SANITIZED_TESTS, timeout_s=90, reserve_s=25),
+    SanitizerSuite("racecheck", SANITIZED_TESTS, timeout_s=90, reserve_s=25),
+    SanitizerSuite("synccheck", SANITIZED_TESTS, timeout_s=60, reserve_s=15),
+    SanitizerSuite("initcheck", SANITIZED_TESTS, timeout_s=75, reserve_s=20),
     GpuForward(),
     StreamCost(),
     CpuPipeline(),
@@ -561,29 +801,6 @@ def parse_ldd(output):
         if match:
             libraries.append((os.path.basename(match.group(1)), match.group(1)))
     return libraries
-
-
-def parse_gtest_xml(path):
-    """Counts of one gtest run and the distinct reasons given for skips."""
-    root = ElementTree.parse(path).getroot()
-    counts = {"tests": 0, "passed": 0, "failed": 0, "skipped": 0, "disabled": 0}
-    reasons = []
-    for case in root.iter("testcase"):
-        counts["tests"] += 1
-        if case.get("status") == "notrun":
-            counts["disabled"] += 1
-        elif case.find("failure") is not None or case.find("error") is not None:
-            counts["failed"] += 1
-        elif case.find("skipped") is not None or case.get("result") == "skipped":
-            counts["skipped"] += 1
-            skipped = case.find("skipped")
-            message = (skipped.get("message") or "").strip() if skipped is not None else ""
-            reason = message.splitlines()[-1] if message else "no reason given"
-            if reason not in reasons:
-                reasons.append(reason)
-        else:
-            counts["passed"] += 1
-    return counts, reasons
 
 
 def write_samples(config_path, path, count, seed):
@@ -639,19 +856,27 @@ class Context:
         self.floor_s = own_reserve_s
         self.held_back_s = later_reserves_s
 
-    def execute(self, argv, timeout_s, system_tool=False):
+    def sanitizer(self):
+        """The compute-sanitizer binary (the bundle's, unpacked on first use), or None."""
+        return sanitizer.locate(HERE, self.work_dir, self.log)
+
+    def execute(self, argv, timeout_s, system_tool=False, env=None):
         """Runs argv with the bundle's environment (a system_tool with the caller's, so that it
-        loads none of the bundle's libraries); returns an Outcome.
-        The process group is killed at the timeout or when the run's budget is spent. Output
+        loads none of the bundle's libraries) plus `env`; returns an Outcome whose output is the
+        whole output (the log gets its tail).
+        The process group is killed at the timeout or when the run's budget is spent, and the
+        command dies with the step's process (PR_SET_PDEATHSIG) should that die first. Output
         goes to a file, not a pipe, so a child that outlives its parent cannot hold us up."""
         timeout_s = max(1.0, min(timeout_s, self.remaining_s()))
-        self.log.write("\n$ %s\n" % " ".join(argv))
+        environment = dict(os.environ if system_tool else self.env, **(env or {}))
+        self.log.write("\n$ %s%s\n" % ("".join("%s=%s " % kv for kv in sorted((env or {}).items())), " ".join(argv)))
+        self.log.flush()
         start = time.monotonic()
         with tempfile.TemporaryFile(dir=self.work_dir) as output_file:
             try:
                 process = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=output_file, stderr=subprocess.STDOUT,
-                    env=os.environ if system_tool else self.env, cwd=self.work_dir, start_new_session=True)
+                    env=environment, cwd=self.work_dir, start_new_session=True, preexec_fn=die_with_parent)
             except OSError as error:
                 self.log.write("could not start: %s\n" % error)
                 return Outcome(127, str(error), False, 0.0)
@@ -665,12 +890,22 @@ class Context:
             output_file.seek(0)
             text = output_file.read().decode("utf-8", "replace")
         if len(text) > LOG_TAIL_BYTES:
-            text = "[... %d bytes cut ...]\n" % (len(text) - LOG_TAIL_BYTES) + text[-LOG_TAIL_BYTES:]
-        self.log.write(text)
+            self.log.write("[... %d bytes cut ...]\n" % (len(text) - LOG_TAIL_BYTES) + text[-LOG_TAIL_BYTES:])
+        else:
+            self.log.write(text)
         seconds = time.monotonic() - start
         self.log.write("[exit %s%s, %.1f s]\n" % (process.returncode, ", TIMED OUT" if timed_out else "", seconds))
         self.log.flush()
         return Outcome(process.returncode, text, timed_out, seconds)
+
+
+def die_with_parent():
+    """In a command's process, before exec: SIGKILL when the step's process dies (Linux)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def kill_group(process):
@@ -834,22 +1069,49 @@ def gpu_line(gpu):
 
 
 def render_markdown(report):
-    lines = ["# hsx device check", "",
+    title = "# hsx device check"
+    if report.get("from_report"):
+        title += " (detail rerun of %s's failed steps: %s)" % (report["from_report"]["date"],
+                                                              ", ".join(report["from_report"]["rerun"]) or "none")
+    sanitizer_version = (report["bundle"].get("sanitizer") or {}).get("version")
+    lines = [title, "",
              "- date: %s" % report["date"],
              "- host: %s (%s, kernel %s, glibc %s, %s CPUs)" % (
                  report["host"], report["machine"]["os"] or "?", report["machine"]["kernel"],
                  report["machine"]["glibc"] or "?", report["machine"]["cpus"]),
-             "- bundle: %s, built %s" % (report["bundle"].get("commit", "?"), report["bundle"].get("built", "?")),
+             "- bundle: %s, built %s%s" % (report["bundle"].get("commit", "?"), report["bundle"].get("built", "?"),
+                                           ", compute-sanitizer %s" % sanitizer_version if sanitizer_version else ""),
              "- %s" % gpu_line(report["gpu"]),
              "- result: **%s** in %.0f s" % (report["result"], report["seconds"]),
              "", "| step | status | s | result |", "|---|---|---|---|"]
     for step in report["steps"]:
         lines.append("| %s: %s | %s | %.1f | %s |" % (step["name"], step["title"], step["status"],
                                                       step["seconds"], step["summary"].replace("|", "/")))
-    libraries = report["gpu"]["libraries"]
+    lines += render_problems(report["steps"])
+    libraries = report["gpu"].get("libraries", {})
     lines += ["", "CUDA libraries on this machine: " + ", ".join(
         "%s %s" % (s, p or "not found") for s, p in sorted(libraries.items()))]
     return "\n".join(lines) + "\n"
+
+
+def render_problems(steps):
+    """The report's detail: each failed or crashed test with what it printed (the mismatch
+    messages), and each sanitizer finding with its kernel and source line."""
+    lines = []
+    for step in steps:
+        tests = step.get("tests") or {}
+        problems = [("crashed (%s)" % t["how"], t) for t in tests.get("crashed", [])]
+        problems += [("failed", t) for t in tests.get("failed", [])]
+        findings = step.get("findings") or []
+        if not problems and not findings:
+            continue
+        lines += ["", "## %s" % step["name"]]
+        for finding in findings:
+            lines.append("- %s" % sanitizer.describe(finding))
+        for how, test in problems:
+            lines += ["", "### %s %s" % (test["name"], how), "", "```", test.get("message", "").strip() or "(nothing printed)",
+                      "```"]
+    return lines
 
 
 def write_whole(path, text):
@@ -860,46 +1122,93 @@ def write_whole(path, text):
     os.replace(temporary, path)
 
 
+RERUN_STATUSES = ("fail", "error", "timeout", "crashed")  # what --from-report runs again
+ISOLATION_GRACE_S = 30  # past the step's time, before its process is killed from outside
+
+
+class Reporter:
+    """Writes report.json and report.md after every step, each file whole (a rename), so that a
+    run cut short still leaves the report of every step that finished; the last write is final."""
+
+    def __init__(self, out, manifest, started, origin=None):
+        self.out, self.manifest, self.started, self.origin = out, manifest, started, origin
+        self.gpu = {"available": False, "reason": "not probed yet", "nvidia_smi": {}, "libraries": {}}
+
+    def write(self, results, steps, final=False):
+        done = {r["name"] for r in results}
+        pending = [{"name": s.name, "title": s.title, "status": "pending", "summary": "not reached yet",
+                    "seconds": 0.0} for s in steps if s.name not in done]
+        failed = [r["name"] for r in results if r["status"] in RERUN_STATUSES]
+        if final:
+            result = "fail (%s)" % ", ".join(failed) if failed else "pass"
+        else:
+            result = "incomplete: %d of %d steps reported%s" % (
+                len(results), len(steps), "; failed so far: " + ", ".join(failed) if failed else "")
+        report = {
+            "schema": 2,
+            "complete": final,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "host": socket.gethostname(),
+            "machine": machine_facts(),
+            "bundle": {k: self.manifest.get(k) for k in ("commit", "built", "build_type", "cuda_archs", "nvcc",
+                                                          "sanitizer")},
+            "gpu": self.gpu,
+            "steps": results + pending,
+            "result": result,
+            "seconds": time.monotonic() - self.started,
+        }
+        if self.origin:
+            report["from_report"] = self.origin
+        write_whole(os.path.join(self.out, "report.json"), json.dumps(report, indent=2) + "\n")
+        write_whole(os.path.join(self.out, "report.md"), render_markdown(report))
+        return report
+
+
 def run(args):
     out = os.path.abspath(args.out)
     with open(os.path.join(HERE, "manifest.json")) as f:
         manifest = json.load(f)
-    started = time.monotonic()
-    with open(os.path.join(out, "device-check.log"), "w") as log:
+    steps, selected, origin = plan_steps(args)
+    reporter = Reporter(out, manifest, time.monotonic(), origin)
+    results = []
+    # Line-buffered: what a step writes is on disk at once, even if its process then dies.
+    with open(os.path.join(out, "device-check.log"), "w", buffering=1) as log:
         ctx = Context(args, manifest, log)
         ctx.add_library_dirs([])
         try:
             try:
-                gpu = probe_gpu(ctx)
+                reporter.gpu = probe_gpu(ctx)
             except Exception as error:  # still run the steps that need no GPU, and report
-                gpu = {"available": False, "reason": "the probe broke: %s: %s" % (type(error).__name__, error),
-                       "nvidia_smi": {}, "libraries": {}}
-            print(gpu_line(gpu), flush=True)
-            results = run_steps(STEPS, args.steps, ctx, gpu)
+                reporter.gpu = {"available": False, "reason": "the probe broke: %s: %s" % (type(error).__name__, error),
+                                "nvidia_smi": {}, "libraries": {}}
+            print(gpu_line(reporter.gpu), flush=True)
+            reporter.write(results, steps)
+            results = run_steps(steps, selected, ctx, reporter.gpu, on_result=lambda done: reporter.write(done, steps),
+                                unselected="not in --steps" if not origin else
+                                "did not fail in the report of %s" % origin["date"])
         finally:
             shutil.rmtree(ctx.work_dir, ignore_errors=True)
-    failed = [r["name"] for r in results if r["status"] in ("fail", "error", "timeout")]
-    report = {
-        "schema": 1,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "host": socket.gethostname(),
-        "machine": machine_facts(),
-        "bundle": {k: manifest.get(k) for k in ("commit", "built", "build_type", "cuda_archs", "nvcc")},
-        "gpu": gpu,
-        "steps": results,
-        "result": "fail (%s)" % ", ".join(failed) if failed else "pass",
-        "seconds": time.monotonic() - started,
-    }
-    write_whole(os.path.join(out, "report.json"), json.dumps(report, indent=2) + "\n")
-    markdown = render_markdown(report)
-    write_whole(os.path.join(out, "report.md"), markdown)
-    print("\n" + markdown + "\nreport: %s/report.md, report.json, device-check.log" % out)
-    return 1 if failed else 0
+    report = reporter.write(results, steps, final=True)
+    print("\n" + render_markdown(report) + "\nreport: %s/report.md, report.json, device-check.log" % out)
+    return 1 if report["result"] != "pass" else 0
 
 
-def run_steps(steps, selected, ctx, gpu):
-    """Runs the selected steps (all when `selected` is empty) in order, each with the later
-    ones' reserves held back from the budget; prints a line per step, returns the results."""
+def plan_steps(args):
+    """(steps, selected names, origin): all of STEPS, or with --from-report the failed steps of
+    that report, each as its detailed variant (smaller shapes, sanitizer on)."""
+    if not args.from_report:
+        return STEPS, args.steps, None
+    previous = args.previous_report
+    failed = {s["name"]: s for s in previous.get("steps", []) if s.get("status") in RERUN_STATUSES}
+    steps = [step.detailed(failed[step.name]) if step.name in failed else step for step in STEPS]
+    origin = {"path": args.from_report, "date": previous.get("date"), "rerun": sorted(failed)}
+    return steps, [s.name for s in steps if s.name in failed], origin
+
+
+def run_steps(steps, selected, ctx, gpu, on_result=None, unselected="not in --steps"):
+    """Runs the selected steps (all when `selected` is empty) in order, each in a process of its
+    own (isolated.py) with the later ones' reserves held back from the budget; prints a line per
+    step and calls on_result(results so far) after each; returns the results."""
     def will_run(step):
         return (not selected or step.name in selected) and (gpu["available"] or not step.needs_gpu)
 
@@ -907,12 +1216,31 @@ def run_steps(steps, selected, ctx, gpu):
     for i, step in enumerate(steps):
         if selected and step.name not in selected:
             results.append({"name": step.name, "title": step.title, "status": "not run",
-                            "summary": "not in --steps", "seconds": 0.0})
+                            "summary": unselected,
+                            "seconds": 0.0})
         else:
             ctx.begin_step(step.reserve_s, sum(s.reserve_s for s in steps[i + 1:] if will_run(s)))
-            results.append(run_step(step, ctx, gpu))
+            results.append(run_isolated(step, ctx, gpu))
         print("%-16s %-13s %s" % (step.name, results[-1]["status"], results[-1]["summary"]), flush=True)
+        if on_result:
+            on_result(list(results))
     return results
+
+
+def run_isolated(step, ctx, gpu):
+    """run_step in a forked process: a step that dies (a signal, a hang past its time) is reported
+    as such, and the next step starts in a clean process."""
+    start = time.monotonic()
+    allowance = max(ctx.remaining_s(), 5.0) + ISOLATION_GRACE_S
+    path = os.path.join(ctx.work_dir, "result-%s.json" % step.name)
+    result = isolated.run_in_own_process(lambda: run_step(step, ctx, gpu), path, allowance, [ctx.log])
+    result.setdefault("name", step.name)
+    result.setdefault("title", step.title)
+    result["seconds"] = round(time.monotonic() - start, 1)
+    if result["status"] in ("crashed",):
+        ctx.log.write("\n[%s: %s]\n" % (step.name, result["summary"]))
+        ctx.log.flush()
+    return result
 
 
 def run_step(step, ctx, gpu):
@@ -947,6 +1275,10 @@ def main(argv):
     parser.add_argument("--steps", default="",
                         help="comma-separated names of the steps to run (default: all): "
                         + ", ".join(step.name for step in STEPS))
+    parser.add_argument("--from-report", metavar="REPORT_JSON",
+                        help="rerun only the steps that failed (fail, error, timeout, crashed) in this earlier "
+                        "report.json, with more detail: only their failed tests, small shapes "
+                        "(HSX_TEST_SHAPES=small), under compute-sanitizer memcheck; benchmarks on smaller sizes")
     parser.add_argument("--list-binaries", action="store_true",
                         help="print the binaries the steps need, one a line (used by prepare), and exit")
     args = parser.parse_args(argv)
@@ -954,6 +1286,17 @@ def main(argv):
         print("\n".join(required_binaries()))
         return 0
     args.steps = [name for name in args.steps.split(",") if name]
+    args.previous_report = None
+    if args.from_report:
+        if args.steps:
+            parser.error("--from-report and --steps: give one (the report chooses the steps)")
+        try:
+            with open(args.from_report) as f:
+                args.previous_report = json.load(f)
+        except (OSError, ValueError) as error:
+            parser.error("--from-report: cannot read %s: %s" % (args.from_report, error))
+        if not isinstance(args.previous_report, dict) or not isinstance(args.previous_report.get("steps"), list):
+            parser.error("--from-report: %s is not a device-check report.json (no list 'steps')" % args.from_report)
     unknown = [name for name in args.steps if name not in [step.name for step in STEPS]]
     if unknown:
         parser.error("--steps: no step named %s (the steps: %s)" % (

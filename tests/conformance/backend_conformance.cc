@@ -4,11 +4,14 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
 #include "kernels/reference/reference_ops.h"
+#include "tests/common/value_comparison.h"
 
 namespace hsx::conformance {
 
@@ -23,30 +26,18 @@ struct HostLinear {
   LinearWeight view;
 };
 
-::testing::AssertionResult Conforms(const HostMatrix& got, const HostMatrix& want, double tolerance) {
+std::string DtypeName(ElementType type) { return type == ElementType::kBf16 ? "bf16" : "fp32"; }
+
+// got against want within tolerance (0: bitwise); a failure names the op, the
+// shape, the dtype and the elements at fault (tests/common/value_comparison.h).
+::testing::AssertionResult Conforms(std::string_view op, ElementType type, const HostMatrix& got,
+                                    const HostMatrix& want, double tolerance) {
+  const hsx::testing::ComparedValues what{std::string(op), {want.rows, want.cols}, DtypeName(type)};
   if (got.rows != want.rows || got.cols != want.cols) {
-    return ::testing::AssertionFailure() << "shape [" << got.rows << ", " << got.cols << "] vs [" << want.rows
-                                         << ", " << want.cols << "]";
+    return ::testing::AssertionFailure() << what.op << ": shape [" << got.rows << ", " << got.cols << "], the reference ["
+                                         << want.rows << ", " << want.cols << "]";
   }
-  double worst = 0;
-  for (size_t i = 0; i < got.values.size(); ++i) {
-    const float g = got.values[i];
-    const float w = want.values[i];
-    if (tolerance == 0) {
-      if (std::memcmp(&g, &w, sizeof(float)) != 0) {
-        return ::testing::AssertionFailure() << "not bitwise: element (" << i / got.cols << ", " << i % got.cols
-                                             << ") is " << g << ", the reference " << w;
-      }
-      continue;
-    }
-    const double error = std::abs(static_cast<double>(g) - w) / std::max(1.0, std::abs(static_cast<double>(w)));
-    if (!(error <= tolerance)) {  // also catches NaN
-      return ::testing::AssertionFailure() << "element (" << i / got.cols << ", " << i % got.cols << ") is " << g
-                                           << ", the reference " << w << ": error " << error << " > " << tolerance;
-    }
-    worst = std::max(worst, error);
-  }
-  return ::testing::AssertionSuccess() << "max error " << worst;
+  return hsx::testing::ValuesMatch(what, got.values, want.values, tolerance);
 }
 
 }  // namespace
@@ -212,7 +203,7 @@ TEST_P(BackendConformance, LinearMatchesReference) {
       b().Linear(h().Upload(x, h().activation()), h().Place(w), y, partial);
       HostMatrix want(13, 48);
       reference::Linear(x, w.view, bf16() && !partial, &want);
-      EXPECT_TRUE(Conforms(h().Download(y), want, tol().linear));
+      EXPECT_TRUE(Conforms(int4 ? "Linear (INT4)" : "Linear", y.type, h().Download(y), want, tol().linear));
     }
   }
 }
@@ -227,7 +218,7 @@ TEST_P(BackendConformance, LinearOnAColumnSlice) {
   b().Linear(h().Upload(x, h().activation()), h().Place(w), y, false);
   HostMatrix want(7, 24);
   reference::Linear(x, w.view, bf16(), &want);
-  EXPECT_TRUE(Conforms(h().Download(y), want, tol().linear));
+  EXPECT_TRUE(Conforms("Linear (column slice)", y.type, h().Download(y), want, tol().linear));
 }
 
 // The suite must notice a different summation order: a reference that sums k
@@ -240,7 +231,7 @@ TEST_P(BackendConformance, GuardCatchesASwappedSummationOrder) {
   b().Linear(h().Upload(x, h().activation()), h().Place(w), y, /*partial=*/true);
   HostMatrix swapped(13, 48);
   reference::Linear(x, w.view, false, &swapped, reference::SumOrder::kDescending);
-  EXPECT_FALSE(Conforms(h().Download(y), swapped, 0));
+  EXPECT_FALSE(Conforms("Linear", y.type, h().Download(y), swapped, 0));
 }
 
 TEST_P(BackendConformance, EmbedZeroesRowsOutsideTheVocabularyShare) {
@@ -253,7 +244,7 @@ TEST_P(BackendConformance, EmbedZeroesRowsOutsideTheVocabularyShare) {
     b().Embed(*staged, h().Place(table), 10, 20, out);
     HostMatrix want(7, 16);
     reference::Embed(tokens, table.data(), 10, 20, &want);
-    EXPECT_TRUE(Conforms(h().Download(out), want, tol().elementwise));
+    EXPECT_TRUE(Conforms("Embed", out.type, h().Download(out), want, tol().elementwise));
   }
 }
 
@@ -268,21 +259,21 @@ TEST_P(BackendConformance, ElementwiseOpsMatchReference) {
     b().RmsNorm(h().Upload(a, act), h().Place(weight), 1e-5f, y);
     HostMatrix want(9, 70);
     reference::RmsNorm(p, a, weight.data(), 1e-5f, &want);
-    EXPECT_TRUE(Conforms(h().Download(y), want, tol().elementwise)) << "RmsNorm";
+    EXPECT_TRUE(Conforms("RmsNorm", y.type, h().Download(y), want, tol().elementwise));
   }
   {
     const Matrix y = h().Allocate(9, 70, act);
     b().Add(h().Upload(a, act), h().Upload(c, act), y);
     HostMatrix want(9, 70);
     reference::Add(p, a, c, &want);
-    EXPECT_TRUE(Conforms(h().Download(y), want, tol().elementwise)) << "Add";
+    EXPECT_TRUE(Conforms("Add", y.type, h().Download(y), want, tol().elementwise));
   }
   {
     const Matrix gate = h().Upload(a, act);
     b().SiluMul(gate, h().Upload(c, act), gate);  // in place, as the forward pass does
     HostMatrix want(9, 70);
     reference::SiluMul(p, a, c, &want);
-    EXPECT_TRUE(Conforms(h().Download(gate), want, tol().elementwise)) << "SiluMul";
+    EXPECT_TRUE(Conforms("SiluMul", gate.type, h().Download(gate), want, tol().elementwise));
   }
   {
     const HostMatrix partial = h().Random(9, 70, ElementType::kF32);  // not bf16-exact
@@ -290,7 +281,7 @@ TEST_P(BackendConformance, ElementwiseOpsMatchReference) {
     b().Round(h().Upload(partial, ElementType::kF32), y);
     HostMatrix want = partial;
     reference::Round(p, &want);
-    EXPECT_TRUE(Conforms(h().Download(y), want, tol().elementwise)) << "Round";
+    EXPECT_TRUE(Conforms("Round", y.type, h().Download(y), want, tol().elementwise));
   }
 }
 
@@ -310,7 +301,7 @@ TEST_P(BackendConformance, RopeMatchesReference) {
   b().Rope(m, heads, stride, offset, *staged, **table);
   HostMatrix want = x;
   reference::Rope(h().precision(), &want, heads, stride, offset, Positions(cu), cos, sin, half);
-  EXPECT_TRUE(Conforms(h().Download(m), want, tol().elementwise));
+  EXPECT_TRUE(Conforms("Rope", m.type, h().Download(m), want, tol().elementwise));
 }
 
 struct AttentionShape {
@@ -332,7 +323,7 @@ TEST_P(BackendConformance, AttentionMatchesReferenceAcrossQueryBlocks) {
                 *staged, s.scale, out);
   HostMatrix want(t, s.heads * s.v);
   reference::Attention(h().precision(), q, kv, k_rope, s.heads, s.nope, s.rope, s.v, cu, s.scale, &want);
-  EXPECT_TRUE(Conforms(h().Download(out), want, tol().attention));
+  EXPECT_TRUE(Conforms("Attention", out.type, h().Download(out), want, tol().attention));
 }
 
 RouterParams Router(const std::vector<uint16_t>& weight, const std::vector<float>* bias, bool softmax) {
@@ -369,11 +360,13 @@ TEST_P(BackendConformance, RoutingMatchesReference) {
     std::vector<int32_t> want_experts;
     std::vector<float> want_weights;
     reference::Route(x, Router(weight, softmax ? nullptr : &bias, softmax), &want_experts, &want_weights);
-    EXPECT_EQ(experts, want_experts);
+    const std::vector<float> got_ids(experts.begin(), experts.end());
+    const std::vector<float> want_ids(want_experts.begin(), want_experts.end());
+    EXPECT_TRUE(hsx::testing::ValuesMatch({"Route (expert ids)", {11, 3}, "int32"}, got_ids, want_ids, 0));
     HostMatrix got_w(11, 3), want_w(11, 3);
     got_w.values = weights;
     want_w.values = want_weights;
-    EXPECT_TRUE(Conforms(got_w, want_w, tol().linear));
+    EXPECT_TRUE(Conforms("Route (expert weights)", ElementType::kF32, got_w, want_w, tol().linear));
   }
 }
 
@@ -425,7 +418,7 @@ TEST_P(BackendConformance, MoeExpertsMatchReference) {
       HostMatrix want(23, 32);
       reference::MoeExperts(h().precision(), x, experts, weights, 2, moe.host, std::span<const bool>(held, 8),
                             partial, &want);
-      EXPECT_TRUE(Conforms(got, want, tol().moe));
+      EXPECT_TRUE(Conforms("MoeExperts", out.type, got, want, tol().moe));
     }
   }
 }
@@ -442,7 +435,8 @@ TEST_P(BackendConformance, RowsDoNotDependOnTheBatch) {
   const Matrix y_alone = h().Allocate(1, 40, act);
   b().Linear(h().Upload(batch, act), placed, y_batch, false);
   b().Linear(h().Upload(alone, act), placed, y_alone, false);
-  EXPECT_TRUE(Conforms(h().Download(y_alone), RowsOf(h().Download(y_batch), 23, 1), 0)) << "Linear";
+  EXPECT_TRUE(Conforms("Linear: row 23 alone vs in a batch of 37", act, h().Download(y_alone),
+                       RowsOf(h().Download(y_batch), 23, 1), 0));
 
   const std::vector<uint16_t> norm = h().RandomBf16(64, 1.0f);
   const uint16_t* norm_placed = h().Place(norm);
@@ -450,7 +444,8 @@ TEST_P(BackendConformance, RowsDoNotDependOnTheBatch) {
   const Matrix n_alone = h().Allocate(1, 64, act);
   b().RmsNorm(h().Upload(batch, act), norm_placed, 1e-6f, n_batch);
   b().RmsNorm(h().Upload(alone, act), norm_placed, 1e-6f, n_alone);
-  EXPECT_TRUE(Conforms(h().Download(n_alone), RowsOf(h().Download(n_batch), 23, 1), 0)) << "RmsNorm";
+  EXPECT_TRUE(Conforms("RmsNorm: row 23 alone vs in a batch of 37", act, h().Download(n_alone),
+                       RowsOf(h().Download(n_batch), 23, 1), 0));
 
   // A 9-token sample alone, and as the middle sample of 5 + 9 + 70 tokens.
   const AttentionShape s;
@@ -468,7 +463,8 @@ TEST_P(BackendConformance, RowsDoNotDependOnTheBatch) {
   b().Attention(h().Upload(RowsOf(q, 5, 9), act), h().Upload(RowsOf(kv, 5, 9), act),
                 h().Upload(RowsOf(k_rope, 5, 9), act), s.heads, s.nope, s.rope, s.v, *staged_alone, s.scale,
                 a_alone);
-  EXPECT_TRUE(Conforms(h().Download(a_alone), RowsOf(h().Download(a_batch), 5, 9), 0)) << "Attention";
+  EXPECT_TRUE(Conforms("Attention: a 9-token sample alone vs between 5 and 70", act, h().Download(a_alone),
+                       RowsOf(h().Download(a_batch), 5, 9), 0));
 
   const MoeSetup moe = MakeMoe(h());
   const bool all[8] = {true, true, true, true, true, true, true, true};
@@ -490,7 +486,8 @@ TEST_P(BackendConformance, RowsDoNotDependOnTheBatch) {
     b().MoeExperts(x, **routing, **table, out, false);
     ASSERT_TRUE(b().Synchronize().ok());
   }
-  EXPECT_TRUE(Conforms(h().Download(m_alone), RowsOf(h().Download(m_batch), 17, 1), 0)) << "MoE";
+  EXPECT_TRUE(Conforms("MoeExperts: row 17 alone vs in a batch of 29", act, h().Download(m_alone),
+                       RowsOf(h().Download(m_batch), 17, 1), 0));
 }
 
 TEST_P(BackendConformance, BadSizesAreReportedBySynchronize) {

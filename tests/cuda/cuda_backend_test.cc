@@ -17,12 +17,14 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "kernels/bf16.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/lt_api.h"
 #include "kernels/cuda/nccl_api.h"
 #include "server/runtime/device_factory.h"
+#include "tests/common/value_comparison.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace hsx {
@@ -75,34 +77,8 @@ struct Side {
   }
 };
 
-struct Comparison {
-  int64_t differing = 0;   // values not bitwise equal
-  double max_error = 0;    // max |got - want| / max(1, |want|)
-  int64_t max_ulps = 0;    // max distance in float ulps
-};
-
-Comparison Compare(const std::vector<float>& got, const std::vector<float>& want) {
-  Comparison c;
-  EXPECT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
-    int32_t a, b;
-    std::memcpy(&a, &got[i], 4);
-    std::memcpy(&b, &want[i], 4);
-    if (a == b) continue;
-    ++c.differing;
-    c.max_error = std::max(c.max_error, std::abs(double(got[i]) - want[i]) / std::max(1.0, std::abs(double(want[i]))));
-    // Ulps between two floats of the same sign (as ordered integers).
-    const int64_t ia = a < 0 ? int64_t{INT32_MIN} - a : a;
-    const int64_t ib = b < 0 ? int64_t{INT32_MIN} - b : b;
-    c.max_ulps = std::max(c.max_ulps, std::abs(ia - ib));
-    if (std::isnan(got[i]) != std::isnan(want[i])) c.max_error = INFINITY;
-  }
-  return c;
-}
-
-std::ostream& operator<<(std::ostream& os, const Comparison& c) {
-  return os << c.differing << " values differ, max error " << c.max_error << ", max " << c.max_ulps << " ulps";
-}
+using ::hsx::testing::ValuesMatch;
+using ::hsx::testing::ValuesWithinUlps;
 
 class CudaVsCpuTest : public ::testing::TestWithParam<Precision> {
  protected:
@@ -120,6 +96,8 @@ class CudaVsCpuTest : public ::testing::TestWithParam<Precision> {
     cpu_.buffers.clear();
   }
   bool bf16() const { return GetParam() == Precision::kBf16; }
+  const char* Dtype() const { return bf16() ? "bf16" : "fp32"; }
+  static const char* DtypeName(ElementType type) { return type == ElementType::kBf16 ? "bf16" : "fp32"; }
   ElementType act() const { return ActivationType(GetParam()); }
   std::vector<float> Random(size_t n, float scale = 1.0f) {
     std::vector<float> v(n);
@@ -147,9 +125,10 @@ TEST_P(CudaVsCpuTest, ElementwiseOpsAreBitwiseOnSlices) {
     be.Add(x, y, x);
     be.Round(side->Upload(a, rows, cols, ElementType::kF32), y);
   }
+  const char* ops[2] = {"Add (after RmsNorm on column slices)", "RmsNorm on column slices, then Round"};
   for (size_t m = 0; m < 2; ++m) {
-    const Comparison c = Compare(gpu_.Download(gpu_.buffers[m]->matrix()), cpu_.Download(cpu_.buffers[m]->matrix()));
-    EXPECT_EQ(c.differing, 0) << "matrix " << m << ": " << c;
+    EXPECT_TRUE(ValuesMatch({ops[m], {rows, cols}, Dtype()}, gpu_.Download(gpu_.buffers[m]->matrix()),
+                            cpu_.Download(cpu_.buffers[m]->matrix()), 0));
   }
 }
 
@@ -182,10 +161,10 @@ TEST_P(CudaVsCpuTest, RopeAndEmbedAreBitwise) {
     be.Embed(**staged, static_cast<const uint16_t*>(*be.PlaceTensor(table.data(), table.size() * 2)), 2, 8, e);
     for (size_t m = 0; m < 3; ++m) results[s].push_back(sides[s]->Download(sides[s]->buffers[m]->matrix()));
   }
-  for (size_t m = 0; m < 3; ++m) {
-    const Comparison c = Compare(results[0][m], results[1][m]);
-    EXPECT_EQ(c.differing, 0) << "result " << m << ": " << c;
-  }
+  const hsx::testing::ComparedValues what[3] = {{"Rope (4 q heads of 192, rope at 128)", {11, 4 * 192}, Dtype()},
+                                                 {"Rope (a k_rope slice of 64 at column 700)", {11, 4 * 192}, Dtype()},
+                                                 {"Embed (vocabulary rows [2, 10))", {11, 96}, "fp32"}};
+  for (size_t m = 0; m < 3; ++m) EXPECT_TRUE(ValuesMatch(what[m], results[0][m], results[1][m], 0));
 }
 
 // SiluMul calls exp: CUDA's double exp rounded to float against glibc's
@@ -196,9 +175,12 @@ TEST_P(CudaVsCpuTest, SiluMulWithinOneUlp) {
     const Matrix gate = side->Upload(g, 64, 1000, act());
     side->backend->SiluMul(gate, side->Upload(u, 64, 1000, act()), gate);
   }
-  const Comparison c = Compare(gpu_.Download(gpu_.buffers[0]->matrix()), cpu_.Download(cpu_.buffers[0]->matrix()));
-  EXPECT_LE(c.max_ulps, bf16() ? 1 << 16 : 1) << c;  // bf16: one bf16 ulp is 2^16 float ulps
-  std::printf("SiluMul %s: %s\n", bf16() ? "bf16" : "fp32", ::testing::PrintToString(c.differing).c_str());
+  const std::vector<float> got = gpu_.Download(gpu_.buffers[0]->matrix());
+  const std::vector<float> want = cpu_.Download(cpu_.buffers[0]->matrix());
+  // bf16: one bf16 ulp is 2^16 float ulps.
+  EXPECT_TRUE(ValuesWithinUlps({"SiluMul", {64, 1000}, Dtype()}, got, want, bf16() ? 1 << 16 : 1));
+  std::printf("SiluMul %s: %lld values differ from the CPU\n", Dtype(),
+              static_cast<long long>(hsx::testing::FindMismatches(got, want, 0).outside));
 }
 
 // Attention at Kimi-K2's head dims (192 / 128), ragged, samples across
@@ -217,10 +199,13 @@ TEST_P(CudaVsCpuTest, AttentionAtKimiHeadDims) {
     be.Attention(side->Upload(q, t, heads * (nope + rope), act()), side->Upload(kv, t, heads * (nope + v), act()),
                  side->Upload(kr, t, rope, act()), heads, nope, rope, v, **staged, 0.1352f, out);
   }
-  const Comparison c = Compare(gpu_.Download(gpu_.buffers[0]->matrix()), cpu_.Download(cpu_.buffers[0]->matrix()));
-  EXPECT_LE(c.max_error, bf16() ? 1e-2 : 1e-5) << c;
-  std::printf("Attention %s: %s of %lld values differ from the CPU\n", bf16() ? "bf16" : "fp32",
-              ::testing::PrintToString(c.differing).c_str(), static_cast<long long>(t * heads * v));
+  const std::vector<float> got = gpu_.Download(gpu_.buffers[0]->matrix());
+  const std::vector<float> want = cpu_.Download(cpu_.buffers[0]->matrix());
+  EXPECT_TRUE(ValuesMatch({"Attention (2 heads, 192/128, 4 samples)", {t, heads * v}, Dtype()}, got, want,
+                          bf16() ? 1e-2 : 1e-5));
+  std::printf("Attention %s: %lld of %lld values differ from the CPU\n", Dtype(),
+              static_cast<long long>(hsx::testing::FindMismatches(got, want, 0).outside),
+              static_cast<long long>(t * heads * v));
 }
 
 // The row-independence rule at the GEMM shapes of one Kimi-K2 rank (TP8):
@@ -231,8 +216,8 @@ TEST_P(CudaVsCpuTest, GemmRowsDoNotDependOnM) {
     int64_t n, k;
   };
   const Shape shapes[] = {{1536, 7168}, {576, 7168}, {2048, 512}, {7168, 1024}, {4096, 7168}, {7168, 2048}};
-  const int64_t big = 8192;
-  const int64_t picked[] = {0, 4095, big - 1};
+  const int64_t big = ::hsx::testing::TestSize(8192, 512);
+  const int64_t picked[] = {0, big / 2 - 1, big - 1};
   Backend& be = *gpu_backend_;
   for (const Shape& s : shapes) {
     for (const bool partial : {false, true}) {
@@ -261,15 +246,19 @@ TEST_P(CudaVsCpuTest, GemmRowsDoNotDependOnM) {
         const Matrix y1 = gpu_.Upload(std::vector<float>(s.n, 0.0f), 1, s.n, out_type);
         be.Linear(gpu_.Upload(x1, 1, s.k, act()), *placed, y1, partial);
         const std::vector<float> want(y_big.begin() + r * s.n, y_big.begin() + (r + 1) * s.n);
-        EXPECT_EQ(Compare(gpu_.Download(y1), want).differing, 0) << "row " << r << " alone";
+        const std::string op = absl::StrCat("Linear N=", s.n, " K=", s.k, partial ? " partial" : "", ": row ", r,
+                                            " of ", big);
+        EXPECT_TRUE(ValuesMatch({op + " vs alone", {1, s.n}, DtypeName(out_type)}, gpu_.Download(y1), want, 0));
         const std::vector<float> in_three(y_three.begin() + i * s.n, y_three.begin() + (i + 1) * s.n);
-        EXPECT_EQ(Compare(in_three, want).differing, 0) << "row " << r << " of 3";
+        EXPECT_TRUE(ValuesMatch({op + " vs in 3 rows", {1, s.n}, DtypeName(out_type)}, in_three, want, 0));
       }
       // Against the CPU on the three rows (the CPU GEMM at M = 8192 would be slow).
       const Matrix yc = cpu_.Upload(std::vector<float>(3 * s.n, 0.0f), 3, s.n, out_type);
       cpu_backend_->Linear(cpu_.Upload(three_x, 3, s.k, act()), host, yc, partial);
-      const Comparison c = Compare(y_three, cpu_.Download(yc));
-      EXPECT_LE(c.max_error, bf16() && !partial ? 1e-2 : 1e-4) << c;
+      EXPECT_TRUE(ValuesMatch({absl::StrCat("Linear N=", s.n, " K=", s.k, partial ? " partial" : "",
+                                            ": rows 0, ", big / 2 - 1, ", ", big - 1, " vs the CPU"),
+                               {3, s.n}, DtypeName(out_type)},
+                              y_three, cpu_.Download(yc), bf16() && !partial ? 1e-2 : 1e-4));
       gpu_.buffers.clear();
       cpu_.buffers.clear();
     }
@@ -327,11 +316,12 @@ TEST_P(CudaVsCpuTest, GroupLimitedRoutingAndBf16Experts) {
     be.MoeExperts(xm, **routing, **table, out, false);
     ASSERT_TRUE(be.Synchronize().ok());
   }
-  EXPECT_EQ(chosen[0], chosen[1]);
-  const Comparison w = Compare(weights[0], weights[1]);
-  EXPECT_LE(w.max_error, 1e-5) << w;
-  const Comparison c = Compare(gpu_.Download(gpu_.buffers[1]->matrix()), cpu_.Download(cpu_.buffers[1]->matrix()));
-  EXPECT_LE(c.max_error, bf16() ? 2e-2 : 1e-5) << c;
+  const std::vector<float> gpu_ids(chosen[0].begin(), chosen[0].end()), cpu_ids(chosen[1].begin(), chosen[1].end());
+  EXPECT_TRUE(ValuesMatch({"Route (expert ids, 8 of 64, 4 of 8 groups)", {tokens, top_k}, "int32"}, gpu_ids, cpu_ids, 0));
+  EXPECT_TRUE(ValuesMatch({"Route (expert weights)", {tokens, top_k}, "fp32"}, weights[0], weights[1], 1e-5));
+  EXPECT_TRUE(ValuesMatch({"MoeExperts (64 bf16 experts, 2 of 3 held)", {tokens, hidden}, Dtype()},
+                          gpu_.Download(gpu_.buffers[1]->matrix()), cpu_.Download(cpu_.buffers[1]->matrix()),
+                          bf16() ? 2e-2 : 1e-5));
 }
 
 TEST_P(CudaVsCpuTest, BadSizesAreReportedWithTheOpAndSizes) {

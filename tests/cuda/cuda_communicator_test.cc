@@ -16,6 +16,7 @@
 #include "kernels/collective_plan.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_communicator.h"
+#include "tests/common/value_comparison.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace hsx {
@@ -112,7 +113,9 @@ TEST_P(CudaCommunicatorTest, SumsExactlyAsThePlanOnTheHost) {
         std::vector<float> got(static_cast<size_t>(rows * cols));
         backends_[r]->CopyToHost(data[r], got.data());
         ASSERT_TRUE(backends_[r]->Synchronize().ok());
-        EXPECT_EQ(0, std::memcmp(got.data(), host[r].data(), got.size() * sizeof(float))) << "rank " << r;
+        EXPECT_TRUE(::hsx::testing::ValuesMatch(
+            {absl::StrCat("AllReduce (", ranks, " ranks) on rank ", r, " vs the host plan"), {rows, cols}, "fp32"},
+            got, host[r], 0));
       }
       buffers.clear();
       group_.reset();

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -14,11 +15,24 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "tests/common/value_comparison.h"
 #include "server/model/random_model.h"
 #include "server/model/sample_states.h"
 #include "server/runtime/engine.h"
 
 namespace hsx::testing {
+
+// HSX_TEST_SHAPES=small: the GPU tests use fewer and shorter samples and
+// smaller GEMM batches, so that they finish under compute-sanitizer (10-100x
+// slower kernels) and in a detail rerun (scripts/device_check: --from-report).
+// Every check still runs; only sizes shrink.
+inline bool SmallShapes() {
+  const char* value = std::getenv("HSX_TEST_SHAPES");
+  return value != nullptr && std::string(value) == "small";
+}
+
+// `normal`, or `small` under HSX_TEST_SHAPES=small.
+inline int64_t TestSize(int64_t normal, int64_t small) { return SmallShapes() ? small : normal; }
 
 // Empty when a CUDA device is usable, else "no CUDA device: <CUDA's reason>".
 inline std::string NoCudaDeviceReason() {
@@ -90,6 +104,20 @@ inline std::vector<SampleStates> RunBatch(Engine& engine, const std::vector<std:
   return SplitBySample(*captures, batch.cu_seqlens);
 }
 
+// One sample's captures and final norm against another's, bitwise or within
+// tolerance (tests/common/value_comparison.h): a failure names `label`, the
+// tensor ([tokens, layers, hidden] or [tokens, hidden]) and the elements at fault.
+inline ::testing::AssertionResult StatesMatch(const std::string& label, const SampleStates& got,
+                                              const SampleStates& want, double tolerance = 0) {
+  const ComparedValues captures{absl::StrCat(label, ": hidden_states"),
+                                {want.tokens, static_cast<int64_t>(want.capture_ids.size()), want.hidden}, "fp32"};
+  ::testing::AssertionResult result = ValuesMatch(captures, got.hidden_states, want.hidden_states, tolerance);
+  if (!result) return result;
+  return ValuesMatch({absl::StrCat(label, ": final_norm"), {want.final_norm.empty() ? 0 : want.tokens, want.hidden},
+                      "fp32"},
+                     got.final_norm, want.final_norm, tolerance);
+}
+
 // Runs `samples` as one batch and then each alone, and expects every
 // sample's states bitwise equal both ways (the contract's batch-invariance
 // rule); `label` names the case in a failure.
@@ -100,8 +128,9 @@ inline void ExpectBatchedEqualsSolo(Engine& engine, const std::vector<std::vecto
   for (size_t i = 0; i < samples.size(); ++i) {
     const std::vector<SampleStates> solo = RunBatch(engine, {samples[i]});
     ASSERT_EQ(solo.size(), 1u);
-    EXPECT_TRUE(solo[0].hidden_states == together[i].hidden_states && solo[0].final_norm == together[i].final_norm)
-        << label << " sample " << i << " (" << samples[i].size() << " tokens)";
+    EXPECT_TRUE(StatesMatch(absl::StrCat(label, " sample ", i, " of ", samples.size(), " (", samples[i].size(),
+                                         " tokens) in the batch vs alone"),
+                            together[i], solo[0]));
   }
 }
 
@@ -124,6 +153,39 @@ inline std::vector<double> LayerErrors(const SampleStates& got, const SampleStat
     errors.push_back(std::sqrt(diff / std::max(norm, 1e-30)));
   }
   return errors;
+}
+
+// The values of capture l (l == capture_ids.size(): the final norm) of one
+// sample, [tokens, hidden].
+inline std::vector<float> CaptureValues(const SampleStates& states, size_t l) {
+  const size_t layers = states.capture_ids.size();
+  if (l == layers) return states.final_norm;
+  std::vector<float> values;
+  values.reserve(static_cast<size_t>(states.tokens * states.hidden));
+  for (int64_t t = 0; t < states.tokens; ++t) {
+    const auto row = states.hidden_states.begin() + (t * static_cast<int64_t>(layers) + l) * states.hidden;
+    values.insert(values.end(), row, row + states.hidden);
+  }
+  return values;
+}
+
+// Expects every captured layer's relative L2 error within `tolerance`; each
+// layer that is not says so with its error and, element by element at the same
+// relative tolerance, which values are at fault. Returns the worst error.
+inline double ExpectLayersWithinL2(const std::string& label, const SampleStates& got, const SampleStates& want,
+                                   double tolerance) {
+  const std::vector<double> errors = LayerErrors(got, want);
+  double worst = 0;
+  for (size_t l = 0; l < errors.size(); ++l) {
+    worst = std::max(worst, errors[l]);
+    if (errors[l] <= tolerance) continue;
+    const bool final_norm = l == want.capture_ids.size();
+    const std::string what = final_norm ? "final_norm" : absl::StrCat("capture id ", want.capture_ids[l]);
+    const Mismatches found = FindMismatches(CaptureValues(got, l), CaptureValues(want, l), tolerance);
+    ADD_FAILURE() << label << ", " << what << ": relative L2 error " << errors[l] << " > " << tolerance << "; "
+                  << DescribeMismatches({absl::StrCat(label, " ", what), {want.tokens, want.hidden}, "fp32"}, found);
+  }
+  return worst;
 }
 
 }  // namespace hsx::testing

@@ -20,6 +20,7 @@
 #include "server/model/sample_states.h"
 #include "server/model/tensor_specs.h"
 #include "server/runtime/engine.h"
+#include "tests/common/value_comparison.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/unit/test_util.h"
 
@@ -73,13 +74,16 @@ class TensorParallelTest : public ::testing::TestWithParam<Device> {
     return samples;
   }
 
-  // The worst relative L2 error over the captured layers (and final norm) of
-  // every sample.
-  static double WorstError(const std::vector<SampleStates>& got, const std::vector<SampleStates>& want) {
+  // Expects every sample's captured layers (and final norm) within relative L2
+  // `tolerance` of `want`, naming the values at fault; the worst error.
+  static double ExpectWithin(const std::string& label, const std::vector<SampleStates>& got,
+                             const std::vector<SampleStates>& want, double tolerance) {
     EXPECT_EQ(got.size(), want.size());
     double worst = 0;
     for (size_t s = 0; s < std::min(got.size(), want.size()); ++s) {
-      for (double e : ::hsx::testing::LayerErrors(got[s], want[s])) worst = std::max(worst, e);
+      worst = std::max(worst, ::hsx::testing::ExpectLayersWithinL2(absl::StrCat(label, " sample ", s, " (",
+                                                                                 want[s].tokens, " tokens)"),
+                                                                    got[s], want[s], tolerance));
     }
     return worst;
   }
@@ -92,7 +96,7 @@ TempDir* TensorParallelTest::dir_ = nullptr;
 Checkpoint* TensorParallelTest::checkpoint_ = nullptr;
 
 TEST_P(TensorParallelTest, TpOnOneDeviceEqualsTp1) {
-  const std::vector<std::vector<int32_t>> samples = Samples(3, 3, 200);
+  const std::vector<std::vector<int32_t>> samples = Samples(3, 3, ::hsx::testing::TestSize(200, 40));
   std::unique_ptr<Engine> one = MakeEngine(1);
   ASSERT_TRUE(one);
   const std::vector<SampleStates> want = Run(*one, samples);
@@ -100,8 +104,8 @@ TEST_P(TensorParallelTest, TpOnOneDeviceEqualsTp1) {
     SCOPED_TRACE(::testing::Message() << "TP " << tp);
     std::unique_ptr<Engine> split = MakeEngine(tp);
     ASSERT_TRUE(split);
-    const double worst = WorstError(Run(*split, samples), want);
-    EXPECT_LE(worst, 1e-5);
+    const double worst = ExpectWithin(absl::StrCat(DeviceName(GetParam()), " TP ", tp, " vs TP 1"),
+                                      Run(*split, samples), want, 1e-5);
     std::printf("%s TP %d against TP 1: worst layer error %.3g\n", DeviceName(GetParam()), tp, worst);
   }
 }
@@ -109,8 +113,9 @@ TEST_P(TensorParallelTest, TpOnOneDeviceEqualsTp1) {
 TEST_P(TensorParallelTest, Tp8BatchedEqualsSoloBitForBit) {
   std::unique_ptr<Engine> engine = MakeEngine(8);
   ASSERT_TRUE(engine);
-  for (uint32_t seed = 0; seed < 4; ++seed) {
-    const std::vector<std::vector<int32_t>> samples = Samples(100 + seed, 4, seed == 0 ? 1024 : 300);
+  for (uint32_t seed = 0; seed < ::hsx::testing::TestSize(4, 1); ++seed) {
+    const std::vector<std::vector<int32_t>> samples =
+        Samples(100 + seed, 4, ::hsx::testing::TestSize(seed == 0 ? 1024 : 300, 40));
     ::hsx::testing::ExpectBatchedEqualsSolo(*engine, samples, absl::StrCat("seed ", seed));
   }
 }
@@ -129,8 +134,7 @@ TEST_P(TensorParallelTest, NcclAcrossGpusEqualsTp1) {
     SCOPED_TRACE(::testing::Message() << "NCCL TP " << tp);
     std::unique_ptr<Engine> split = MakeEngine(tp, /*spread=*/true);
     ASSERT_TRUE(split);
-    const double worst = WorstError(Run(*split, samples), want);
-    EXPECT_LE(worst, 1e-5);
+    const double worst = ExpectWithin(absl::StrCat("NCCL TP ", tp, " vs TP 1"), Run(*split, samples), want, 1e-5);
     std::printf("NCCL TP %d against TP 1: worst layer error %.3g\n", tp, worst);
   }
 }

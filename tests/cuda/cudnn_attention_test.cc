@@ -24,6 +24,7 @@
 #include "server/model/sample_states.h"
 #include "server/runtime/device_factory.h"
 #include "server/runtime/engine.h"
+#include "tests/common/value_comparison.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/unit/test_util.h"
 
@@ -91,17 +92,13 @@ TEST(CudnnAttentionTest, MatchesTheReferenceKernelAtKimiHeadDims) {
   const std::vector<uint16_t> want = reference.Attention(q, kv, kr, 0, cu);
   const std::vector<uint16_t> got = cudnn.Attention(q, kv, kr, 0, cu);
   ASSERT_EQ(got.size(), want.size());
-  double worst = 0;
-  int64_t differing = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const float g = Bf16ToFloat(got[i]), w = Bf16ToFloat(want[i]);
-    const double e = std::fabs(double(g) - w) / std::max(1.0, std::fabs(double(w)));
-    worst = std::isnan(g) ? INFINITY : std::max(worst, e);
-    differing += got[i] != want[i];
-  }
+  std::vector<float> g(got.size()), w(want.size());
+  for (size_t i = 0; i < want.size(); ++i) g[i] = Bf16ToFloat(got[i]), w[i] = Bf16ToFloat(want[i]);
+  const ::hsx::testing::Mismatches differing = ::hsx::testing::FindMismatches(g, w, 0);
   std::printf("cuDNN SDPA vs reference kernel (bf16, %lld values): max error %.3g, %lld differ\n",
-              static_cast<long long>(want.size()), worst, static_cast<long long>(differing));
-  EXPECT_LE(worst, 2e-2);
+              static_cast<long long>(want.size()), differing.worst.error, static_cast<long long>(differing.outside));
+  EXPECT_TRUE(::hsx::testing::ValuesMatch({"Attention: cuDNN SDPA vs the reference kernel",
+                                           {cu.back(), kHeads * kV}, "bf16"}, g, w, 2e-2));
 }
 
 // A sample solo (one slot, its own length bucket) and packed among others
@@ -110,11 +107,11 @@ TEST(CudnnAttentionTest, ASampleIsBitwiseTheSameSoloOrInABatch) {
   HSX_SKIP_WITHOUT_CUDA();
   Gpu cudnn = MakeGpu(CudaAttention::kCudnn);
   ASSERT_TRUE(cudnn.backend);
-  for (int seed = 0; seed < 6; ++seed) {
+  for (int seed = 0; seed < ::hsx::testing::TestSize(6, 2); ++seed) {
     std::mt19937 random(seed);
     std::vector<int64_t> cu = {0};
     const int count = 2 + static_cast<int>(random() % 6);
-    for (int i = 0; i < count; ++i) cu.push_back(cu.back() + 1 + static_cast<int64_t>(random() % (seed < 2 ? 2048 : 300)));
+    for (int i = 0; i < count; ++i) cu.push_back(cu.back() + 1 + static_cast<int64_t>(random() % ::hsx::testing::TestSize(seed < 2 ? 2048 : 300, 64)));
     const int64_t t = cu.back();
     const auto q = RandomBf16(random, t * kHeads * (kNope + kRope));
     const auto kv = RandomBf16(random, t * kHeads * (kNope + kV));
@@ -124,8 +121,11 @@ TEST(CudnnAttentionTest, ASampleIsBitwiseTheSameSoloOrInABatch) {
       const int64_t len = cu[i + 1] - cu[i];
       const std::vector<uint16_t> solo = cudnn.Attention(q, kv, kr, cu[i], {0, len});
       const auto begin = together.begin() + cu[i] * kHeads * kV;
-      EXPECT_TRUE(std::equal(solo.begin(), solo.end(), begin))
-          << "seed " << seed << " sample " << i << " (" << len << " of " << t << " tokens)";
+      EXPECT_TRUE(::hsx::testing::Bf16BitsMatch(
+          {absl::StrCat("cuDNN attention, seed ", seed, ": sample ", i, " alone vs rows [", cu[i], ", ", cu[i + 1],
+                        ") of ", t),
+           {len, kHeads * kV}, "bf16"},
+          solo, std::span<const uint16_t>(&*begin, solo.size())));
     }
     cudnn.buffers.clear();
   }
@@ -178,7 +178,10 @@ TEST_F(CudnnModelTest, MatchesTheReferenceKernelEngine) {
   ASSERT_EQ(got.size(), want.size());
   double worst = 0;
   for (size_t i = 0; i < want.size(); ++i) {
-    for (double e : ::hsx::testing::LayerErrors(got[i], want[i])) worst = std::max(worst, e);
+    worst = std::max(worst, ::hsx::testing::ExpectLayersWithinL2(
+                                absl::StrCat("tiny model, cudnn vs reference attention, sample ", i, " (",
+                                             samples[i].size(), " tokens)"),
+                                got[i], want[i], 2e-2));
   }
   std::printf("tiny model, cudnn vs reference attention (bf16): max relative L2 error per layer %.3g\n", worst);
   EXPECT_LE(worst, 2e-2);
@@ -187,18 +190,19 @@ TEST_F(CudnnModelTest, MatchesTheReferenceKernelEngine) {
 TEST_F(CudnnModelTest, BatchedEqualsSoloBitForBit) {
   std::unique_ptr<Engine> engine = MakeEngine(AttentionKernel::kCudnn);
   ASSERT_TRUE(engine);
-  for (int seed = 0; seed < 10; ++seed) {
+  for (int seed = 0; seed < ::hsx::testing::TestSize(10, 2); ++seed) {
     std::mt19937 random(seed);
     std::vector<std::vector<int32_t>> samples;
     const int count = 2 + static_cast<int>(random() % 5);
-    for (int i = 0; i < count; ++i) samples.push_back(Tokens(random, 1 + random() % (seed < 3 ? 2048 : 300)));
+    for (int i = 0; i < count; ++i) samples.push_back(Tokens(random, 1 + random() % ::hsx::testing::TestSize(seed < 3 ? 2048 : 300, 64)));
     const auto together = ::hsx::testing::RunBatch(*engine, samples);
     ASSERT_EQ(together.size(), samples.size());
     for (size_t i = 0; i < samples.size(); ++i) {
       const auto solo = ::hsx::testing::RunBatch(*engine, {samples[i]});
       ASSERT_EQ(solo.size(), 1u);
-      EXPECT_TRUE(solo[0].hidden_states == together[i].hidden_states && solo[0].final_norm == together[i].final_norm)
-          << "seed " << seed << " sample " << i << " (" << samples[i].size() << " tokens)";
+      EXPECT_TRUE(::hsx::testing::StatesMatch(absl::StrCat("cudnn model, seed ", seed, " sample ", i, " (",
+                                                           samples[i].size(), " tokens) in the batch vs alone"),
+                                              together[i], solo[0]));
     }
   }
 }

@@ -16,6 +16,7 @@
 #include "kernels/bf16.h"
 #include "kernels/cpu/int4_dequant.h"
 #include "kernels/cuda/int4_dequant.h"
+#include "tests/common/value_comparison.h"
 
 namespace hsx {
 namespace {
@@ -131,33 +132,25 @@ std::vector<uint16_t> CpuDequant(const Int4Weight& w) {
 
 bool IsBf16Nan(uint16_t bits) { return (bits & 0x7F80u) == 0x7F80u && (bits & 0x7Fu) != 0; }
 
-// Bit-exact comparison; with nan_equal, any two NaNs count as equal.
+// Bit-exact comparison; with nan_equal, any two NaNs count as equal. A
+// failure names the elements at fault (tests/common/value_comparison.h) and
+// the first one's INT4 code and group scale.
 ::testing::AssertionResult SameBits(const Int4Weight& w, const std::vector<uint16_t>& want,
                                     const std::vector<uint16_t>& got, bool nan_equal = false) {
-  if (want.size() != got.size()) {
-    return ::testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
-  }
-  int64_t mismatches = 0;
-  int64_t first = -1;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (want[i] == got[i] || (nan_equal && IsBf16Nan(want[i]) && IsBf16Nan(got[i]))) continue;
-    if (first < 0) first = static_cast<int64_t>(i);
-    ++mismatches;
-  }
-  if (mismatches == 0) return ::testing::AssertionSuccess();
+  ::testing::AssertionResult result =
+      ::hsx::testing::Bf16BitsMatch({"DequantizeInt4", {w.rows, w.cols}, "bf16"}, got, want, nan_equal);
+  if (result || want.size() != got.size()) return result;
+  int64_t first = 0;
+  while (want[first] == got[first] || (nan_equal && IsBf16Nan(want[first]) && IsBf16Nan(got[first]))) ++first;
   const int64_t row = first / w.cols;
   const int64_t col = first % w.cols;
   const int32_t* packed_row = w.packed.data() + row * (w.cols / 8);
-  const uint16_t scale_bits = w.scale[static_cast<size_t>(row * (w.cols / w.group_size) +
-                                                          col / w.group_size)];
+  const uint16_t scale_bits = w.scale[static_cast<size_t>(row * (w.cols / w.group_size) + col / w.group_size)];
   char detail[160];
-  std::snprintf(detail, sizeof(detail),
-                "first at [%lld][%lld]: q=%d scale=0x%04x want=0x%04x got=0x%04x",
-                static_cast<long long>(row), static_cast<long long>(col),
-                Int4At(packed_row, col), scale_bits, want[static_cast<size_t>(first)],
-                got[static_cast<size_t>(first)]);
-  return ::testing::AssertionFailure() << mismatches << " of " << want.size()
-                                       << " outputs differ; " << detail;
+  std::snprintf(detail, sizeof(detail), "; the first, [%lld][%lld]: q=%d scale=0x%04x want=0x%04x got=0x%04x",
+                static_cast<long long>(row), static_cast<long long>(col), Int4At(packed_row, col), scale_bits,
+                want[static_cast<size_t>(first)], got[static_cast<size_t>(first)]);
+  return result << detail;
 }
 
 // Runs the kernel on `w` (on `stream`) and returns its output in `got`.
