@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CPU forward benchmark: hsx-dump against Hugging Face transformers (issue 3).
+"""CPU forward benchmark: hsx-dump against Hugging Face transformers.
 
 One run does the following:
 

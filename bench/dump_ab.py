@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Two hsx-dump binaries, A/B, against one hsx-server: CPU-ns per byte (issue 13).
+"""Two hsx-dump binaries, A/B, against one hsx-server: CPU-ns per byte.
 
 The stream_cost.py set-up (hidden 7168, vocabulary 32000, --capture 0, 64 samples of 512-2048
 tokens, --concurrency 4), one server for both binaries; the runs alternate A B, B A, ... after a

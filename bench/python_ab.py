@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Two versions of the Python client, A/B, against one hsx-server, next to hsx-dump --discard:
-CPU-ns per streamed byte (issue 13).
+CPU-ns per streamed byte.
 
 The stream_cost.py set-up (hidden 7168, vocabulary 32000, --capture 0, 64 samples of 512-2048
 tokens, concurrency 4), one server for every side. A and B are directories holding an `hsx`

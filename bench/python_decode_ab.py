@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The Python client's decoding alone, A/B: CPU-ns per byte of turning recorded Extract
-streams into verified samples (issue 13).
+streams into verified samples.
 
 stream_cost.py's model and samples, one hsx-server; the first --samples samples' Extract
 streams (capture 0, --dtype) are recorded once as the raw message bytes grpcio delivers.

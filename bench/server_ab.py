@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Two hsx-server builds, A/B, under the same client: CPU-ns per streamed byte (issue 13).
+"""Two hsx-server builds, A/B, under the same client: CPU-ns per streamed byte.
 
 The stream_cost.py set-up (hidden 7168, vocabulary 32000, --capture 0, 64 samples of 512-2048
 tokens), both servers up at once on the same model; one hsx-dump --discard --concurrency 4 (from

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Service benchmarks (not tests): issue 5 and 6 numbers in one run.
+"""Service benchmarks (not tests): the service's and the Python client's throughput in one run.
 
 1. Payload throughput hsx-server -> hsx-dump, into a null sink (--discard: verified, not
    written) and onto disk, against a plain TCP socket moving the same number of bytes over

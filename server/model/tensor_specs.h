@@ -28,7 +28,7 @@ enum class WeightRole {
   kLmHead,
 };
 
-// How tensor parallelism divides a weight among ranks (docs/design.md, "Backends"; issue 4):
+// How tensor parallelism divides a weight among ranks (docs/design.md, "Backends"):
 // attention heads and MLP intermediate dimensions are split, routed experts
 // are placed whole, small tensors are replicated, lm_head is never loaded
 // (prefill stops before it).
