@@ -4,7 +4,7 @@ well-formed and malformed, with the verdict every client must reach.
 
 Both stream decoders run it: the C++ assembler (format/stream_assembler.h, plus
 hsx-dump's VerifySample) in tests/unit/stream_table_test.cc, and the Python
-client's (hsx.client.StreamDecoder, through hsx.Client's error handling) in
+client's (hsx.StreamDecoder, through hsx.Client's error handling) in
 tests/python/test_stream_table.py. A case is a request (what the client asked
 and what it knows of the model), the messages the server sent (protobuf JSON,
 as json_format / JsonStringToMessage read them), the status the stream ended
