@@ -26,8 +26,8 @@ LONG = 2048  # tokens; capture all + final norm in fp32: 10 x 2048 x 128 x 4 B =
 STALLING_CLIENT = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1 << 20)]
 
 
-# --- XXH64, written out here so that the server's checksums are checked by an
-# independent implementation (the spec: github.com/Cyan4973/xxHash, doc/xxhash_spec.md).
+# The server's checksums are checked by an implementation other than its own: the xxhash
+# package's (the spec: github.com/Cyan4973/xxHash, doc/xxhash_spec.md).
 def xxh64(data: bytes, seed: int = 0) -> int:
     """XXH64 from the xxhash package (the reference C implementation), not ours."""
     return xxhash.xxh64(data, seed=seed).intdigest()

@@ -8,8 +8,7 @@ import grpc
 import pytest
 
 from hsx_server import HsxServer
-from server_helpers import (HIDDEN, LONG, N_LAYERS, STALLING_CLIENT, error_of, random_ids, scrape,
-                            wait_for)
+from server_helpers import HIDDEN, LONG, N_LAYERS, STALLING_CLIENT, error_of, random_ids, scrape, wait_for
 
 LIMITED_CHUNK = 256 << 10
 LIMITED_BUFFER = 1 << 20
