@@ -138,3 +138,19 @@ def tiny(make_model):
 def tools(bin_dir):
     """The binary directory (all of BINARIES checked present by bin_dir)."""
     return bin_dir
+
+
+@pytest.fixture(scope="session")
+def rendered():
+    """{tree: [documents]} for base and every overlay of deploy/k8s, rendered by `kubectl kustomize`."""
+    from deploy_helpers import TREES, render
+
+    return {tree: render(tree) for tree in TREES}
+
+
+@pytest.fixture(scope="session")
+def trees(bin_dir, rendered):
+    """{tree: deploy_helpers.Tree}: the server and the dump job of each rendered tree, with their flags."""
+    from deploy_helpers import Tree
+
+    return {name: Tree(bin_dir, name, docs) for name, docs in rendered.items()}

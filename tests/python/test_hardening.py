@@ -1,4 +1,4 @@
-"""Defects an adversarial run found (issue "Hardening"), each pinned by a test:
+"""Defects an adversarial run found, each pinned by a test:
 log forging before authentication, listen addresses out of range, absurd limits,
 configs that lie, and hsx-dump inputs that are not plain files (FIFO, pipe,
 /dev/zero) or that repeat a key."""

@@ -20,19 +20,6 @@ from dump_helpers import RECEIVE_PATHS, VOCAB, free_port, manifest, sample_rows,
 from hsx_server import HsxServer
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
 def start_dump(tools, *args):
     cmd = [str(tools / "hsx-dump"), *map(str, args)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -41,8 +28,6 @@ def start_dump(tools, *args):
 def finish(proc, timeout=90):
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
-
-
 
 
 def metric(server, name):
@@ -375,6 +360,75 @@ def test_an_unknown_wire_checksum_is_refused_before_anything_starts(run, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
+def fake_header(pb, req, mode):
+    """(the Header a correct server sends for req, with the header fault of `mode`; the true token hash)."""
+    ids = list(req.token_ids)
+    token_hash = xxh64(b"".join(i.to_bytes(8, "little", signed=True) for i in ids))
+    header = pb.Header(sample_id=req.sample_id, num_tokens=len(ids), token_ids_xxh64=token_hash,
+                       capture_ids=list(req.capture_ids), final_norm=req.final_norm, hidden_size=FAKE_HIDDEN,
+                       dtype=req.dtype, model_name="fake", num_layers=8)
+    if mode == "sample_id":
+        header.sample_id = "someone-else"
+    elif mode == "token_hash":
+        header.token_ids_xxh64 ^= 1
+    elif mode == "capture_ids":
+        header.capture_ids[0] += 1
+    elif mode == "hidden":
+        header.hidden_size = FAKE_HIDDEN * 2
+    elif mode == "dtype":
+        header.dtype = pb.DTYPE_FP16
+    return header, token_hash
+
+
+def fake_tensors(req, mode):
+    """[(capture id, bf16 bytes [T, FAKE_HIDDEN])] of finite, non-zero values, with the value fault of `mode`."""
+    rng, t, row = random.Random(len(req.token_ids)), len(req.token_ids), 2 * FAKE_HIDDEN
+
+    def value():  # a finite, non-zero bf16
+        return (rng.randrange(0x3c00, 0x4100) | rng.choice((0, 0x8000))).to_bytes(2, "little")
+
+    tensors = [(c, bytearray(b"".join(value() for _ in range(t * FAKE_HIDDEN)))) for c in req.capture_ids]
+    if mode == "nan":
+        tensors[1][1][row + 2:row + 4] = (0x7fc0).to_bytes(2, "little")
+    if mode == "zero":
+        tensors[2] = (tensors[2][0], bytearray(t * row))
+    return tensors
+
+
+def fake_chunks(pb, tensors, t, mode, context, first_call):
+    """The chunks of tensors, two rows each, with the order, row and status faults of `mode` (a status
+    fault ends the first call, first_call() true, after the first tensor)."""
+    import grpc
+
+    row = 2 * FAKE_HIDDEN  # bf16
+    order = [tensors[1], tensors[0], *tensors[2:]] if mode == "order" else tensors
+    for k, (capture, data) in enumerate(order):
+        rows = list(range(0, t, 2))
+        if k == 0 and mode == "gap":
+            rows.remove(2)
+        if k == 0 and mode == "overlap":
+            rows.insert(2, 1)
+        for r in rows:
+            n = min(2, t - r)
+            chunk = bytes(data[r * row:(r + n) * row])
+            if k == 0 and mode == "partial" and r == 0:
+                chunk = chunk[:-1]
+            yield pb.ExtractResponse(chunk=pb.Chunk(capture_id=capture, first_row=r, num_rows=n, data=chunk))
+        if k == 0 and mode in ("unavailable_once", "exhausted_once", "invalid") and first_call():
+            code = {"unavailable_once": grpc.StatusCode.UNAVAILABLE,
+                    "exhausted_once": grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "invalid": grpc.StatusCode.INVALID_ARGUMENT}[mode]
+            context.abort(code, f"fake {mode}")
+
+
+def fake_trailer(pb, tensors, token_hash, mode):
+    """The Trailer of tensors, with the trailer fault of `mode`."""
+    sums = [pb.TensorChecksum(capture_id=c, xxh64=xxh64(bytes(d))) for c, d in tensors]
+    if mode == "checksum":
+        sums[3].xxh64 ^= 1 << 40
+    return pb.Trailer(checksums=sums, token_ids_xxh64=token_hash ^ (mode == "trailer_token_hash"))
+
+
 @pytest.fixture(scope="module")
 def fake_server(hsx_pb):
     """An in-process grpcio server speaking the hsx API with a chosen fault."""
@@ -395,64 +449,19 @@ def fake_server(hsx_pb):
 
         def Extract(self, req, context):
             Fake.calls += 1
-            mode, rng = Fake.mode, random.Random(len(req.token_ids))
-            ids, caps = list(req.token_ids), list(req.capture_ids)
-            t = len(ids)
-            token_hash = xxh64(b"".join(i.to_bytes(8, "little", signed=True) for i in ids))
-            header = pb.Header(sample_id=req.sample_id, num_tokens=t, token_ids_xxh64=token_hash, capture_ids=caps,
-                               final_norm=req.final_norm, hidden_size=FAKE_HIDDEN, dtype=req.dtype,
-                               model_name="fake", num_layers=8)
-            if mode == "sample_id":
-                header.sample_id = "someone-else"
-            elif mode == "token_hash":
-                header.token_ids_xxh64 ^= 1
-            elif mode == "capture_ids":
-                header.capture_ids[0] += 1
-            elif mode == "hidden":
-                header.hidden_size = FAKE_HIDDEN * 2
-            elif mode == "dtype":
-                header.dtype = pb.DTYPE_FP16
+            mode = Fake.mode
+            header, token_hash = fake_header(pb, req, mode)
             yield pb.ExtractResponse(header=header)
             if mode == "hang":  # a stream that stalls after its header, until the client goes
                 deadline = time.monotonic() + 60
                 while context.is_active() and time.monotonic() < deadline:
                     time.sleep(0.02)
                 return
-            row = 2 * FAKE_HIDDEN  # bf16
-
-            def value():  # a finite, non-zero bf16
-                return (rng.randrange(0x3c00, 0x4100) | rng.choice((0, 0x8000))).to_bytes(2, "little")
-
-            tensors = [(c, bytearray(b"".join(value() for _ in range(t * FAKE_HIDDEN)))) for c in caps]
-            if mode == "nan":
-                tensors[1][1][row + 2:row + 4] = (0x7fc0).to_bytes(2, "little")
-            if mode == "zero":
-                tensors[2] = (tensors[2][0], bytearray(t * row))
-            order = [tensors[1], tensors[0], *tensors[2:]] if mode == "order" else tensors
-            for k, (capture, data) in enumerate(order):
-                rows = list(range(0, t, 2))
-                if k == 0 and mode == "gap":
-                    rows.remove(2)
-                if k == 0 and mode == "overlap":
-                    rows.insert(2, 1)
-                for r in rows:
-                    n = min(2, t - r)
-                    chunk = bytes(data[r * row:(r + n) * row])
-                    if k == 0 and mode == "partial" and r == 0:
-                        chunk = chunk[:-1]
-                    yield pb.ExtractResponse(chunk=pb.Chunk(capture_id=capture, first_row=r, num_rows=n, data=chunk))
-                if k == 0 and mode in ("unavailable_once", "exhausted_once", "invalid") and Fake.calls == 1:
-                    code = {"unavailable_once": grpc.StatusCode.UNAVAILABLE,
-                            "exhausted_once": grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            "invalid": grpc.StatusCode.INVALID_ARGUMENT}[mode]
-                    context.abort(code, f"fake {mode}")
+            tensors = fake_tensors(req, mode)
+            yield from fake_chunks(pb, tensors, len(req.token_ids), mode, context, lambda: Fake.calls == 1)
             if mode == "no_trailer":
                 return
-            sums = [pb.TensorChecksum(capture_id=c, xxh64=xxh64(bytes(d))) for c, d in tensors]
-            if mode == "checksum":
-                sums[3].xxh64 ^= 1 << 40
-            trailer = pb.Trailer(checksums=sums, token_ids_xxh64=token_hash ^ (mode == "trailer_token_hash"))
-            yield pb.ExtractResponse(trailer=trailer)
+            yield pb.ExtractResponse(trailer=fake_trailer(pb, tensors, token_hash, mode))
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     pb_grpc.add_HiddenStatesServicer_to_server(Fake(), server)

@@ -1,4 +1,4 @@
-"""hsx.client.parse_response, the Python client's Extract deserializer: chunks are
+"""hsx.response_parser.parse_response, the Python client's Extract deserializer: chunks are
 read by hand (their data a view of the message), everything else by the generated
 parser. Whatever bytes it gets, it must give what the generated parser gives: the
 same fields, or the same DecodeError."""
@@ -8,7 +8,7 @@ import random
 import pytest
 from google.protobuf.message import DecodeError
 
-from hsx.client import ChunkView, parse_response
+from hsx.response_parser import ChunkView, parse_response
 from hsx.v1 import hsx_pb2
 
 

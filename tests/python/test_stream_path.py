@@ -1,4 +1,4 @@
-"""The streaming path of issue 13 and the request handling of issue 17, against a real hsx-server:
+"""The streaming path and the server's request handling, against a real hsx-server:
 raw (undecodable, oversized) request bytes sent with a generic gRPC call, what the client sees,
 the log line and the metrics; and the memory a stalled stream holds on the 7168-wide model."""
 
@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from hsx_server import HsxServer
-from test_server import STALLING_CLIENT, error_of, scrape, wait_for
+from server_helpers import STALLING_CLIENT, error_of, scrape, wait_for
 
 EXTRACT = "/hsx.v1.HiddenStates/Extract"
 
@@ -149,7 +149,7 @@ def test_sixteen_stalled_streams_hold_their_samples_encoded(bin_dir, wide, hsx_p
                 after = rss_anon(srv)
                 # Server-wide terms on top of the streams (docs/api.md): one batch in flight (its capture
                 # buffer, kept by the pool, and the engine's residual stream) and 32 MiB for gRPC and the
-                # allocator. The float32 states held before issue 13 would be twice `held`.
+                # allocator. The same states held as float32 would be twice `held`.
                 batch = 2 * (2 * TOKENS * HIDDEN)
                 bound = held + batch + (32 << 20)
                 growth = after - before

@@ -1,5 +1,5 @@
 """The shared malformed-stream table (tests/streams/malformed_streams.json) through
-the Python client: hsx.client.StreamDecoder behind Client's own error handling, fed
+the Python client: hsx.StreamDecoder behind Client's own error handling, fed
 the table's messages instead of a server's, both as the generated parser gives them
 and serialized and read back by Client's response deserializer (parse_response);
 and through the native receive path (hsx._native, where it is built), fed the
@@ -18,7 +18,9 @@ import pytest
 from google.protobuf import json_format
 
 import hsx
-from hsx.client import StreamExpectation, _native, assemble, native_expectation, native_sample, parse_response
+from hsx.client import _native, native_expectation, native_sample
+from hsx.response_parser import parse_response
+from hsx.stream_decoder import StreamExpectation, assemble
 from hsx.v1 import hsx_pb2
 
 STREAMS = Path(__file__).resolve().parents[1] / "streams"

@@ -1,4 +1,4 @@
-"""hsx.client._ValueScan, the per-chunk finite / non-zero scan, against
+"""hsx.stream_decoder._ValueScan, the per-chunk finite / non-zero scan, against
 _check_values (which names the failure): for every dtype, on values with
 infinities, nans, signed zeros and subnormals, clean must be True exactly
 when _check_values passes."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hsx.arrays import NUMPY_DTYPES
-from hsx.client import _check_values, _Reject, _ValueScan
+from hsx.stream_decoder import _check_values, _Reject, _ValueScan
 
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -2.5, 1e-40, 65504.0, 3e38]
 

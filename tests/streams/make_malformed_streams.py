@@ -4,7 +4,7 @@ well-formed and malformed, with the verdict every client must reach.
 
 Both stream decoders run it: the C++ assembler (format/stream_assembler.h, plus
 hsx-dump's VerifySample) in tests/unit/stream_table_test.cc, and the Python
-client's (hsx.client.StreamDecoder, through hsx.Client's error handling) in
+client's (hsx.StreamDecoder, through hsx.Client's error handling) in
 tests/python/test_stream_table.py. A case is a request (what the client asked
 and what it knows of the model), the messages the server sent (protobuf JSON,
 as json_format / JsonStringToMessage read them), the status the stream ended
@@ -141,17 +141,22 @@ def set_header(**fields):
     return lambda m: m[0]["header"].update(fields)
 
 
-def cases():
+def control_cases():
+    """Well-formed streams: accepted by both."""
     out = []
     add = out.append
-    # --- Controls: accepted by both.
     add(case("ok", "a well-formed stream", "ok", ""))
     add(case("ok_final_norm", "with the final-norm state", "ok", "", stream=Stream(final_norm=True, seed=1)))
     add(case("ok_fp32", "fp32 requested and sent", "ok", "", stream=Stream(dtype="fp32", seed=2)))
     add(case("ok_model_unknown", "the client does not know the model (hidden size, layers, name 0/empty)", "ok",
              "", request={"hidden_size": 0, "num_layers": 0, "model_name": ""}))
+    return out
 
-    # --- The 14 faults of tests/python/test_remote_dump.py (FAULTS), as messages.
+
+def fault_cases():
+    """The 14 faults of tests/python/test_remote_dump.py (FAULTS), as messages."""
+    out = []
+    add = out.append
     add(case("sample_id", "the header echoes another sample id", "data_loss",
              "the header is for sample_id 'someone-else', requested 's'", edit=set_header(sample_id="someone-else")))
     add(case("token_hash", "the header's token hash is not the request's", "data_loss",
@@ -209,8 +214,13 @@ def cases():
     add(case("invalid", "the server ends the stream with INVALID_ARGUMENT after the first tensor",
              "INVALID_ARGUMENT", "fake invalid", edit=lambda m: m[:1 + 3],
              end={"code": "INVALID_ARGUMENT", "message": "fake invalid"}))
+    return out
 
-    # --- Where the Python decoder drifted from C++ (issue 14).
+
+def header_and_order_cases():
+    """A header that is not the request's or the model's, and messages out of order."""
+    out = []
+    add = out.append
     add(case("dtype", "the header's dtype is not the requested one", "data_loss",
              "the header has dtype DTYPE_FP16, requested DTYPE_BF16", edit=set_header(dtype="DTYPE_FP16")))
     add(case("duplicate_trailer", "a second trailer after the first", "data_loss", "a message after the trailer",
@@ -241,6 +251,13 @@ def cases():
     add(case("hidden_zero", "the header's hidden size is 0 (model unknown)", "data_loss",
              "the header has hidden size 0", edit=set_header(hidden_size=0),
              request={"hidden_size": 0, "num_layers": 0, "model_name": ""}))
+    return out
+
+
+def trailer_and_row_cases():
+    """A trailer's checksums that do not cover the tensors sent, and rows out of place."""
+    out = []
+    add = out.append
 
     def extra_checksum(m):
         m[-1]["trailer"]["checksums"].append({"capture_id": 3, "xxh64": 1})
@@ -278,6 +295,13 @@ def cases():
         m.insert(2, {"chunk": {"capture_id": 2, "first_row": 2, "num_rows": 0}})
     add(case("zero_rows", "a chunk of no rows", "data_loss", "chunk rows [2, 2) of capture id 2 are outside [0, 5)",
              edit=zero_rows))
+    return out
+
+
+def value_cases():
+    """The final-norm state out of place, and values a check must refuse."""
+    out = []
+    add = out.append
 
     def final_first(m):
         fin = [x for x in m if "chunk" in x and x["chunk"]["capture_id"] == FINAL]
@@ -303,8 +327,13 @@ def cases():
     add(case("fp32_served_bf16_requested", "fp32 rows where bf16 was requested (the header says fp32)",
              "data_loss", "the header has dtype DTYPE_FP32, requested DTYPE_BF16", stream=Stream(dtype="fp32"),
              request={"dtype": "bf16"}))
+    return out
 
-    # --- The checksum a client asks for (ExtractRequest.checksum).
+
+def checksum_and_status_cases():
+    """The checksum a client asks for (ExtractRequest.checksum), and the status a stream ends with."""
+    out = []
+    add = out.append
     add(case("ok_xxh64_named", "XXH64 asked for and named in the header", "ok", "", stream=Stream(checksum="xxh64")))
     xxh3 = Stream(checksum="xxh3", seed=7)
     add(case("ok_xxh3", "XXH3 asked for, named in the header and sent", "ok", "", stream=xxh3))
@@ -333,6 +362,12 @@ def cases():
              "client reports (and does not retry) the malformed stream", "data_loss", "a second header",
              edit=lambda m: m[:2] + [copy.deepcopy(m[0])], end={"code": "UNAVAILABLE", "message": "fake"}))
     return out
+
+
+def cases():
+    """Every case, in the table's order."""
+    return (control_cases() + fault_cases() + header_and_order_cases() + trailer_and_row_cases() + value_cases()
+            + checksum_and_status_cases())
 
 
 def table():

@@ -19,9 +19,10 @@ IntegrityError, never returns data. Streams are received by the native module
 hsx._native where it was built, else by grpcio (hsx.Client's `native`).
 """
 
-from .client import Client, IntegrityError, ServerError, StreamDecoder, StreamExpectation
+from .client import Client, ServerError
 from .files import read_sample
 from .sample import Sample
+from .stream_decoder import IntegrityError, StreamDecoder, StreamExpectation
 
 __all__ = ["Client", "IntegrityError", "Sample", "ServerError", "StreamDecoder", "StreamExpectation", "read_sample",
            "OnlineDataset"]
