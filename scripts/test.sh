@@ -127,7 +127,8 @@ sanitizer_logs=$(mktemp -d)
 ASAN_OPTIONS="detect_leaks=1:log_path=$sanitizer_logs/asan:log_exe_name=1" \
 UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$sanitizer_logs/ubsan:log_exe_name=1" \
 HSX_BIN_DIR="$root/$asan_build/bin" "$venv/bin/python" -m pytest -q \
-  tests/python/test_server.py tests/python/test_remote_dump.py tests/python/test_resume.py \
+  tests/python/test_server.py tests/python/test_server_limits.py tests/python/test_server_tls.py \
+  tests/python/test_server_drain.py tests/python/test_remote_dump.py tests/python/test_resume.py \
   tests/python/test_device_loss.py -k "$sanitized_subset"
 if compgen -G "$sanitizer_logs/*" >/dev/null; then
   ls -l "$sanitizer_logs"
@@ -196,7 +197,7 @@ else
   stage "container image: build (cached Debian base, layer cache) and the cpu-demo flow inside it"
   await "$image_prep" "$prep_logs/image.log"
   scripts/image.sh
-  # The image is there now: its tests in test_deploy.py must run, not skip.
+  # The image is there now: its tests in test_deploy_image.py must run, not skip.
   export HSX_IMAGE_TESTS=required
 fi
 
