@@ -9,7 +9,8 @@
 # HSX_VENV (default ~/.cache/hsx/venv) the Python environment (torch) for training.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --python
+# Only what the demo runs: the four tools and the Python client's native receive path.
+scripts/setup.sh --python --targets "hsx-make-model hsx-inspect hsx-server hsx-dump hsx-verify hsx_python_native"
 venv="${HSX_VENV:-$HOME/.cache/hsx/venv}"
 bin="${HSX_BUILD_DIR:-build}/bin"
 demo="${HSX_DEMO_DIR:-$HOME/.cache/hsx/demo}"

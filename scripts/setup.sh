@@ -3,6 +3,7 @@
 #
 #   scripts/setup.sh             Debian packages + build
 #   scripts/setup.sh --python    also the Python test tools (virtual environment)
+#   scripts/setup.sh --targets "hsx-server hsx-dump"   build only these targets (default: all)
 #
 # Environment: HSX_VENV (default ~/.cache/hsx/venv) for the Python tools,
 # HSX_BUILD_DIR (default build) for the build tree.
@@ -10,11 +11,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 with_python=0
-for arg in "$@"; do
-  case "$arg" in
-    --python) with_python=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown argument '$arg'" >&2; exit 2 ;;
+targets=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --python) with_python=1; shift ;;
+    --targets)
+      [[ $# -ge 2 && -n "$2" ]] || { echo "setup.sh: --targets needs a list of build targets" >&2; exit 2; }
+      read -r -a targets <<<"$2"; shift 2 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 
@@ -76,7 +81,11 @@ if [[ ! -f "$build/build.ninja" ]]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
 jobs=$(nproc)
-cmake --build "$build" -j "$jobs"
+if ((${#targets[@]})); then
+  cmake --build "$build" -j "$jobs" --target "${targets[@]}"
+else
+  cmake --build "$build" -j "$jobs"
+fi
 
 if ((with_python)); then
   # The Python package itself (client/python), rebuilt each time: its stubs come
