@@ -314,7 +314,12 @@ int main(int argc, char** argv) {
       "  hsx-dump (--model DIR | --server HOST:PORT[,HOST:PORT...]) --input samples.jsonl --out OUT\n"
       "           [--capture eagle3|all|2,30,58,61] [--final-norm] [--precision bf16|fp32]\n"
       "           [--dtype bf16|fp16|fp32] [--concurrency N] [--shard I/N]\n"
-      "           [--deadline S] [--retries N] [--auth-token-file F] [--tls-ca F] [--tls-cert F --tls-key F]");
+      "           [--deadline S] [--retries N] [--auth-token-file F] [--tls-ca F] [--tls-cert F --tls-key F]\n"
+      "           [--device cpu|cuda] [--tp N] [--threads N] [--max-batch-tokens N]\n\n"
+      "The engine flags (--device, --tp, --ranks-per-device, --attention, --precision, --threads,\n"
+      "--max-batch-tokens, --max-tokens-per-sample, --capture, --final-norm) are hsx-server's, with the\n"
+      "same checks; --device, --tp, --ranks-per-device, --attention, --threads and --max-batch-tokens\n"
+      "apply to --model only.");
   hsx::ListFlagsInHelp("client/dump/hsx_dump.cc");  // this file's flags and the engine's
   hsx::AcceptDashedFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);

@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 #include "absl/time/time.h"
 #include "hsx/v1/hsx.grpc.pb.h"
