@@ -33,6 +33,7 @@
 #include "kernels/backend.h"
 #include "server/model/checkpoint.h"
 #include "server/model/config.h"
+#include "server/runtime/engine_flags.h"
 #include "format/capture_spec.h"
 #include "base/cli.h"
 #include "base/file_util.h"
@@ -47,31 +48,7 @@ ABSL_FLAG(std::string, input, "", "JSON Lines input: {\"input_ids\": [...], \"lo
 ABSL_FLAG(std::string, out, "", "Output directory; sample i (0-based line among samples) goes to "
           "hs_{i}.safetensors, and manifest.jsonl records what is complete. Rerunning resumes: journaled "
           "samples are skipped, and one whose file is missing or not the journaled size is redone.");
-ABSL_FLAG(std::string, capture, "eagle3", "Capture ids: eagle3 ({2, N/2, N-3, N}), all (0..N) or a "
-          "list like 2,30,58,61. Id k is the residual stream entering layer k; N is the last "
-          "layer's output before the final norm.");
-ABSL_FLAG(bool, final_norm, false, "Also write final_norm_hidden_states, the post-norm state "
-          "(lm_head input).");
-ABSL_FLAG(std::string, precision, "bf16", "Arithmetic: bf16 (rounds where the HF BF16 reference "
-          "rounds) or fp32. With --server the server's precision is used (a value other than the default "
-          "must match it).");
 ABSL_FLAG(std::string, dtype, "bf16", "Output dtype: bf16, fp16 or fp32.");
-ABSL_FLAG(int64_t, max_batch_tokens, 8192, "Token budget of one forward batch (--model).");
-ABSL_FLAG(int64_t, max_tokens_per_sample, 0, "Longest sample accepted (0: the model's "
-          "max_position_embeddings, or the server's limit); never more than --max-batch-tokens "
-          "in-process.");
-ABSL_FLAG(std::string, device, "cpu", "--model: cpu or cuda, the backend every tensor-parallel rank runs on "
-          "(a build without the CUDA backend says so).");
-ABSL_FLAG(int, threads, 0, "CPU threads in all (0: all cores), shared among the ranks (--model).");
-ABSL_FLAG(int, tp, 1, "Tensor-parallel ranks (--model: threads here, each holding a slice of the "
-          "weights).");
-ABSL_FLAG(int, ranks_per_device, 1, "--model --device cuda: ranks per GPU, 1 (rank r on GPU r) or the --tp "
-          "value (every rank on GPU 0: tensor parallelism tested on one GPU).");
-ABSL_FLAG(std::string, attention, "reference",
-          "--model --device cuda: the attention kernel, reference (default: the tiled kernel with the CPU "
-          "reference's arithmetic, bitwise batch invariant) or cudnn (cuDNN's SDPA, bf16 only; faster, but not "
-          "yet validated on a GPU, hence not the default). With cudnn, start-up fails with cuDNN's reason where "
-          "it cannot serve the model (no silent fallback).");
 ABSL_FLAG(int, concurrency, 64, "Samples in flight at once.");
 ABSL_FLAG(std::string, max_in_flight_bytes, "4GiB", "Bytes of hidden states in flight at once (received "
           "or being written; e.g. 500MB, 8GiB); fewer samples are started when they are long.");
@@ -144,8 +121,7 @@ struct Transport {
   int64_t max_tokens_per_sample = 0;
 };
 
-absl::StatusOr<Transport> MakeInProcess(const std::string& model_dir, hsx::Precision precision,
-                                        const std::string& precision_name) {
+absl::StatusOr<Transport> MakeInProcess(const std::string& model_dir, hsx::EngineFlags flags) {
   for (absl::string_view flag : {"deadline", "retries", "auth_token_file", "tls_ca", "tls_cert", "tls_key",
                                  "tls_server_name", "stream_window"}) {
     if (Specified(flag)) return absl::InvalidArgumentError(absl::StrCat("--", flag, " needs --server"));
@@ -160,33 +136,20 @@ absl::StatusOr<Transport> MakeInProcess(const std::string& model_dir, hsx::Preci
   t.vocab_size = config.vocab_size;
   absl::StatusOr<std::string> revision = hsx::CheckpointRevision(model_dir);
   if (!revision.ok()) return revision.status();
-  t.info = {hsx::CheckpointName(model_dir), t.num_layers, *revision, precision_name};
-  t.max_tokens_per_sample = absl::GetFlag(FLAGS_max_tokens_per_sample) > 0 ? absl::GetFlag(FLAGS_max_tokens_per_sample)
-                                                                         : config.max_position_embeddings;
-  t.max_tokens_per_sample = std::min(t.max_tokens_per_sample, absl::GetFlag(FLAGS_max_batch_tokens));
-  hsx::EngineOptions engine_options;
-  engine_options.tp = absl::GetFlag(FLAGS_tp);
-  engine_options.precision = precision;
-  engine_options.threads = absl::GetFlag(FLAGS_threads);
-  absl::StatusOr<hsx::Device> device = hsx::ParseDevice(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) return device.status();
-  engine_options.device = *device;
-  engine_options.ranks_per_device = absl::GetFlag(FLAGS_ranks_per_device);
-  absl::StatusOr<hsx::AttentionKernel> attention = hsx::ParseAttentionKernel(absl::GetFlag(FLAGS_attention));
-  if (!attention.ok()) return attention.status();
-  engine_options.attention = *attention;
-  engine_options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  absl::StatusOr<std::unique_ptr<hsx::Engine>> engine = hsx::Engine::Create(*t.checkpoint, engine_options);
+  t.info = {hsx::CheckpointName(model_dir), t.num_layers, *revision, hsx::PrecisionName(flags.engine.precision)};
+  if (absl::Status s = hsx::ResolveMaxTokensPerSample(config, &flags); !s.ok()) return s;
+  t.max_tokens_per_sample = flags.max_tokens_per_sample;
+  absl::StatusOr<std::unique_ptr<hsx::Engine>> engine = hsx::Engine::Create(*t.checkpoint, flags.engine);
   if (!engine.ok()) return engine.status();
   t.engine = *std::move(engine);
   hsx::BatcherOptions batcher_options;
-  batcher_options.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  batcher_options.max_batch_tokens = flags.engine.max_batch_tokens;
   t.extractor = std::make_unique<hsx::InProcessExtractor>(*t.engine, batcher_options);
   return t;
 }
 
-absl::StatusOr<Transport> MakeRemote(const std::string& servers, const std::string& precision_name) {
-  for (absl::string_view flag : {"max_batch_tokens", "threads", "tp", "device", "ranks_per_device", "attention"}) {
+absl::StatusOr<Transport> MakeRemote(const std::string& servers, const hsx::EngineFlags& flags) {
+  for (absl::string_view flag : hsx::kLocalEngineFlagNames) {
     if (Specified(flag)) return absl::InvalidArgumentError(absl::StrCat("--", flag, " applies to --model only"));
   }
   hsx::RemoteOptions options;
@@ -236,9 +199,10 @@ absl::StatusOr<Transport> MakeRemote(const std::string& servers, const std::stri
   if (!remote.ok()) return remote.status();
   absl::StatusOr<hsx::RemoteModelInfo> model = (*remote)->FetchModelInfo();
   if (!model.ok()) return model.status();
-  if (Specified("precision") && model->compute_precision != precision_name) {
-    return absl::FailedPreconditionError(absl::StrCat("--precision ", precision_name, ": the server computes in ",
-                                                      model->compute_precision));
+  const std::string precision = hsx::PrecisionName(flags.engine.precision);
+  if (Specified("precision") && model->compute_precision != precision) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--precision ", precision, ": the server computes in ", model->compute_precision));
   }
   Transport t;
   t.num_layers = model->num_layers;
@@ -246,65 +210,75 @@ absl::StatusOr<Transport> MakeRemote(const std::string& servers, const std::stri
   t.vocab_size = model->vocab_size;
   t.info = {model->model_name, model->num_layers, model->model_revision, model->compute_precision};
   t.max_tokens_per_sample = model->max_tokens_per_sample;
-  if (absl::GetFlag(FLAGS_max_tokens_per_sample) > 0 &&
-      (t.max_tokens_per_sample == 0 || absl::GetFlag(FLAGS_max_tokens_per_sample) < t.max_tokens_per_sample)) {
-    t.max_tokens_per_sample = absl::GetFlag(FLAGS_max_tokens_per_sample);
+  if (flags.max_tokens_per_sample > 0 &&
+      (t.max_tokens_per_sample == 0 || flags.max_tokens_per_sample < t.max_tokens_per_sample)) {
+    t.max_tokens_per_sample = flags.max_tokens_per_sample;
   }
   t.extractor = *std::move(remote);
   return t;
+}
+
+absl::StatusOr<hsx::ProgressMode> ParseProgressMode(const std::string& name) {
+  if (name == "auto") return hsx::ProgressMode::kAuto;
+  if (name == "bar") return hsx::ProgressMode::kBar;
+  if (name == "plain") return hsx::ProgressMode::kPlain;
+  if (name == "none") return hsx::ProgressMode::kNone;
+  return absl::InvalidArgumentError(absl::StrCat("--progress '", name, "': expected auto, bar, plain or none"));
+}
+
+// The dump job's own flags (not the engine's, not the transport's); the
+// capture set, the model's shape and the input's hash come later.
+absl::StatusOr<hsx::DumpOptions> DumpOptionsFromFlags() {
+  hsx::DumpOptions dump;
+  dump.out_dir = absl::GetFlag(FLAGS_out);
+  absl::StatusOr<hsx::OutputDType> dtype = hsx::ParseOutputDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
+  dump.dtype = *dtype;
+  dump.concurrency = absl::GetFlag(FLAGS_concurrency);
+  if (dump.concurrency < 1) return absl::InvalidArgumentError("--concurrency must be at least 1");
+  dump.writer_threads = absl::GetFlag(FLAGS_writer_threads);
+  if (dump.writer_threads < 1) return absl::InvalidArgumentError("--writer-threads must be at least 1");
+  absl::StatusOr<int64_t> max_in_flight_bytes = hsx::ParseByteSize(absl::GetFlag(FLAGS_max_in_flight_bytes));
+  if (!max_in_flight_bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-in-flight-bytes: ", max_in_flight_bytes.status().message()));
+  }
+  dump.max_in_flight_bytes = *max_in_flight_bytes;
+  absl::StatusOr<hsx::ShardSpec> shard = hsx::ParseShard(absl::GetFlag(FLAGS_shard));
+  if (!shard.ok()) return absl::InvalidArgumentError(absl::StrCat("--shard: ", shard.status().message()));
+  dump.shard = *shard;
+  absl::StatusOr<hsx::ProgressMode> progress = ParseProgressMode(absl::GetFlag(FLAGS_progress));
+  if (!progress.ok()) return progress.status();
+  dump.progress = *progress;
+  dump.progress_interval_seconds = absl::GetFlag(FLAGS_progress_interval);
+  const std::string wire_checksum = absl::GetFlag(FLAGS_wire_checksum);
+  const std::optional<hsx::ChecksumKind> checksum = hsx::ParseChecksumKind(wire_checksum);
+  if (!checksum) {
+    return absl::InvalidArgumentError(absl::StrCat("--wire-checksum '", wire_checksum, "': expected xxh3 or xxh64"));
+  }
+  dump.wire_checksum = *checksum;
+  dump.discard = absl::GetFlag(FLAGS_discard);
+  return dump;
 }
 
 absl::Status Run() {
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const std::string servers = absl::GetFlag(FLAGS_server);
   const std::string input_path = absl::GetFlag(FLAGS_input);
-  const std::string out = absl::GetFlag(FLAGS_out);
   if (model_dir.empty() == servers.empty()) {
     return absl::InvalidArgumentError("give exactly one of --model (in-process) and --server (see --help)");
   }
-  if (input_path.empty() || out.empty()) return absl::InvalidArgumentError("--input and --out are required (see --help)");
-  absl::StatusOr<hsx::OutputDType> dtype = hsx::ParseOutputDType(absl::GetFlag(FLAGS_dtype));
-  if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
-  const std::string precision_name = absl::GetFlag(FLAGS_precision);
-  if (precision_name != "bf16" && precision_name != "fp32") {
-    return absl::InvalidArgumentError(absl::StrCat("--precision '", precision_name, "': expected bf16 or fp32"));
+  if (input_path.empty() || absl::GetFlag(FLAGS_out).empty()) {
+    return absl::InvalidArgumentError("--input and --out are required (see --help)");
   }
-  const hsx::Precision precision = precision_name == "bf16" ? hsx::Precision::kBf16 : hsx::Precision::kFp32;
-  if (absl::GetFlag(FLAGS_max_batch_tokens) < 1) {
-    return absl::InvalidArgumentError("--max_batch_tokens must be at least 1");
-  }
-  if (absl::GetFlag(FLAGS_concurrency) < 1) return absl::InvalidArgumentError("--concurrency must be at least 1");
-  if (absl::GetFlag(FLAGS_writer_threads) < 1) return absl::InvalidArgumentError("--writer-threads must be at least 1");
-  absl::StatusOr<int64_t> max_in_flight_bytes = hsx::ParseByteSize(absl::GetFlag(FLAGS_max_in_flight_bytes));
-  if (!max_in_flight_bytes.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-in-flight-bytes: ", max_in_flight_bytes.status().message()));
-  }
-  absl::StatusOr<hsx::ShardSpec> shard = hsx::ParseShard(absl::GetFlag(FLAGS_shard));
-  if (!shard.ok()) return absl::InvalidArgumentError(absl::StrCat("--shard: ", shard.status().message()));
-  hsx::ProgressMode progress;
-  const std::string progress_name = absl::GetFlag(FLAGS_progress);
-  if (progress_name == "auto") {
-    progress = hsx::ProgressMode::kAuto;
-  } else if (progress_name == "bar") {
-    progress = hsx::ProgressMode::kBar;
-  } else if (progress_name == "plain") {
-    progress = hsx::ProgressMode::kPlain;
-  } else if (progress_name == "none") {
-    progress = hsx::ProgressMode::kNone;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("--progress '", progress_name, "': expected auto, bar, plain or none"));
-  }
-  const std::string wire_checksum = absl::GetFlag(FLAGS_wire_checksum);
-  const std::optional<hsx::ChecksumKind> checksum = hsx::ParseChecksumKind(wire_checksum);
-  if (!checksum) {
-    return absl::InvalidArgumentError(absl::StrCat("--wire-checksum '", wire_checksum, "': expected xxh3 or xxh64"));
-  }
+  absl::StatusOr<hsx::EngineFlags> engine = hsx::EngineFlagsFromCommandLine();
+  if (!engine.ok()) return engine.status();
+  absl::StatusOr<hsx::DumpOptions> dump = DumpOptionsFromFlags();
+  if (!dump.ok()) return dump.status();
 
-  absl::StatusOr<Transport> transport =
-      servers.empty() ? MakeInProcess(model_dir, precision, precision_name) : MakeRemote(servers, precision_name);
+  absl::StatusOr<Transport> transport = servers.empty() ? MakeInProcess(model_dir, *engine) : MakeRemote(servers, *engine);
   if (!transport.ok()) return transport.status();
   absl::StatusOr<hsx::CaptureSpec> capture =
-      hsx::CaptureSpec::Parse(absl::GetFlag(FLAGS_capture), transport->num_layers, absl::GetFlag(FLAGS_final_norm));
+      hsx::CaptureSpec::Parse(engine->capture, transport->num_layers, engine->final_norm);
   if (!capture.ok()) return absl::InvalidArgumentError(absl::StrCat("--capture: ", capture.status().message()));
   if (!servers.empty() && capture->ids().empty()) {
     return absl::InvalidArgumentError("--capture: --server needs at least one capture id");
@@ -316,27 +290,16 @@ absl::Status Run() {
   absl::StatusOr<std::vector<hsx::InputSample>> samples = hsx::ReadInputFile(input_path, limits, &input_xxh64);
   if (!samples.ok()) return samples.status();
 
-  hsx::DumpOptions dump;
-  dump.out_dir = out;
-  dump.capture = *capture;
-  dump.dtype = *dtype;
-  dump.concurrency = absl::GetFlag(FLAGS_concurrency);
-  dump.max_in_flight_bytes = *max_in_flight_bytes;
-  dump.hidden_size = transport->hidden_size;
-  dump.writer_threads = absl::GetFlag(FLAGS_writer_threads);
-  dump.discard = absl::GetFlag(FLAGS_discard);
-  dump.wire_checksum = *checksum;
-  dump.shard = *shard;
-  dump.info = transport->info;
-  dump.input_xxh64 = input_xxh64;
-  dump.progress = progress;
-  dump.progress_interval_seconds = absl::GetFlag(FLAGS_progress_interval);
-  dump.interrupted = &g_interrupted;
+  dump->capture = *capture;
+  dump->hidden_size = transport->hidden_size;
+  dump->info = transport->info;
+  dump->input_xxh64 = input_xxh64;
+  dump->interrupted = &g_interrupted;
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   hsx::DumpStats stats;
-  const absl::Status status = hsx::RunDump(*samples, *transport->extractor, dump, &stats);
-  std::printf("%s\n", hsx::FormatDumpSummary(stats, out, dump.discard).c_str());
+  const absl::Status status = hsx::RunDump(*samples, *transport->extractor, *dump, &stats);
+  std::printf("%s\n", hsx::FormatDumpSummary(stats, dump->out_dir, dump->discard).c_str());
   std::fflush(stdout);
   return status;
 }
@@ -351,14 +314,20 @@ int main(int argc, char** argv) {
       "  hsx-dump (--model DIR | --server HOST:PORT[,HOST:PORT...]) --input samples.jsonl --out OUT\n"
       "           [--capture eagle3|all|2,30,58,61] [--final-norm] [--precision bf16|fp32]\n"
       "           [--dtype bf16|fp16|fp32] [--concurrency N] [--shard I/N]\n"
-      "           [--deadline S] [--retries N] [--auth-token-file F] [--tls-ca F] [--tls-cert F --tls-key F]");
+      "           [--deadline S] [--retries N] [--auth-token-file F] [--tls-ca F] [--tls-cert F --tls-key F]\n"
+      "           [--device cpu|cuda] [--tp N] [--threads N] [--max-batch-tokens N]\n\n"
+      "The engine flags (--device, --tp, --ranks-per-device, --attention, --precision, --threads,\n"
+      "--max-batch-tokens, --max-tokens-per-sample, --capture, --final-norm) are hsx-server's, with the\n"
+      "same checks; --device, --tp, --ranks-per-device, --attention, --threads and --max-batch-tokens\n"
+      "apply to --model only.");
+  hsx::ListFlagsInHelp("client/dump/hsx_dump.cc");  // this file's flags and the engine's
   hsx::AcceptDashedFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   // Every sample is a few large buffers, allocated and freed over and over.
   // glibc would mmap each one (a page fault per 4 KiB on first touch, an
   // munmap on free); keep blocks up to its ceiling (32 MiB) in the heap
   // instead, and do not trim freed memory back below 1 GiB, so that the
-  // next sample reuses warm pages (issue 13: ~15% of hsx-dump's CPU).
+  // next sample reuses warm pages (this was ~15% of hsx-dump's CPU).
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   // One arena: the samples are allocated on gRPC's threads and freed on the

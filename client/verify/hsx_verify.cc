@@ -138,69 +138,64 @@ std::vector<Problem> TrainerProblems(const std::string& trainer, const std::stri
   return problems;
 }
 
-absl::Status Run(const std::vector<char*>& args) {
-  if (args.size() != 2) return absl::InvalidArgumentError("expected one directory (see --help)");
-  const std::string dir = args[1];
-  const std::filesystem::path root(dir);
-  if (!std::filesystem::is_directory(root)) return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
-  absl::StatusOr<hsx::ShardSpec> shard = hsx::ParseShard(absl::GetFlag(FLAGS_shard));
-  if (!shard.ok()) return absl::InvalidArgumentError(absl::StrCat("--shard: ", shard.status().message()));
-  std::vector<hsx::InputSample> samples;
-  const std::string input_path = absl::GetFlag(FLAGS_input);
-  if (!input_path.empty()) {
-    hsx::InputLimits limits;
-    limits.vocab_size = int64_t{1} << 31;
-    absl::StatusOr<std::vector<hsx::InputSample>> read = hsx::ReadInputFile(input_path, limits);
-    if (!read.ok()) return read.status();
-    samples = *std::move(read);
-  }
+using JournalIndex = std::map<int64_t, const hsx::JournalScan::Line*>;
 
-  const std::string trainer = absl::GetFlag(FLAGS_for);
-  if (!trainer.empty() && trainer != "speculators" && trainer != "specforge" && trainer != "modelopt") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--for '", trainer, "': expected speculators, specforge or modelopt"));
-  }
-
-  std::vector<Problem> problems;
-  const std::string journal_path = (root / hsx::kJournalFileName).string();
+// The journal's lines; a missing or unreadable journal is a problem and an
+// empty scan, a torn last line a warning.
+hsx::JournalScan ScanJournal(const std::string& journal_path, std::vector<Problem>* problems) {
   absl::StatusOr<hsx::JournalScan> scan = hsx::ReadJournal(journal_path);
   if (!scan.ok()) {
-    problems.push_back({journal_path, absl::IsNotFound(scan.status())
-                                          ? "missing: not an hsx-dump output directory, or nothing was completed"
-                                          : std::string(scan.status().message())});
-    scan = hsx::JournalScan();
+    problems->push_back({journal_path, absl::IsNotFound(scan.status())
+                                           ? "missing: not an hsx-dump output directory, or nothing was completed"
+                                           : std::string(scan.status().message())});
+    return hsx::JournalScan();
   }
   if (scan->torn_bytes > 0) {
-    problems.push_back({journal_path,
-                        absl::StrCat("a torn last line (", scan->torn_bytes,
-                                     " bytes, an interrupted append): that sample is not complete; the next "
-                                     "hsx-dump run removes the line and redoes it"),
-                        false});
+    problems->push_back({journal_path,
+                         absl::StrCat("a torn last line (", scan->torn_bytes,
+                                      " bytes, an interrupted append): that sample is not complete; the next "
+                                      "hsx-dump run removes the line and redoes it"),
+                         false});
   }
-  // One entry per index; duplicates are harmless only when identical.
-  std::map<int64_t, const hsx::JournalScan::Line*> entries;
-  for (const hsx::JournalScan::Line& line : scan->lines) {
+  return *std::move(scan);
+}
+
+// One entry per index; duplicates are harmless only when identical.
+// `input_samples`: the number of --input samples (0: no --input).
+JournalIndex IndexJournal(const hsx::JournalScan& scan, const std::string& journal_path, size_t input_samples,
+                          std::vector<Problem>* problems) {
+  JournalIndex entries;
+  for (const hsx::JournalScan::Line& line : scan.lines) {
     const JournalEntry& e = line.entry;
     const std::string where = absl::StrCat(journal_path, ":", line.number);
     if (e.file != hsx::SampleFileName(e.index)) {
-      problems.push_back({where, absl::StrCat("file '", e.file, "' is not ", hsx::SampleFileName(e.index))});
+      problems->push_back({where, absl::StrCat("file '", e.file, "' is not ", hsx::SampleFileName(e.index))});
       continue;
     }
     auto [it, inserted] = entries.emplace(e.index, &line);
     if (!inserted) {
       const bool same = it->second->entry == e;
-      problems.push_back({where,
-                          absl::StrCat("sample ", e.index, " is journaled again (first on line ", it->second->number,
-                                       same ? ", identical)" : ", with different contents)"),
-                          !same});
+      problems->push_back({where,
+                           absl::StrCat("sample ", e.index, " is journaled again (first on line ", it->second->number,
+                                        same ? ", identical)" : ", with different contents)"),
+                           !same});
     }
-    if (!samples.empty() && e.index >= static_cast<int64_t>(samples.size())) {
-      problems.push_back({where, absl::StrCat("sample ", e.index, " is beyond the input's ", samples.size(),
-                                              " samples")});
+    if (input_samples > 0 && e.index >= static_cast<int64_t>(input_samples)) {
+      problems->push_back({where, absl::StrCat("sample ", e.index, " is beyond the input's ", input_samples,
+                                               " samples")});
     }
   }
+  return entries;
+}
 
-  // Every journaled file, in parallel.
+struct Totals {
+  int64_t tokens = 0;
+  int64_t bytes = 0;
+};
+
+// Every journaled file, in parallel on --threads threads.
+Totals CheckFiles(const std::filesystem::path& root, const JournalIndex& entries,
+                  const std::vector<hsx::InputSample>& samples, std::vector<Problem>* problems) {
   std::vector<const hsx::JournalScan::Line*> todo;
   for (const auto& [index, line] : entries) todo.push_back(line);
   std::vector<std::vector<std::string>> results(todo.size());
@@ -220,37 +215,52 @@ absl::Status Run(const std::vector<char*>& args) {
     });
   }
   for (std::thread& t : pool) t.join();
-  int64_t tokens = 0;
-  int64_t bytes = 0;
+  Totals totals;
   for (size_t i = 0; i < todo.size(); ++i) {
     const JournalEntry& e = todo[i]->entry;
-    for (const std::string& what : results[i]) problems.push_back({(root / e.file).string(), what});
-    tokens += e.tokens;
-    bytes += e.bytes;
+    for (const std::string& what : results[i]) problems->push_back({(root / e.file).string(), what});
+    totals.tokens += e.tokens;
+    totals.bytes += e.bytes;
   }
+  return totals;
+}
 
-  // Input samples that are not journaled.
-  if (!samples.empty()) {
-    std::vector<int64_t> missing;
-    int64_t expected = 0;
-    for (const hsx::InputSample& s : samples) {
-      if (!shard->Contains(s.index)) continue;
-      ++expected;
-      if (!entries.count(s.index)) missing.push_back(s.index);
-    }
-    if (!missing.empty()) {
-      const size_t shown = std::min<size_t>(missing.size(), 20);
-      problems.push_back({dir, absl::StrCat(missing.size(), " of ", expected, " input samples are not journaled: ",
-                                            absl::StrJoin(missing.begin(), missing.begin() + shown, ", "),
-                                            missing.size() > shown ? ", ..." : "")});
-    }
+// Input samples (of the shard) that are not journaled.
+void CheckAllJournaled(const std::string& dir, const std::vector<hsx::InputSample>& samples,
+                       const hsx::ShardSpec& shard, const JournalIndex& entries, std::vector<Problem>* problems) {
+  std::vector<int64_t> missing;
+  int64_t expected = 0;
+  for (const hsx::InputSample& s : samples) {
+    if (!shard.Contains(s.index)) continue;
+    ++expected;
+    if (!entries.count(s.index)) missing.push_back(s.index);
   }
+  if (missing.empty()) return;
+  const size_t shown = std::min<size_t>(missing.size(), 20);
+  problems->push_back({dir, absl::StrCat(missing.size(), " of ", expected, " input samples are not journaled: ",
+                                         absl::StrJoin(missing.begin(), missing.begin() + shown, ", "),
+                                         missing.size() > shown ? ", ..." : "")});
+}
 
-  if (!trainer.empty()) {
-    for (Problem& p : TrainerProblems(trainer, dir, entries, !samples.empty())) problems.push_back(std::move(p));
-  }
+// What a file the journal does not list is, by its name.
+const char* StrayFileKind(const std::string& name) {
+  const bool temporary = absl::StrContains(name, ".tmp.") || absl::StrContains(name, ".partial.");
+  int64_t index = -1;
+  const bool sample_file = absl::StartsWith(name, "hs_") && absl::EndsWith(name, ".safetensors") &&
+                           absl::SimpleAtoi(name.substr(3, name.size() - 3 - 12), &index);
+  const bool lease = absl::StartsWith(name, ".hsx-run.");
+  return lease ? "the lease of a running hsx-dump, or of one killed on this host: the next hsx-dump run "
+                 "removes it and that run's temporaries"
+         : temporary ? "a temporary of an interrupted (or still running) write, not in the journal; hsx-dump "
+                     "removes it once the journal records that sample as done"
+         : sample_file ? "not in the journal: a sample file written but never declared done (a crash between "
+                         "rename and journal line); hsx-dump writes it again on the next run"
+                       : "not written by hsx-dump (not in the journal); --strict refuses any file the journal "
+                         "does not list";
+}
 
-  // Files the journal does not list.
+// Files the journal does not list: warnings.
+void CheckStrayFiles(const std::filesystem::path& root, const JournalIndex& entries, std::vector<Problem>* problems) {
   std::set<std::string> journaled;
   for (const auto& [index, line] : entries) journaled.insert(line->entry.file);
   std::vector<std::string> strays;
@@ -261,24 +271,13 @@ absl::Status Run(const std::vector<char*>& args) {
     strays.push_back(name);
   }
   std::sort(strays.begin(), strays.end());
-  for (const std::string& name : strays) {
-    const bool temporary = absl::StrContains(name, ".tmp.") || absl::StrContains(name, ".partial.");
-    int64_t index = -1;
-    const bool sample_file = absl::StartsWith(name, "hs_") && absl::EndsWith(name, ".safetensors") &&
-                             absl::SimpleAtoi(name.substr(3, name.size() - 3 - 12), &index);
-    const bool lease = absl::StartsWith(name, ".hsx-run.");
-    const char* what =
-        lease ? "the lease of a running hsx-dump, or of one killed on this host: the next hsx-dump run "
-                "removes it and that run's temporaries"
-        : temporary ? "a temporary of an interrupted (or still running) write, not in the journal; hsx-dump "
-                    "removes it once the journal records that sample as done"
-        : sample_file ? "not in the journal: a sample file written but never declared done (a crash between "
-                        "rename and journal line); hsx-dump writes it again on the next run"
-                      : "not written by hsx-dump (not in the journal); --strict refuses any file the journal "
-                        "does not list";
-    problems.push_back({(root / name).string(), what, false});
-  }
+  for (const std::string& name : strays) problems->push_back({(root / name).string(), StrayFileKind(name), false});
+}
 
+// Prints the problems and the summary line; an error unless all were warnings
+// (and not --strict).
+absl::Status Report(const std::string& dir, const std::vector<Problem>& problems, size_t samples, Totals totals,
+                    const std::string& trainer) {
   int64_t errors = 0;
   int64_t warnings = 0;
   const bool strict = absl::GetFlag(FLAGS_strict);
@@ -288,7 +287,7 @@ absl::Status Run(const std::vector<char*>& args) {
     std::printf("%s: %s: %s\n", p.where.c_str(), fails ? "error" : "warning", p.what.c_str());
   }
   std::printf("hsx-verify: %s: %zu journaled samples (%lld tokens, %lld bytes) checked%s; %lld errors, %lld warnings\n",
-              dir.c_str(), entries.size(), static_cast<long long>(tokens), static_cast<long long>(bytes),
+              dir.c_str(), samples, static_cast<long long>(totals.tokens), static_cast<long long>(totals.bytes),
               trainer.empty() ? "" : absl::StrCat(" for ", trainer).c_str(), static_cast<long long>(errors),
               static_cast<long long>(warnings));
   std::fflush(stdout);
@@ -297,6 +296,41 @@ absl::Status Run(const std::vector<char*>& args) {
                                             " (listed on stdout)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status Run(const std::vector<char*>& args) {
+  if (args.size() != 2) return absl::InvalidArgumentError("expected one directory (see --help)");
+  const std::string dir = args[1];
+  const std::filesystem::path root(dir);
+  if (!std::filesystem::is_directory(root)) return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
+  absl::StatusOr<hsx::ShardSpec> shard = hsx::ParseShard(absl::GetFlag(FLAGS_shard));
+  if (!shard.ok()) return absl::InvalidArgumentError(absl::StrCat("--shard: ", shard.status().message()));
+  std::vector<hsx::InputSample> samples;
+  const std::string input_path = absl::GetFlag(FLAGS_input);
+  if (!input_path.empty()) {
+    hsx::InputLimits limits;
+    limits.vocab_size = int64_t{1} << 31;
+    absl::StatusOr<std::vector<hsx::InputSample>> read = hsx::ReadInputFile(input_path, limits);
+    if (!read.ok()) return read.status();
+    samples = *std::move(read);
+  }
+  const std::string trainer = absl::GetFlag(FLAGS_for);
+  if (!trainer.empty() && trainer != "speculators" && trainer != "specforge" && trainer != "modelopt") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--for '", trainer, "': expected speculators, specforge or modelopt"));
+  }
+
+  std::vector<Problem> problems;
+  const std::string journal_path = (root / hsx::kJournalFileName).string();
+  const hsx::JournalScan scan = ScanJournal(journal_path, &problems);
+  const JournalIndex entries = IndexJournal(scan, journal_path, samples.size(), &problems);
+  const Totals totals = CheckFiles(root, entries, samples, &problems);
+  if (!samples.empty()) CheckAllJournaled(dir, samples, *shard, entries, &problems);
+  if (!trainer.empty()) {
+    for (Problem& p : TrainerProblems(trainer, dir, entries, !samples.empty())) problems.push_back(std::move(p));
+  }
+  CheckStrayFiles(root, entries, &problems);
+  return Report(dir, problems, entries.size(), totals, trainer);
 }
 
 }  // namespace

@@ -61,16 +61,12 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_attention.h"
 #include "kernels/staging_ring.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
 
 namespace hsx {
-
-// Which kernel runs Attention: the tiled reference kernel (attention.cu; the
-// CPU reference's arithmetic, batch invariant by construction) or cuDNN's SDPA
-// (cudnn_attention.h; bf16 only, not yet validated on a GPU).
-enum class CudaAttention { kReference, kCudnn };
 
 // A CUDA backend on device `device`, with the capture options of
 // CudaCaptureOptionsFromEnv() (whose error comes first). FailedPrecondition

@@ -220,31 +220,9 @@ absl::Status CheckFamily(const json& root, const ModelConfig& c, const std::stri
   return absl::OkStatus();
 }
 
-}  // namespace
-
-std::vector<int> ModelConfig::Eagle3CaptureIds() const {
-  return CaptureSpec::Eagle3(static_cast<int>(num_hidden_layers)).ids();
-}
-
-absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std::string& file) {
-  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(file, ": not valid JSON"));
-  if (!root.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": top level is not a JSON object"));
-  }
-  ModelConfig config;
-  const json* text_config = &root;
-  std::string where = file;
-  if (root.contains("text_config")) {
-    if (!root["text_config"].is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(file, ": 'text_config' is not an object"));
-    }
-    config.layout = CheckpointLayout::kNestedK25;
-    text_config = &root["text_config"];
-    where = absl::StrCat(file, ": text_config");
-  }
-  const json& t = *text_config;
-  FieldReader fields(t, where);
+// The architecture's fields of config.json (of text_config in K2.5's
+// layout), with HF's defaults where HF has one; errors collect in `fields`.
+void ReadArchitecture(const json& t, FieldReader& fields, ModelConfig& config) {
   fields.String("model_type", &config.model_type);
   if (t.contains("architectures") && t["architectures"].is_array()) {
     config.architectures.clear();
@@ -285,22 +263,60 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
   fields.String("scoring_func", &config.scoring_func);
   fields.String("topk_method", &config.topk_method);
   fields.String("hidden_act", &config.hidden_act);
-  ReadRopeScaling(t, fields, config, where);
-  if (!fields.status().ok()) return fields.status();
+}
 
+// quantization_config: at the top level, or (K2.5's layout) under
+// `text_config` when that is given. Absent or null: none.
+absl::Status ReadQuantization(const json& root, const json* text_config, const std::string& file,
+                              const std::string& where, ModelConfig& config) {
   const json* quant = nullptr;
   std::string quant_where;
   if (root.contains("quantization_config")) {
     quant = &root["quantization_config"];
     quant_where = absl::StrCat(file, ": quantization_config");
-  } else if (text_config != &root && t.contains("quantization_config")) {
-    quant = &t["quantization_config"];
+  } else if (text_config != nullptr && text_config->contains("quantization_config")) {
+    quant = &(*text_config)["quantization_config"];
     quant_where = absl::StrCat(where, ".quantization_config");
   }
   if (quant != nullptr && !quant->is_null()) {
     absl::StatusOr<QuantizationConfig> parsed = ParseQuantizationConfig(*quant, quant_where);
     if (!parsed.ok()) return parsed.status();
     config.quantization = *std::move(parsed);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<int> ModelConfig::Eagle3CaptureIds() const {
+  return CaptureSpec::Eagle3(static_cast<int>(num_hidden_layers)).ids();
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std::string& file) {
+  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(file, ": not valid JSON"));
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": top level is not a JSON object"));
+  }
+  ModelConfig config;
+  const json* text_config = &root;
+  std::string where = file;
+  if (root.contains("text_config")) {
+    if (!root["text_config"].is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": 'text_config' is not an object"));
+    }
+    config.layout = CheckpointLayout::kNestedK25;
+    text_config = &root["text_config"];
+    where = absl::StrCat(file, ": text_config");
+  }
+  const json& t = *text_config;
+  FieldReader fields(t, where);
+  ReadArchitecture(t, fields, config);
+  ReadRopeScaling(t, fields, config, where);
+  if (!fields.status().ok()) return fields.status();
+
+  if (absl::Status s = ReadQuantization(root, text_config != &root ? &t : nullptr, file, where, config); !s.ok()) {
+    return s;
   }
   if (absl::Status s = CheckConsistency(config, where); !s.ok()) return s;
   if (absl::Status s = CheckNumericRanges(config, where); !s.ok()) return s;

@@ -44,12 +44,11 @@ class CpuFactory : public DeviceFactory {
 // (kernels/cuda/cuda_communicator.h).
 class CudaFactory : public DeviceFactory {
  public:
-  CudaFactory(Precision precision, RankLayout layout, AttentionKernel attention)
+  CudaFactory(Precision precision, RankLayout layout, CudaAttention attention)
       : precision_(precision), layout_(layout), attention_(attention) {}
 
   absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(int rank) override {
-    return MakeCudaBackend(layout_.device_of(rank), precision_,
-                           attention_ == AttentionKernel::kCudnn ? CudaAttention::kCudnn : CudaAttention::kReference);
+    return MakeCudaBackend(layout_.device_of(rank), precision_, attention_);
   }
 
   absl::StatusOr<std::unique_ptr<CommunicatorGroup>> MakeGroup(std::span<Backend* const> backends) override {
@@ -95,7 +94,7 @@ class CudaFactory : public DeviceFactory {
   // --attention=cudnn: the SDPA graph for this model's heads per rank and head
   // dims must build on device d, or start-up stops with cuDNN's reason.
   absl::Status ProbeAttention(const ModelConfig& config, int d, int64_t max_batch_tokens) {
-    if (attention_ != AttentionKernel::kCudnn) return absl::OkStatus();
+    if (attention_ != CudaAttention::kCudnn) return absl::OkStatus();
     absl::StatusOr<std::string> cudnn =
         ProbeCudnnAttention(d, precision_, config.num_attention_heads / layout_.tp, config.qk_head_dim(),
                             config.v_head_dim, max_batch_tokens);
@@ -109,14 +108,14 @@ class CudaFactory : public DeviceFactory {
 
   Precision precision_;
   RankLayout layout_;
-  AttentionKernel attention_;
+  CudaAttention attention_;
 };
 
 // Checks for the devices the layout needs. The engine then calls PlanMemory,
 // which logs the start-up line of each GPU (name, memory, driver and runtime
 // versions) and the plan, before any weight is loaded.
 absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeCudaFactory(Precision precision, int tp, int ranks_per_device,
-                                                               AttentionKernel attention) {
+                                                               CudaAttention attention) {
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) return absl::Status(count.status().code(), absl::StrCat("--device cuda: ", count.status().message()));
   absl::StatusOr<RankLayout> layout = MakeRankLayout(tp, ranks_per_device, *count);
@@ -135,19 +134,19 @@ absl::StatusOr<Device> ParseDevice(absl::string_view name) {
 
 const char* DeviceName(Device device) { return device == Device::kCpu ? "cpu" : "cuda"; }
 
-absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name) {
-  if (name == "reference") return AttentionKernel::kReference;
-  if (name == "cudnn") return AttentionKernel::kCudnn;
+absl::StatusOr<CudaAttention> ParseAttentionKernel(absl::string_view name) {
+  if (name == "reference") return CudaAttention::kReference;
+  if (name == "cudnn") return CudaAttention::kCudnn;
   return absl::InvalidArgumentError(absl::StrCat("--attention '", name, "': expected reference or cudnn"));
 }
 
-const char* AttentionKernelName(AttentionKernel kernel) {
-  return kernel == AttentionKernel::kReference ? "reference" : "cudnn";
+const char* AttentionKernelName(CudaAttention kernel) {
+  return kernel == CudaAttention::kReference ? "reference" : "cudnn";
 }
 
 absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeDeviceFactory(Device device, Precision precision, int tp,
                                                                  int threads, int ranks_per_device,
-                                                                 AttentionKernel attention) {
+                                                                 CudaAttention attention) {
   if (device == Device::kCuda) {
 #if HSX_HAVE_CUDA
     return MakeCudaFactory(precision, tp, ranks_per_device, attention);
@@ -157,7 +156,7 @@ absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeDeviceFactory(Device device, 
         "use --device cpu");
 #endif
   }
-  if (attention != AttentionKernel::kReference) {
+  if (attention != CudaAttention::kReference) {
     return absl::InvalidArgumentError("--attention=cudnn: applies to --device cuda only");
   }
   if (ranks_per_device != 1) {

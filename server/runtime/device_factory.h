@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
+#include "kernels/cuda_attention.h"
 #include "server/model/config.h"
 
 namespace hsx {
@@ -25,12 +26,10 @@ enum class Device { kCpu, kCuda };
 absl::StatusOr<Device> ParseDevice(absl::string_view name);
 const char* DeviceName(Device device);
 
-// The attention kernel of --device cuda: "reference" (the tiled kernel, the
-// CPU reference's arithmetic; the default) or "cudnn" (cuDNN's SDPA, bf16,
-// not yet validated on a GPU). Anything else is an InvalidArgument.
-enum class AttentionKernel { kReference, kCudnn };
-absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name);
-const char* AttentionKernelName(AttentionKernel kernel);
+// The attention kernel of --device cuda (kernels/cuda_attention.h):
+// "reference" (the default) or "cudnn". Anything else is an InvalidArgument.
+absl::StatusOr<CudaAttention> ParseAttentionKernel(absl::string_view name);
+const char* AttentionKernelName(CudaAttention kernel);
 
 class DeviceFactory {
  public:
@@ -56,7 +55,7 @@ class DeviceFactory {
 // cannot serve (no silent fallback to the reference kernel).
 absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeDeviceFactory(
     Device device, Precision precision, int tp, int threads, int ranks_per_device = 1,
-    AttentionKernel attention = AttentionKernel::kReference);
+    CudaAttention attention = CudaAttention::kReference);
 
 }  // namespace hsx
 

@@ -46,7 +46,7 @@ struct EngineOptions {
   // CUDA: ranks per GPU, 1 (rank r on GPU r) or tp (all on GPU 0, for tests).
   int ranks_per_device = 1;
   // CUDA: the attention kernel (device_factory.h).
-  AttentionKernel attention = AttentionKernel::kReference;
+  CudaAttention attention = CudaAttention::kReference;
   // The batcher's token budget: the batch term of the device memory plan.
   int64_t max_batch_tokens = 8192;
   // Tests: builds the ranks' backends and communicators instead of `device`'s factory.

@@ -39,7 +39,7 @@ RequestLimits LimitsOf(const ServiceOptions& options, const v1::ModelInfo& info)
   RequestLimits limits;
   limits.vocab_size = info.vocab_size();
   limits.num_layers = info.num_layers();
-  limits.max_tokens_per_sample = options.max_tokens_per_sample;
+  limits.max_tokens_per_sample = options.engine_flags.max_tokens_per_sample;
   limits.default_capture = options.default_capture;
   return limits;
 }
@@ -152,6 +152,37 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Extract(grpc::C
   return Accept(context, request);
 }
 
+grpc::Status HiddenStatesService::ReserveSlot() {
+  int current = inflight_.load();
+  do {
+    if (current >= options_.max_concurrent_requests) {
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+              absl::StrCat("too many concurrent requests: ", current, " Extract calls in progress, the limit is ",
+                           options_.max_concurrent_requests,
+                           " (--max-concurrent-requests); retry later or on another replica")};
+    }
+  } while (!inflight_.compare_exchange_weak(current, current + 1));
+  metrics_->AddInflight(1);
+  return grpc::Status::OK;
+}
+
+void HiddenStatesService::StreamDone(const std::string& sample_id, const std::string& peer,
+                                     const StreamResult& result) {
+  if (result.status.ok()) {
+    metrics_->SampleDone(result.tokens, absl::ToDoubleSeconds(result.elapsed));
+  } else {
+    metrics_->Error(result.status.error_code());
+    grpc::Status status = result.status;
+    if (status.error_code() == grpc::StatusCode::CANCELLED && drain_expired_.load()) {
+      status = {grpc::StatusCode::CANCELLED, "cancelled by the server: the drain timed out (--drain-timeout)"};
+    }
+    LogFailure("Extract", sample_id, peer, result.tokens, status, result.messages_sent);
+  }
+  inflight_.fetch_sub(1);
+  metrics_->AddInflight(-1);
+  Notify();
+}
+
 grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Accept(grpc::CallbackServerContext* context,
                                                                         const v1::ExtractRequest& parsed) {
   const v1::ExtractRequest* request = &parsed;
@@ -169,17 +200,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Accept(grpc::Ca
   if (!valid.ok()) return Reject(context, *request, ToGrpcStatus(valid.status()));
 
   // Admission: reserve a slot or refuse at once.
-  int current = inflight_.load();
-  do {
-    if (current >= options_.max_concurrent_requests) {
-      return Reject(context, *request,
-                    {grpc::StatusCode::RESOURCE_EXHAUSTED,
-                     absl::StrCat("too many concurrent requests: ", current, " Extract calls in progress, the limit "
-                                  "is ", options_.max_concurrent_requests,
-                                  " (--max-concurrent-requests); retry later or on another replica")});
-    }
-  } while (!inflight_.compare_exchange_weak(current, current + 1));
-  metrics_->AddInflight(1);
+  if (grpc::Status slot = ReserveSlot(); !slot.ok()) return Reject(context, *request, std::move(slot));
 
   std::vector<int32_t> tokens(request->token_ids().begin(), request->token_ids().end());
   EncoderOptions encoder;
@@ -197,21 +218,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Accept(grpc::Ca
   const std::string sample_id = request->sample_id();
   std::shared_ptr<ExtractReactor> reactor = ExtractReactor::Create(
       std::move(encoder), valid->capture, static_cast<int64_t>(tokens.size()), &encoded_pool_, metrics_,
-      [this, peer, sample_id](const StreamResult& result) {
-        if (result.status.ok()) {
-          metrics_->SampleDone(result.tokens, absl::ToDoubleSeconds(result.elapsed));
-        } else {
-          metrics_->Error(result.status.error_code());
-          grpc::Status status = result.status;
-          if (status.error_code() == grpc::StatusCode::CANCELLED && drain_expired_.load()) {
-            status = {grpc::StatusCode::CANCELLED, "cancelled by the server: the drain timed out (--drain-timeout)"};
-          }
-          LogFailure("Extract", sample_id, peer, result.tokens, status, result.messages_sent);
-        }
-        inflight_.fetch_sub(1);
-        metrics_->AddInflight(-1);
-        Notify();
-      });
+      [this, peer, sample_id](const StreamResult& result) { StreamDone(sample_id, peer, result); });
 
   reactor->SetContext(context);
   watchdog_.Watch(reactor);

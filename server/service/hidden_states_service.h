@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 #include "absl/time/time.h"
 #include "hsx/v1/hsx.grpc.pb.h"
@@ -35,6 +36,7 @@
 #include "server/service/metrics.h"
 #include "server/service/request_validator.h"
 #include "server/service/service_options.h"
+#include "server/service/extract_reactor.h"
 #include "server/service/stall_watchdog.h"
 
 namespace hsx {
@@ -77,6 +79,11 @@ class HiddenStatesService final
                                                      const v1::ExtractRequest& request, grpc::Status status);
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Accept(grpc::CallbackServerContext* context,
                                                      const v1::ExtractRequest& request);
+  // Takes one of --max-concurrent-requests' slots, or says why not
+  // (RESOURCE_EXHAUSTED).
+  grpc::Status ReserveSlot();
+  // A stream's end: its metrics and log line, and its slot back.
+  void StreamDone(const std::string& sample_id, const std::string& peer, const StreamResult& result);
   void Notify();
 
   const ServiceOptions options_;

@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -24,8 +26,6 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -33,6 +33,7 @@
 #include "server/model/config.h"
 #include "server/runtime/batcher.h"
 #include "server/runtime/engine.h"
+#include "server/runtime/engine_flags.h"
 #include "server/runtime/fault_injection.h"
 #include "server/service/auth.h"
 #include "server/service/credentials.h"
@@ -96,58 +97,50 @@ class StopRequests {
 
 double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
-absl::Status Serve() {
-  absl::StatusOr<ServiceOptions> parsed = OptionsFromFlags();
-  if (!parsed.ok()) return parsed.status();
-  ServiceOptions options = *std::move(parsed);
+// What start-up reads before anything listens: the options, config.json and
+// what follows from them.
+struct Startup {
+  ServiceOptions options;
+  ModelConfig config;
+  v1::ModelInfo info;
+  std::unique_ptr<TokenAuth> auth;  // null without --auth-token-file
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+};
+
+absl::StatusOr<Startup> Prepare() {
+  Startup s;
+  absl::StatusOr<ServiceOptions> options = OptionsFromFlags();
+  if (!options.ok()) return options.status();
+  s.options = *std::move(options);
   absl::StatusOr<ModelConfig> config =
-      ReadModelConfig((std::filesystem::path(options.model_dir) / "config.json").string());
+      ReadModelConfig((std::filesystem::path(s.options.model_dir) / "config.json").string());
   if (!config.ok()) return config.status();
-  if (absl::Status s = ResolveModelLimits(*config, &options); !s.ok()) return s;
-  absl::StatusOr<v1::ModelInfo> info = BuildModelInfo(options, *config);
+  s.config = *std::move(config);
+  if (absl::Status limits = ResolveModelLimits(s.config, &s.options); !limits.ok()) return limits;
+  absl::StatusOr<v1::ModelInfo> info = BuildModelInfo(s.options, s.config);
   if (!info.ok()) return info.status();
-  std::unique_ptr<TokenAuth> auth;
-  if (!options.auth_token_file.empty()) {
-    absl::StatusOr<std::unique_ptr<TokenAuth>> loaded = TokenAuth::FromFile(options.auth_token_file);
+  s.info = *std::move(info);
+  if (!s.options.auth_token_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuth>> loaded = TokenAuth::FromFile(s.options.auth_token_file);
     if (!loaded.ok()) return loaded.status();
-    auth = *std::move(loaded);
+    s.auth = *std::move(loaded);
   }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeServerCredentials(options);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeServerCredentials(s.options);
   if (!credentials.ok()) return credentials.status();
-  LogInfo("starting %s: %s", kServerVersion, DescribeOptions(options, *config));
+  s.credentials = *std::move(credentials);
+  return s;
+}
 
-  Metrics metrics;
-  if (!options.metrics_listen.empty()) {
-    absl::StatusOr<std::string> bound = metrics.Serve(options.metrics_listen);
-    if (!bound.ok()) return bound.status();
-    LogInfo("metrics on %s", *bound);
-  }
-
-  HiddenStatesService service(options, *info, &metrics, auth.get());
-  StopRequests stop;
-  SignalWatcher watcher([&](int signal, int count) { stop.OnSignal(signal, count, &service); });
-
-  // NOT_SERVING from here, before any port is open. gRPC's default health
-  // service stays off: it has no descriptor for reflection (see health_service.h).
-  Health health;
-  HealthService health_service(&health);
-  HealthOnlyServer health_only;
-  if (!options.health_listen.empty()) {
-    std::string bound;
-    absl::StatusOr<HealthOnlyServer> started = StartHealthOnlyServer(options.health_listen, &health, &bound);
-    if (!started.ok()) return started.status();
-    health_only = *std::move(started);
-    LogInfo("health (grpc.health.v1 only, plaintext) on %s", bound);
-  }
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-
+// The main gRPC port, serving `services`; says why when it cannot.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const ServiceOptions& options,
+                                                          const std::shared_ptr<grpc::ServerCredentials>& credentials,
+                                                          std::initializer_list<grpc::Service*> services) {
   // gRPC only says that listening failed; find out why first.
   if (absl::Status s = ProbeListenAddress("listen", options.listen); !s.ok()) return s;
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, *credentials, &port);
-  builder.RegisterService(&service);
-  builder.RegisterService(&health_service);
+  builder.AddListeningPort(options.listen, credentials, &port);
+  for (grpc::Service* service : services) builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(static_cast<int>(TransportRequestLimit(options.max_request_bytes)));
   builder.SetMaxSendMessageSize(static_cast<int>(std::max<int64_t>(4 << 20, options.max_chunk_bytes + (64 << 10))));
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second server on the port is an error
@@ -172,79 +165,65 @@ absl::Status Serve() {
                "extract hidden states; use --tls-cert/--tls-key and --auth-token-file, or listen on loopback",
                options.listen);
   }
+  return server;
+}
 
-  // Both servers; calls still open at `deadline` are cancelled.
-  auto shutdown_by = [&](absl::Time deadline) {
-    server->Shutdown(absl::ToChronoTime(deadline));
-    if (health_only.server) health_only.server->Shutdown(absl::ToChronoTime(deadline));
-  };
-  auto shutdown_now = [&] { shutdown_by(absl::Now()); };
+// The checkpoint and the engine over it, self-checked. Members are destroyed
+// in reverse order: the engine before the checkpoint it reads.
+struct LoadedModel {
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::shared_ptr<DeviceLossFactory> injector;  // --inject-device-loss-after-batches only
+  std::unique_ptr<Engine> engine;
+};
 
-  // The model.
+absl::StatusOr<LoadedModel> LoadModel(const ServiceOptions& options, Health* health, Metrics* metrics) {
+  LoadedModel m;
   absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(options.model_dir);
-  if (!checkpoint.ok()) {
-    shutdown_now();
-    return checkpoint.status();
-  }
-  EngineOptions engine_options;
-  engine_options.tp = options.tp;
-  engine_options.precision = options.precision;
-  engine_options.threads = options.threads;
-  engine_options.device = *ParseDevice(options.device);  // validated with the flags
-  engine_options.ranks_per_device = options.ranks_per_device;
-  engine_options.attention = options.attention;
-  engine_options.max_batch_tokens = options.max_batch_tokens;
-  engine_options.on_device_lost = DeviceLossHandler(&health, &metrics);
-  std::shared_ptr<DeviceLossFactory> injector;
+  if (!checkpoint.ok()) return checkpoint.status();
+  m.checkpoint = *std::move(checkpoint);
+  EngineOptions engine_options = options.engine_flags.engine;
+  engine_options.on_device_lost = DeviceLossHandler(health, metrics);
+  const int last_rank = engine_options.tp - 1;
   if (options.inject_device_loss_after_batches >= 0) {
     absl::StatusOr<std::unique_ptr<DeviceFactory>> factory =
-        MakeDeviceFactory(engine_options.device, options.precision, options.tp, options.threads,
-                          options.ranks_per_device, options.attention);
-    if (!factory.ok()) {
-      shutdown_now();
-      return factory.status();
-    }
-    injector = std::make_shared<DeviceLossFactory>(*std::move(factory), options.tp - 1);
-    engine_options.factory = injector;
+        MakeDeviceFactory(engine_options.device, engine_options.precision, engine_options.tp, engine_options.threads,
+                          engine_options.ranks_per_device, engine_options.attention);
+    if (!factory.ok()) return factory.status();
+    m.injector = std::make_shared<DeviceLossFactory>(*std::move(factory), last_rank);
+    engine_options.factory = m.injector;
   }
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(**checkpoint, engine_options);
-  if (!engine.ok()) {
-    shutdown_now();
-    return engine.status();
-  }
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*m.checkpoint, engine_options);
+  if (!engine.ok()) return engine.status();
+  m.engine = *std::move(engine);
   LogInfo("loaded %s in %.2f s", options.model_dir, SecondsSince(start));
   start = absl::Now();
-  absl::StatusOr<std::string> check = RunSelfCheck(**engine);
+  absl::StatusOr<std::string> check = RunSelfCheck(*m.engine);
   if (!check.ok()) {
     LogError("%s", check.status().message());
-    shutdown_now();
     return check.status();
   }
   LogInfo("%s (%.2f s)", *check, SecondsSince(start));
-  if (injector != nullptr) {
-    injector->Arm(options.inject_device_loss_after_batches);
+  if (m.injector != nullptr) {
+    m.injector->Arm(options.inject_device_loss_after_batches);
     LogWarning("--inject-device-loss-after-batches=%d (testing): rank %d loses its device after %d more batches",
-               options.inject_device_loss_after_batches, options.tp - 1, options.inject_device_loss_after_batches);
+               options.inject_device_loss_after_batches, last_rank, options.inject_device_loss_after_batches);
   }
+  return m;
+}
 
-  auto batcher = std::make_unique<Batcher>(**engine, BatcherOptions{.max_batch_tokens = options.max_batch_tokens});
-  metrics.SetBatcherProbe([b = batcher.get()] { return BatcherSample{b->queued_tokens(), b->fill()}; });
-  service.SetBatcher(batcher.get());
-  stop.SetReady();
-  // Logged first, so that whoever sees SERVING can already read this line.
-  LogInfo("ready: serving hsx.v1.HiddenStates (health SERVING)");
-  health.SetServing(true);
-
-  // Drain.
-  const int signal = stop.Wait();
+// After the first stop signal: in-flight samples get --drain-timeout, then the
+// connections close (shutdown_by) once their clients have read their last
+// bytes, at most until the later of that deadline and kCloseGrace from now.
+void Drain(int signal, const ServiceOptions& options, HiddenStatesService& service, Health& health,
+           const std::function<void(absl::Time)>& shutdown_by) {
   LogInfo("received %s: draining (health NOT_SERVING, new Extract calls refused); %d in flight, %d samples in the "
           "batcher; waiting up to %s",
           strsignal(signal), service.inflight(), service.samples_in_batcher(),
           absl::FormatDuration(options.drain_timeout));
   health.Shutdown();
   service.StartDraining();
-  start = absl::Now();
+  absl::Time start = absl::Now();
   const absl::Time drain_deadline = start + options.drain_timeout;
   if (service.WaitIdle(drain_deadline)) {
     LogInfo("drained in %.2f s", SecondsSince(start));
@@ -265,7 +244,64 @@ absl::Status Serve() {
   start = absl::Now();
   shutdown_by(close_deadline);
   LogInfo("connections closed in %.2f s", SecondsSince(start));
-  server->Wait();
+}
+
+absl::Status Serve() {
+  absl::StatusOr<Startup> startup = Prepare();
+  if (!startup.ok()) return startup.status();
+  const ServiceOptions& options = startup->options;
+  LogInfo("starting %s: %s", kServerVersion, DescribeOptions(options, startup->config));
+
+  Metrics metrics;
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::string> bound = metrics.Serve(options.metrics_listen);
+    if (!bound.ok()) return bound.status();
+    LogInfo("metrics on %s", *bound);
+  }
+
+  HiddenStatesService service(options, startup->info, &metrics, startup->auth.get());
+  StopRequests stop;
+  SignalWatcher watcher([&](int signal, int count) { stop.OnSignal(signal, count, &service); });
+
+  // NOT_SERVING from here, before any port is open. gRPC's default health
+  // service stays off: it has no descriptor for reflection (see health_service.h).
+  Health health;
+  HealthService health_service(&health);
+  HealthOnlyServer health_only;
+  if (!options.health_listen.empty()) {
+    std::string bound;
+    absl::StatusOr<HealthOnlyServer> started = StartHealthOnlyServer(options.health_listen, &health, &bound);
+    if (!started.ok()) return started.status();
+    health_only = *std::move(started);
+    LogInfo("health (grpc.health.v1 only, plaintext) on %s", bound);
+  }
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server =
+      StartServer(options, startup->credentials, {&service, &health_service});
+  if (!server.ok()) return server.status();
+
+  // Both servers; calls still open at `deadline` are cancelled.
+  auto shutdown_by = [&](absl::Time deadline) {
+    (*server)->Shutdown(absl::ToChronoTime(deadline));
+    if (health_only.server) health_only.server->Shutdown(absl::ToChronoTime(deadline));
+  };
+  absl::StatusOr<LoadedModel> model = LoadModel(options, &health, &metrics);
+  if (!model.ok()) {
+    shutdown_by(absl::Now());
+    return model.status();
+  }
+
+  auto batcher =
+      std::make_unique<Batcher>(*model->engine, BatcherOptions{.max_batch_tokens = options.engine_flags.engine.max_batch_tokens});
+  metrics.SetBatcherProbe([b = batcher.get()] { return BatcherSample{b->queued_tokens(), b->fill()}; });
+  service.SetBatcher(batcher.get());
+  stop.SetReady();
+  // Logged first, so that whoever sees SERVING can already read this line.
+  LogInfo("ready: serving hsx.v1.HiddenStates (health SERVING)");
+  health.SetServing(true);
+
+  Drain(stop.Wait(), options, service, health, shutdown_by);
+  (*server)->Wait();
   metrics.SetBatcherProbe(nullptr);
   metrics.StopServing();
   if (const int64_t left = service.samples_in_batcher(); left > 0) {
@@ -293,10 +329,7 @@ int main(int argc, char** argv) {
       "SIGTERM/SIGINT/SIGHUP drain: health NOT_SERVING, in-flight samples finish (--drain-timeout), exit 0.\n"
       "A lost device (a sticky GPU error): health NOT_SERVING for good, Extract UNAVAILABLE naming the rank and\n"
       "its error, hsx_device_lost 1; the process stays up for probes and metrics until it is restarted.");
-  absl::FlagsUsageConfig usage;
-  // --help lists the flags of this binary (defined in service_options.cc).
-  usage.contains_help_flags = [](absl::string_view file) { return absl::StrContains(file, "server/service/"); };
-  absl::SetFlagsUsageConfig(usage);
+  hsx::ListFlagsInHelp("server/service/");  // service_options.cc's flags and the engine's
   hsx::AcceptDashedFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   hsx::SkipMutexDeadlockDetection();

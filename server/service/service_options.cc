@@ -1,8 +1,6 @@
 // service_options.cc: the flags of hsx-server and their validation.
 #include "server/service/service_options.h"
 
-#include "server/runtime/device_factory.h"
-
 #include <algorithm>
 
 #include "absl/flags/flag.h"
@@ -18,31 +16,6 @@ ABSL_FLAG(std::string, model, "", "Checkpoint directory (config.json + safetenso
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
           "Address of the gRPC port, HOST:PORT; port 0 picks a free port (the log line "
           "'hsx-server: listening on HOST:PORT' names the one bound).");
-ABSL_FLAG(std::string, device, "cpu",
-          "cpu or cuda: the backend every tensor-parallel rank runs on (a build without the CUDA "
-          "backend says so at start-up).");
-ABSL_FLAG(int, tp, 1, "Tensor-parallel ranks (threads on the CPU backend; with --device cuda, rank r on GPU r).");
-ABSL_FLAG(int, ranks_per_device, 1,
-          "--device cuda: ranks per GPU, 1 (rank r on GPU r) or the --tp value (every rank on GPU 0: "
-          "tensor parallelism tested on one GPU).");
-ABSL_FLAG(std::string, attention, "reference",
-          "--device cuda: the attention kernel, reference (default: the tiled kernel with the CPU "
-          "reference's arithmetic, bitwise batch invariant) or cudnn (cuDNN's SDPA, bf16 only; faster, but not "
-          "yet validated on a GPU, hence not the default). With cudnn, start-up fails with cuDNN's reason where "
-          "it cannot serve the model (no silent fallback).");
-ABSL_FLAG(std::string, precision, "bf16",
-          "Arithmetic: bf16 (rounds where the HF BF16 reference rounds) or fp32.");
-ABSL_FLAG(int, threads, 0, "CPU threads in all (0: every core), shared among the ranks.");
-ABSL_FLAG(std::string, capture, "eagle3",
-          "Capture set of a request whose capture_ids is empty: eagle3 ({2, N/2, N-3, N}), all "
-          "(0..N) or a list like 2,30,58,61. Id k is the residual stream entering decoder layer k; "
-          "N is the last layer's output before the final norm.");
-ABSL_FLAG(bool, final_norm, false,
-          "Requests with empty capture_ids also get the post-final-norm state (capture id -1).");
-ABSL_FLAG(int64_t, max_tokens_per_sample, 0,
-          "Longest sample accepted (0: the model's max_position_embeddings, capped by "
-          "--max-batch-tokens).");
-ABSL_FLAG(int64_t, max_batch_tokens, 8192, "Token budget of one forward batch.");
 ABSL_FLAG(int, max_concurrent_requests, 256,
           "Extract RPCs in progress at once, over all clients; beyond it an Extract fails at once "
           "with RESOURCE_EXHAUSTED.");
@@ -132,54 +105,22 @@ bool IsLoopbackAddress(absl::string_view address) {
   return host.empty() || host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
 }
 
-absl::StatusOr<ServiceOptions> OptionsFromFlags() {
-  ServiceOptions o;
-  o.model_dir = absl::GetFlag(FLAGS_model);
-  if (o.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required (see --help)");
-  o.listen = absl::GetFlag(FLAGS_listen);
-  if (absl::Status s = ValidateListenAddress("listen", o.listen); !s.ok()) return s;
-  o.device = absl::GetFlag(FLAGS_device);
-  absl::StatusOr<Device> device = ParseDevice(o.device);
-  if (!device.ok()) return device.status();
-  o.tp = absl::GetFlag(FLAGS_tp);
-  if (o.tp < 1) return absl::InvalidArgumentError("--tp must be at least 1");
-  // Refuse a device this build cannot drive before anything listens.
-  o.ranks_per_device = absl::GetFlag(FLAGS_ranks_per_device);
-  absl::StatusOr<AttentionKernel> attention = ParseAttentionKernel(absl::GetFlag(FLAGS_attention));
-  if (!attention.ok()) return attention.status();
-  o.attention = *attention;
-  if (absl::Status s = MakeDeviceFactory(*device, Precision::kBf16, o.tp, 1, o.ranks_per_device, o.attention).status();
-      !s.ok()) {
-    return s;
-  }
-  const std::string precision = absl::GetFlag(FLAGS_precision);
-  if (precision != "bf16" && precision != "fp32") {
-    return absl::InvalidArgumentError(absl::StrCat("--precision '", precision, "': expected bf16 or fp32"));
-  }
-  o.precision = precision == "bf16" ? Precision::kBf16 : Precision::kFp32;
-  o.threads = absl::GetFlag(FLAGS_threads);
-  if (o.threads < 0 || o.threads > kMaxThreads) {
-    return absl::InvalidArgumentError(absl::StrCat("--threads ", o.threads, ": expected 0 (all cores) to ", kMaxThreads));
-  }
-  o.capture_text = absl::GetFlag(FLAGS_capture);
-  o.final_norm = absl::GetFlag(FLAGS_final_norm);
+namespace {
 
-  o.max_tokens_per_sample = absl::GetFlag(FLAGS_max_tokens_per_sample);
-  if (o.max_tokens_per_sample < 0) return absl::InvalidArgumentError("--max-tokens-per-sample must be 0 (auto) or more");
-  o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  if (o.max_batch_tokens < 1 || o.max_batch_tokens > kMaxBatchTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-batch-tokens ", o.max_batch_tokens, ": expected 1 to ",
-                                                   kMaxBatchTokens, " (the activations of a batch live at once)"));
+// The per-stream and per-request sizes, checked against each other.
+absl::Status ReadSizeFlags(ServiceOptions* o) {
+  o->max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
+  if (o->max_concurrent_requests < 1) {
+    return absl::InvalidArgumentError("--max-concurrent-requests must be at least 1");
   }
-  o.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
-  if (o.max_concurrent_requests < 1) return absl::InvalidArgumentError("--max-concurrent-requests must be at least 1");
-  absl::StatusOr<int64_t> size = ByteFlag("max-buffered-bytes-per-stream", absl::GetFlag(FLAGS_max_buffered_bytes_per_stream));
+  absl::StatusOr<int64_t> size =
+      ByteFlag("max-buffered-bytes-per-stream", absl::GetFlag(FLAGS_max_buffered_bytes_per_stream));
   if (!size.ok()) return size.status();
-  o.max_buffered_bytes_per_stream = *size;
+  o->max_buffered_bytes_per_stream = *size;
   size = ByteFlag("max-chunk-bytes", absl::GetFlag(FLAGS_max_chunk_bytes));
   if (!size.ok()) return size.status();
-  o.max_chunk_bytes = *size;
-  if (o.max_chunk_bytes > (1LL << 30)) return absl::InvalidArgumentError("--max-chunk-bytes: at most 1GiB");
+  o->max_chunk_bytes = *size;
+  if (o->max_chunk_bytes > (1LL << 30)) return absl::InvalidArgumentError("--max-chunk-bytes: at most 1GiB");
   if (const std::string text = absl::GetFlag(FLAGS_max_request_bytes); !text.empty()) {
     size = ByteFlag("max-request-bytes", text);
     if (!size.ok()) return size.status();
@@ -188,66 +129,82 @@ absl::StatusOr<ServiceOptions> OptionsFromFlags() {
       return absl::InvalidArgumentError(absl::StrCat("--max-request-bytes ", *size, ": at least ", kMinRequestBytes,
                                                      " (smaller refuses even a one-token request)"));
     }
-    o.max_request_bytes = *size;
+    o->max_request_bytes = *size;
   }
-  if (2 * (o.max_chunk_bytes + kChunkOverheadBytes) > o.max_buffered_bytes_per_stream) {
+  if (2 * (o->max_chunk_bytes + kChunkOverheadBytes) > o->max_buffered_bytes_per_stream) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--max-buffered-bytes-per-stream ", o.max_buffered_bytes_per_stream, " is below 2 x (--max-chunk-bytes ",
-        o.max_chunk_bytes, " + ", kChunkOverheadBytes, "): a stream holds one chunk and gRPC's serialized "
+        "--max-buffered-bytes-per-stream ", o->max_buffered_bytes_per_stream, " is below 2 x (--max-chunk-bytes ",
+        o->max_chunk_bytes, " + ", kChunkOverheadBytes, "): a stream holds one chunk and gRPC's serialized "
         "copy of it; lower --max-chunk-bytes or raise the buffer"));
   }
+  return absl::OkStatus();
+}
 
-  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  o.health_listen = absl::GetFlag(FLAGS_health_listen);
-  for (const auto& [flag, address] : {std::pair{"metrics-listen", &o.metrics_listen},
-                                      std::pair{"health-listen", &o.health_listen}}) {
+// The extra ports, TLS and the token.
+absl::Status ReadEndpointFlags(ServiceOptions* o) {
+  o->metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o->health_listen = absl::GetFlag(FLAGS_health_listen);
+  for (const auto& [flag, address] : {std::pair{"metrics-listen", &o->metrics_listen},
+                                      std::pair{"health-listen", &o->health_listen}}) {
     if (address->empty()) continue;
     if (absl::Status s = ValidateListenAddress(flag, *address); !s.ok()) return s;
   }
-  o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
-  o.tls_key = absl::GetFlag(FLAGS_tls_key);
-  o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
-  if (o.tls_cert.empty() != o.tls_key.empty()) {
+  o->tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o->tls_key = absl::GetFlag(FLAGS_tls_key);
+  o->tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  if (o->tls_cert.empty() != o->tls_key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
-  if (!o.tls_client_ca.empty() && o.tls_cert.empty()) {
+  if (!o->tls_client_ca.empty() && o->tls_cert.empty()) {
     return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key (mTLS is TLS)");
   }
-  o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
-  o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
-  o.stream_stall_timeout = absl::GetFlag(FLAGS_stream_stall_timeout);
-  if (o.stream_stall_timeout < absl::ZeroDuration() ||
-      (o.stream_stall_timeout > absl::ZeroDuration() && o.stream_stall_timeout < absl::Seconds(1))) {
+  o->auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  return absl::OkStatus();
+}
+
+// The drain and stall timeouts, and the fault injection of the tests.
+absl::Status ReadLifecycleFlags(ServiceOptions* o) {
+  o->drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  o->stream_stall_timeout = absl::GetFlag(FLAGS_stream_stall_timeout);
+  if (o->stream_stall_timeout < absl::ZeroDuration() ||
+      (o->stream_stall_timeout > absl::ZeroDuration() && o->stream_stall_timeout < absl::Seconds(1))) {
     return absl::InvalidArgumentError("--stream-stall-timeout must be 0 (never) or at least 1s");
   }
-  if (o.drain_timeout < absl::ZeroDuration()) return absl::InvalidArgumentError("--drain-timeout must not be negative");
-  o.inject_device_loss_after_batches = absl::GetFlag(FLAGS_inject_device_loss_after_batches);
-  if (o.inject_device_loss_after_batches < -1) {
+  if (o->drain_timeout < absl::ZeroDuration()) return absl::InvalidArgumentError("--drain-timeout must not be negative");
+  o->inject_device_loss_after_batches = absl::GetFlag(FLAGS_inject_device_loss_after_batches);
+  if (o->inject_device_loss_after_batches < -1) {
     return absl::InvalidArgumentError("--inject-device-loss-after-batches must be -1 (off) or at least 0");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ServiceOptions> OptionsFromFlags() {
+  ServiceOptions o;
+  o.model_dir = absl::GetFlag(FLAGS_model);
+  if (o.model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required (see --help)");
+  o.listen = absl::GetFlag(FLAGS_listen);
+  if (absl::Status s = ValidateListenAddress("listen", o.listen); !s.ok()) return s;
+  absl::StatusOr<EngineFlags> engine = EngineFlagsFromCommandLine();
+  if (!engine.ok()) return engine.status();
+  o.engine_flags = *std::move(engine);
+  if (absl::Status s = ReadSizeFlags(&o); !s.ok()) return s;
+  if (absl::Status s = ReadEndpointFlags(&o); !s.ok()) return s;
+  if (absl::Status s = ReadLifecycleFlags(&o); !s.ok()) return s;
   return o;
 }
 
 absl::Status ResolveModelLimits(const ModelConfig& config, ServiceOptions* o) {
-  absl::StatusOr<CaptureSpec> capture = CaptureSpec::Parse(o->capture_text, static_cast<int>(config.num_hidden_layers), o->final_norm);
+  const EngineFlags& engine = o->engine_flags;
+  absl::StatusOr<CaptureSpec> capture =
+      CaptureSpec::Parse(engine.capture, static_cast<int>(config.num_hidden_layers), engine.final_norm);
   if (!capture.ok()) return absl::InvalidArgumentError(absl::StrCat("--capture: ", capture.status().message()));
   o->default_capture = *std::move(capture);
 
-  if (o->max_tokens_per_sample == 0) {
-    o->max_tokens_per_sample = std::min(config.max_position_embeddings, o->max_batch_tokens);
-  }
-  if (o->max_tokens_per_sample > o->max_batch_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max-tokens-per-sample ", o->max_tokens_per_sample, " exceeds --max-batch-tokens ",
-        o->max_batch_tokens, ": a sample must fit in one batch"));
-  }
-  if (o->max_tokens_per_sample > config.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max-tokens-per-sample ", o->max_tokens_per_sample, " exceeds the model's max_position_embeddings ",
-        config.max_position_embeddings));
-  }
+  if (absl::Status s = ResolveMaxTokensPerSample(config, &o->engine_flags); !s.ok()) return s;
   if (o->max_request_bytes == 0) {
-    o->max_request_bytes = std::min<int64_t>(INT32_MAX, 8 + 5 * o->max_tokens_per_sample + 4096);
+    o->max_request_bytes = std::min<int64_t>(INT32_MAX, 8 + 5 * engine.max_tokens_per_sample + 4096);
   }
   const int64_t fp32_row = 4 * config.hidden_size;
   if (o->max_chunk_bytes < fp32_row) {
@@ -259,13 +216,14 @@ absl::Status ResolveModelLimits(const ModelConfig& config, ServiceOptions* o) {
 }
 
 std::string DescribeOptions(const ServiceOptions& o, const ModelConfig& config) {
+  const EngineOptions& engine = o.engine_flags.engine;
   return absl::StrCat(
       "model ", o.model_dir, " (", config.architectures.empty() ? "?" : config.architectures[0], ", ",
       config.num_hidden_layers, " layers, hidden ", config.hidden_size, ", vocab ", config.vocab_size,
-      "); device ", o.device, ", tp ", o.tp, ", precision ", o.precision_name(), ", threads ",
-      o.threads == 0 ? std::string("all") : absl::StrCat(o.threads), "; default capture {",
+      "); device ", DeviceName(engine.device), ", tp ", engine.tp, ", precision ", PrecisionName(engine.precision),
+      ", threads ", engine.threads == 0 ? std::string("all") : absl::StrCat(engine.threads), "; default capture {",
       absl::StrJoin(o.default_capture.ids(), ","), "}", o.default_capture.final_norm() ? " + final norm" : "",
-      "; max tokens/sample ", o.max_tokens_per_sample, ", max batch tokens ", o.max_batch_tokens,
+      "; max tokens/sample ", o.engine_flags.max_tokens_per_sample, ", max batch tokens ", engine.max_batch_tokens,
       ", max concurrent requests ", o.max_concurrent_requests, ", chunk ", Bytes(o.max_chunk_bytes),
       ", buffered/stream ", Bytes(o.max_buffered_bytes_per_stream), ", max request ", o.max_request_bytes,
       " B; tls ", o.tls() ? (o.tls_client_ca.empty() ? "on" : "on (mTLS)") : "off", ", auth token ",

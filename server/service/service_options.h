@@ -18,9 +18,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "format/capture_spec.h"
-#include "kernels/backend.h"
 #include "server/model/config.h"
-#include "server/runtime/device_factory.h"
+#include "server/runtime/engine_flags.h"
 
 namespace hsx {
 
@@ -29,9 +28,7 @@ namespace hsx {
 inline constexpr int64_t kChunkOverheadBytes = 64;
 // The longest sample_id accepted.
 inline constexpr int64_t kMaxSampleIdBytes = 1024;
-// Limits past which a flag's value is a mistake, not a configuration.
-inline constexpr int kMaxThreads = 1024;
-inline constexpr int64_t kMaxBatchTokens = 1LL << 24;
+// The smallest --max-request-bytes: below it even a one-token request is refused.
 inline constexpr int64_t kMinRequestBytes = 256;
 
 // What gRPC itself accepts: 4 x --max-request-bytes + 64 KiB (at most 2 GiB).
@@ -45,17 +42,11 @@ inline int64_t TransportRequestLimit(int64_t max_request_bytes) {
 struct ServiceOptions {
   std::string model_dir;
   std::string listen = "0.0.0.0:50051";
-  std::string device = "cpu";
-  int tp = 1;
-  int ranks_per_device = 1;  // --device cuda: 1 or tp
-  AttentionKernel attention = AttentionKernel::kReference;  // --attention
-  Precision precision = Precision::kBf16;
-  int threads = 0;
-  std::string capture_text = "eagle3";
-  bool final_norm = false;
+  // The engine, the default capture set and the longest sample, as hsx-dump
+  // reads them too (server/runtime/engine_flags.h); max_tokens_per_sample is 0
+  // until resolved.
+  EngineFlags engine_flags;
 
-  int64_t max_tokens_per_sample = 0;  // 0 until resolved: the model's limit, capped by the batch
-  int64_t max_batch_tokens = 8192;
   int max_concurrent_requests = 256;
   int64_t max_buffered_bytes_per_stream = 64LL << 20;
   int64_t max_chunk_bytes = 1LL << 20;
@@ -74,11 +65,11 @@ struct ServiceOptions {
   // Filled by ResolveModelLimits: the capture set of a request with no capture_ids.
   CaptureSpec default_capture;
 
-  std::string precision_name() const { return precision == Precision::kBf16 ? "bf16" : "fp32"; }
   bool tls() const { return !tls_cert.empty(); }
 };
 
-// Reads the ABSL flags (defined in service_options.cc) and checks them.
+// Reads the ABSL flags (defined in service_options.cc, the engine's in
+// engine_flags.cc) and checks them.
 absl::StatusOr<ServiceOptions> OptionsFromFlags();
 
 // Fills the model-dependent defaults and checks the limits against the model.

@@ -145,7 +145,7 @@ class CudnnModelTest : public ::testing::Test {
   }
   void SetUp() override { HSX_SKIP_WITHOUT_CUDA(); }
 
-  static std::unique_ptr<Engine> MakeEngine(AttentionKernel attention) {
+  static std::unique_ptr<Engine> MakeEngine(CudaAttention attention) {
     EngineOptions options;
     options.device = Device::kCuda;
     options.attention = attention;
@@ -167,8 +167,8 @@ class CudnnModelTest : public ::testing::Test {
 Checkpoint* CudnnModelTest::checkpoint_ = nullptr;
 
 TEST_F(CudnnModelTest, MatchesTheReferenceKernelEngine) {
-  std::unique_ptr<Engine> reference = MakeEngine(AttentionKernel::kReference);
-  std::unique_ptr<Engine> cudnn = MakeEngine(AttentionKernel::kCudnn);
+  std::unique_ptr<Engine> reference = MakeEngine(CudaAttention::kReference);
+  std::unique_ptr<Engine> cudnn = MakeEngine(CudaAttention::kCudnn);
   ASSERT_TRUE(reference && cudnn);
   std::mt19937 random(5);
   std::vector<std::vector<int32_t>> samples;
@@ -188,7 +188,7 @@ TEST_F(CudnnModelTest, MatchesTheReferenceKernelEngine) {
 }
 
 TEST_F(CudnnModelTest, BatchedEqualsSoloBitForBit) {
-  std::unique_ptr<Engine> engine = MakeEngine(AttentionKernel::kCudnn);
+  std::unique_ptr<Engine> engine = MakeEngine(CudaAttention::kCudnn);
   ASSERT_TRUE(engine);
   for (int seed = 0; seed < ::hsx::testing::TestSize(10, 2); ++seed) {
     std::mt19937 random(seed);
@@ -210,12 +210,12 @@ TEST_F(CudnnModelTest, BatchedEqualsSoloBitForBit) {
 // ---- no GPU needed ------------------------------------------------------------
 
 TEST(CudnnAttentionFlagTest, ParsesAndRefusesWhatItCannotServe) {
-  EXPECT_EQ(*ParseAttentionKernel("reference"), AttentionKernel::kReference);
-  EXPECT_EQ(*ParseAttentionKernel("cudnn"), AttentionKernel::kCudnn);
-  const absl::StatusOr<AttentionKernel> bad = ParseAttentionKernel("flash");
+  EXPECT_EQ(*ParseAttentionKernel("reference"), CudaAttention::kReference);
+  EXPECT_EQ(*ParseAttentionKernel("cudnn"), CudaAttention::kCudnn);
+  const absl::StatusOr<CudaAttention> bad = ParseAttentionKernel("flash");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("--attention 'flash'"), std::string::npos) << bad.status();
-  const auto cpu = MakeDeviceFactory(Device::kCpu, Precision::kBf16, 1, 1, 1, AttentionKernel::kCudnn);
+  const auto cpu = MakeDeviceFactory(Device::kCpu, Precision::kBf16, 1, 1, 1, CudaAttention::kCudnn);
   ASSERT_FALSE(cpu.ok());
   EXPECT_EQ(cpu.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(cpu.status().message().find("--device cuda only"), std::string::npos) << cpu.status();
