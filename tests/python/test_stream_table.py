@@ -92,7 +92,7 @@ def test_same_verdict_as_the_cpp_assembler(case, wire):
     assert case["message"] in message, f"{case['what']}: expected {case['message']!r} in {message!r}"
 
 
-def test_table_holds_the_cases_issue_14_names():
+def test_table_holds_every_class_of_malformed_stream():
     names = {c["name"] for c in TABLE}
     assert {"sample_id", "token_hash", "capture_ids", "hidden", "gap", "overlap", "partial", "order", "checksum",
             "trailer_token_hash", "no_trailer", "nan", "zero", "invalid", "dtype", "duplicate_trailer"} <= names

@@ -371,7 +371,7 @@ def cases():
 
 
 def table():
-    return {"about": "Shared malformed-stream table (issue 14). Written by make_malformed_streams.py; read by "
+    return {"about": "Shared malformed-stream table. Written by make_malformed_streams.py; read by "
                      "tests/unit/stream_table_test.cc and tests/python/test_stream_table.py.",
             "cases": cases()}
 
