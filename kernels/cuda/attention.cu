@@ -1,6 +1,6 @@
 // attention.cu: the reference attention kernel (causal, ragged, head dims from
 // the arguments), arithmetic for arithmetic the CPU backend's
-// (kernels/cpu/cpu_backend.cc, Attention):
+// (kernels/cpu/cpu_attention.cc):
 //
 //   s_ij = R(R(sum_d fma(q_id, k_jd)) * scale)     d ascending, from 0
 //   m_i  = max_j s_ij                              (exact in any order)
