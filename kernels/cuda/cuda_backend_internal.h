@@ -58,8 +58,9 @@ class CudaStagedBatch;
 class CudaExpertTable;
 struct DeviceExpert;
 
-// One rank's backend on one device (see cuda_backend.h). Ops record their
-// first error; Synchronize() returns it.
+// One rank's backend on one device (see cuda_backend.h). An op that fails
+// records the error (the first since the last Synchronize, unless a lost
+// device outranks it) and returns; Synchronize() reports it.
 class CudaBackend : public Backend {
  public:
   CudaBackend(int device, Precision precision, CudaAttention attention)
