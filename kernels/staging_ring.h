@@ -2,7 +2,7 @@
 // which bytes of the ring a copy may use next, and which earlier copy must
 // have finished before those bytes may be written again.
 //
-// The CUDA backend (kernels/cuda/cuda_backend.cc) snapshots captured rows into
+// The CUDA backend (kernels/cuda/capture_staging.cc) snapshots captured rows into
 // a device ring on its compute stream and copies them to pinned host memory on
 // a second stream, so the copy overlaps the layers that follow. Each snapshot
 // reserves a region here and gets a ticket (0, 1, 2, ...); the copy stream

@@ -1,7 +1,8 @@
-// cpu_backend.cc: the reference ops. Each loop's comment says where the BF16
-// reference rounds; R() applies that rounding in kBf16 mode only. Matrices of
-// either element type are read and written through float32 rows (row_io.h
-// below): an f32 row is used in place, a bf16 row is converted.
+// cpu_backend.cc: the reference ops but Attention (cpu_attention.cc). Each
+// loop's comment says where the BF16 reference rounds; R() applies that
+// rounding in kBf16 mode only. Matrices of either element type are read and
+// written through float32 rows (row_io.h): an f32 row is used in place, a
+// bf16 row is converted.
 #include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -13,7 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
+#include "kernels/cpu/cpu_staged_batch.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/row_io.h"
 #include "kernels/op_checks.h"
 
 namespace hsx {
@@ -93,18 +96,6 @@ class CpuExpertTable : public ExpertTable {
   std::vector<bool> held_;
 };
 
-class CpuStagedBatch : public StagedBatch {
- public:
-  int64_t tokens() const override { return static_cast<int64_t>(token_ids.size()); }
-  int64_t num_samples() const override { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
-  int64_t longest() const override { return longest_length; }
-
-  std::vector<int32_t> token_ids;
-  std::vector<int32_t> positions;
-  std::vector<int64_t> cu_seqlens;
-  int64_t longest_length = 0;
-};
-
 class CpuRopeTable : public RopeTable {
  public:
   int64_t positions() const override { return half == 0 ? 0 : static_cast<int64_t>(cos.size()) / half; }
@@ -127,35 +118,6 @@ class CpuRouting : public Routing {
   std::vector<int32_t> experts;  // [tokens, top_k], ascending id per token
   std::vector<float> weights;
 };
-
-// Row r of m as float32: m's own memory when it is f32, else the row converted
-// into `scratch` (which must hold m.cols floats).
-const float* ReadRow(const Matrix& m, int64_t r, float* scratch) {
-  if (m.type == ElementType::kF32) return static_cast<const float*>(m.at(r, 0));
-  const uint16_t* bits = static_cast<const uint16_t*>(m.at(r, 0));
-  for (int64_t c = 0; c < m.cols; ++c) scratch[c] = Bf16ToFloat(bits[c]);
-  return scratch;
-}
-
-// Where to compute row r of m in float32: m's own memory when it is f32, else `scratch`.
-float* WriteTarget(const Matrix& m, int64_t r, float* scratch) {
-  return m.type == ElementType::kF32 ? static_cast<float*>(m.at(r, 0)) : scratch;
-}
-
-// Stores a row computed in WriteTarget's memory (a no-op for f32; bf16 rounds,
-// which is exact for values already rounded).
-void Commit(const Matrix& m, int64_t r, const float* values) {
-  if (m.type == ElementType::kF32) return;
-  uint16_t* bits = static_cast<uint16_t*>(m.at(r, 0));
-  for (int64_t c = 0; c < m.cols; ++c) bits[c] = FloatToBf16(values[c]);
-}
-
-// A per-thread float row of at least n values (index picks one of a few).
-float* ThreadRow(int index, int64_t n) {
-  thread_local std::vector<float> rows[4];
-  if (rows[index].size() < static_cast<size_t>(n)) rows[index].resize(static_cast<size_t>(n));
-  return rows[index].data();
-}
 
 GemmB ToGemmB(const LinearWeight& w) {
   GemmB b;
@@ -482,115 +444,6 @@ void CpuBackend::Rope(const Matrix& x, int64_t heads, int64_t stride, int64_t of
     }
     Commit(x, r, values);
   }
-}
-
-void CpuBackend::Attention(const Matrix& q, const Matrix& kv, const Matrix& k_rope, int64_t heads,
-                           int64_t nope_dim, int64_t rope_dim, int64_t v_dim, const StagedBatch& staged,
-                           float scale, const Matrix& out) {
-  const auto& batch = static_cast<const CpuStagedBatch&>(staged);
-  const int64_t samples = batch.num_samples();
-  const int64_t qk_dim = nope_dim + rope_dim;
-  const int64_t kv_head = nope_dim + v_dim;
-  if (!Check(CheckAttention(q, kv, k_rope, heads, nope_dim, rope_dim, v_dim, batch, out))) return;
-  const bool bf16 = precision_ == Precision::kBf16;
-  const std::vector<int64_t>& cu_seqlens = batch.cu_seqlens;
-  pool_.ParallelFor(samples * heads, [&](int64_t task) {
-    const int64_t s = task / heads;
-    const int64_t h = task % heads;
-    const int64_t begin = cu_seqlens[s];
-    const int64_t len = cu_seqlens[s + 1] - begin;
-    // Per-thread scratch, grown as needed and reused: a fresh multi-megabyte
-    // score matrix per head would cost a page fault per 4 KiB every time.
-    thread_local std::vector<float> keys, scores, queries, values, outputs;
-    auto grow = [](std::vector<float>& v, int64_t n) {
-      if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
-    };
-    grow(keys, len * qk_dim);
-    grow(scores, len * len);
-    // K_h = [k_nope | k_rope], as HF concatenates them.
-    for (int64_t j = 0; j < len; ++j) {
-      const float* kv_row = ReadRow(kv, begin + j, ThreadRow(0, kv.cols));
-      std::memcpy(&keys[j * qk_dim], kv_row + h * kv_head, sizeof(float) * nope_dim);
-      const float* rope_row = ReadRow(k_rope, begin + j, ThreadRow(1, rope_dim));
-      std::memcpy(&keys[j * qk_dim + nope_dim], rope_row, sizeof(float) * rope_dim);
-    }
-    // Q_h, V_h and the output in float32: in place when f32, else converted copies.
-    const float* q_data;
-    int64_t q_ld;
-    if (q.type == ElementType::kF32) {
-      q_data = static_cast<const float*>(q.at(begin, h * qk_dim));
-      q_ld = q.ld;
-    } else {
-      grow(queries, len * qk_dim);
-      for (int64_t j = 0; j < len; ++j) {
-        const uint16_t* bits = static_cast<const uint16_t*>(q.at(begin + j, h * qk_dim));
-        for (int64_t d = 0; d < qk_dim; ++d) queries[j * qk_dim + d] = Bf16ToFloat(bits[d]);
-      }
-      q_data = queries.data();
-      q_ld = qk_dim;
-    }
-    const float* v_data;
-    int64_t v_ld;
-    if (kv.type == ElementType::kF32) {
-      v_data = static_cast<const float*>(kv.at(begin, h * kv_head + nope_dim));
-      v_ld = kv.ld;
-    } else {
-      grow(values, len * v_dim);
-      for (int64_t j = 0; j < len; ++j) {
-        const uint16_t* bits = static_cast<const uint16_t*>(kv.at(begin + j, h * kv_head + nope_dim));
-        for (int64_t d = 0; d < v_dim; ++d) values[j * v_dim + d] = Bf16ToFloat(bits[d]);
-      }
-      v_data = values.data();
-      v_ld = v_dim;
-    }
-    float* o_data;
-    int64_t o_ld;
-    if (out.type == ElementType::kF32) {
-      o_data = static_cast<float*>(out.at(begin, h * v_dim));
-      o_ld = out.ld;
-    } else {
-      grow(outputs, len * v_dim);
-      o_data = outputs.data();
-      o_ld = v_dim;
-    }
-    // Causal attention in blocks of query rows: block [q0, q0 + rows) needs
-    // keys [0, q0 + rows) only, which skips most of the masked triangle. A
-    // row's result does not depend on the blocking: the keys a block sees
-    // past row i carry probability exactly 0, and fma(0, v, acc) == acc.
-    constexpr int64_t kQueryBlock = 64;
-    for (int64_t q0 = 0; q0 < len; q0 += kQueryBlock) {
-      const int64_t rows = std::min(kQueryBlock, len - q0);
-      const int64_t keys_seen = q0 + rows;
-      // scores = Q_h · K_hᵀ (a bf16 matmul output in the reference).
-      GemmB key_matrix{GemmB::Kind::kF32, keys.data(), qk_dim, nullptr, 0, keys_seen, qk_dim};
-      Gemm(q_data + q0 * q_ld, q_ld, rows, key_matrix, scores.data(), keys_seen, bf16, nullptr);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = q0 + r;
-        float* row = scores.data() + r * keys_seen;
-        float max = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j <= i; ++j) {
-          row[j] = R(row[j] * scale);
-          max = std::max(max, row[j]);
-        }
-        float sum = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) {
-          row[j] = std::exp(row[j] - max);
-          sum += row[j];
-        }
-        // Softmax in float32, then cast to the activation dtype; masked keys are exactly 0.
-        for (int64_t j = 0; j <= i; ++j) row[j] = R(row[j] / sum);
-        std::fill(row + i + 1, row + keys_seen, 0.0f);
-      }
-      GemmB value_matrix{GemmB::Kind::kF32Transposed, v_data, v_ld, nullptr, 0, v_dim, keys_seen};
-      Gemm(scores.data(), keys_seen, rows, value_matrix, o_data + q0 * o_ld, o_ld, bf16, nullptr);
-    }
-    if (out.type != ElementType::kF32) {
-      for (int64_t j = 0; j < len; ++j) {
-        uint16_t* bits = static_cast<uint16_t*>(out.at(begin + j, h * v_dim));
-        for (int64_t d = 0; d < v_dim; ++d) bits[d] = FloatToBf16(outputs[j * v_dim + d]);
-      }
-    }
-  });
 }
 
 void CpuBackend::Route(const Matrix& x, const RouterParams& router, Routing& routing_handle) {

@@ -1,6 +1,6 @@
 // attention.cu: the reference attention kernel (causal, ragged, head dims from
 // the arguments), arithmetic for arithmetic the CPU backend's
-// (kernels/cpu/cpu_backend.cc, Attention):
+// (kernels/cpu/cpu_attention.cc):
 //
 //   s_ij = R(R(sum_d fma(q_id, k_jd)) * scale)     d ascending, from 0
 //   m_i  = max_j s_ij                              (exact in any order)
@@ -42,128 +42,174 @@ __host__ __device__ int64_t SharedFloats(int64_t qk, int64_t v) {
          2 * kQueryTile;
 }
 
+// One block's work and its shared memory: head h of query rows
+// [q0, q0 + rows) of the sample whose rows are [begin, begin + len), against
+// keys [0, keys). The steps below run on every thread of the block.
+struct AttentionTileState {
+  DeviceMatrix kv, k_rope;
+  Dims dims;
+  int qk, vd, h, rows, tid;
+  int64_t begin, q0, keys;
+  float scale;
+  bool round;
+  float *Qs, *Ks, *Vs, *S, *O, *row_max, *row_sum;
+};
+
+// Q rows into Qs (zero past the sample), O zeroed, the row maxima and sums started.
+__device__ __forceinline__ void StartTile(const AttentionTileState& t, const DeviceMatrix& q) {
+  const int qk = t.qk, vd = t.vd, tid = t.tid;
+  for (int idx = tid; idx < kQueryTile * qk; idx += kThreads) {
+    const int i = idx / qk, d = idx % qk;
+    t.Qs[idx] = i < t.rows ? Load(q, t.begin + t.q0 + i, static_cast<int64_t>(t.h) * qk + d) : 0.0f;
+  }
+  for (int idx = tid; idx < kQueryTile * vd; idx += kThreads) t.O[idx] = 0.0f;
+  if (tid < kQueryTile) {
+    t.row_max[tid] = -INFINITY;
+    t.row_sum[tid] = 0.0f;
+  }
+}
+
+// Scores of the tile's rows against keys [k0, k0 + kKeyTile) into S; -inf
+// where masked (causal, or past the sample). Ks must be loaded.
+__device__ __forceinline__ void Scores(const AttentionTileState& t, int64_t k0) {
+  const int qk = t.qk;
+  for (int pair = t.tid; pair < kQueryTile * kKeyTile; pair += kThreads) {
+    const int i = pair / kKeyTile, j = pair % kKeyTile;
+    const int64_t key = k0 + j;
+    float s = -INFINITY;
+    if (i < t.rows && key < t.keys && key <= t.q0 + i) {
+      float dot = 0.0f;
+      for (int d = 0; d < qk; ++d) dot = fmaf(t.Qs[i * qk + d], t.Ks[j * (qk + 1) + d], dot);
+      s = R(t.round, R(t.round, dot) * t.scale);
+    }
+    t.S[pair] = s;
+  }
+}
+
+__device__ __forceinline__ void LoadKeys(const AttentionTileState& t, int64_t k0, bool values) {
+  const int qk = t.qk, vd = t.vd, h = t.h;
+  const Dims& dims = t.dims;
+  for (int idx = t.tid; idx < kKeyTile * qk; idx += kThreads) {
+    const int j = idx / qk, d = idx % qk;
+    const int64_t row = t.begin + k0 + j;
+    float value = 0.0f;
+    if (k0 + j < t.keys) {
+      value = d < dims.nope ? Load(t.kv, row, static_cast<int64_t>(h) * dims.kv_head + d)
+                            : Load(t.k_rope, row, d - dims.nope);  // K_h = [k_nope | k_rope]
+    }
+    t.Ks[j * (qk + 1) + d] = value;
+  }
+  if (!values) return;
+  for (int idx = t.tid; idx < kKeyTile * vd; idx += kThreads) {
+    const int j = idx / vd, d = idx % vd;
+    t.Vs[idx] = k0 + j < t.keys
+                    ? Load(t.kv, t.begin + k0 + j, static_cast<int64_t>(h) * dims.kv_head + dims.nope + d)
+                    : 0.0f;
+  }
+}
+
+// Loads key tile k0 (and its values) and fills S with its scores; on return
+// every thread sees them, and the previous tile is no longer read.
+__device__ __forceinline__ void TileScores(const AttentionTileState& t, int64_t k0, bool values) {
+  __syncthreads();
+  LoadKeys(t, k0, values);
+  __syncthreads();
+  Scores(t, k0);
+  __syncthreads();
+}
+
+// Pass 1: row maxima (std::max's comparison, so NaNs behave as on the CPU).
+__device__ __forceinline__ void RowMaxima(const AttentionTileState& t) {
+  const int tid = t.tid;
+  for (int64_t k0 = 0; k0 < t.keys; k0 += kKeyTile) {
+    TileScores(t, k0, false);
+    if (tid < t.rows) {
+      float m = t.row_max[tid];
+      for (int j = 0; j < kKeyTile && k0 + j <= t.q0 + tid; ++j) {
+        m = m < t.S[tid * kKeyTile + j] ? t.S[tid * kKeyTile + j] : m;
+      }
+      t.row_max[tid] = m;
+    }
+  }
+}
+
+// Pass 2: sums of exp(s - max), keys ascending.
+__device__ __forceinline__ void RowSums(const AttentionTileState& t) {
+  const int tid = t.tid;
+  for (int64_t k0 = 0; k0 < t.keys; k0 += kKeyTile) {
+    TileScores(t, k0, false);
+    for (int pair = tid; pair < kQueryTile * kKeyTile; pair += kThreads) {
+      const int i = pair / kKeyTile;
+      if (i < t.rows) t.S[pair] = Exp(t.S[pair] - t.row_max[i]);  // masked: exp(-inf) = 0, not added below
+    }
+    __syncthreads();
+    if (tid < t.rows) {
+      float sum = t.row_sum[tid];
+      for (int j = 0; j < kKeyTile && k0 + j <= t.q0 + tid; ++j) sum += t.S[tid * kKeyTile + j];
+      t.row_sum[tid] = sum;
+    }
+  }
+}
+
+// Pass 3: probabilities, and the outputs accumulated over keys ascending.
+__device__ __forceinline__ void AccumulateOutputs(const AttentionTileState& t) {
+  const int vd = t.vd;
+  for (int64_t k0 = 0; k0 < t.keys; k0 += kKeyTile) {
+    TileScores(t, k0, true);
+    for (int pair = t.tid; pair < kQueryTile * kKeyTile; pair += kThreads) {
+      const int i = pair / kKeyTile;
+      if (i < t.rows) t.S[pair] = R(t.round, Exp(t.S[pair] - t.row_max[i]) / t.row_sum[i]);
+    }
+    __syncthreads();
+    for (int idx = t.tid; idx < kQueryTile * vd; idx += kThreads) {
+      const int i = idx / vd, d = idx % vd;
+      if (i >= t.rows) continue;
+      float o = t.O[idx];
+      // Masked keys carry probability 0 on the CPU, and fma(0, v, o) == o: skipping them is identical.
+      for (int j = 0; j < kKeyTile && k0 + j <= t.q0 + i; ++j) o = fmaf(t.S[i * kKeyTile + j], t.Vs[j * vd + d], o);
+      t.O[idx] = o;
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     AttentionKernel(DeviceMatrix q, DeviceMatrix kv, DeviceMatrix k_rope, Dims dims,
                     const int64_t* __restrict__ cu_seqlens, const AttentionTile* __restrict__ tiles, float scale,
                     bool round, DeviceMatrix out) {
   extern __shared__ float shared[];
-  const int qk = dims.qk;
-  const int vd = dims.v;
-  float* Qs = shared;
-  float* Ks = Qs + kQueryTile * qk;
-  float* Vs = Ks + kKeyTile * (qk + 1);
-  float* S = Vs + kKeyTile * vd;
-  float* O = S + kQueryTile * kKeyTile;
-  float* row_max = O + kQueryTile * vd;
-  float* row_sum = row_max + kQueryTile;
+  AttentionTileState t;
+  t.kv = kv;
+  t.k_rope = k_rope;
+  t.dims = dims;
+  t.qk = dims.qk;
+  t.vd = dims.v;
+  t.Qs = shared;
+  t.Ks = t.Qs + kQueryTile * t.qk;
+  t.Vs = t.Ks + kKeyTile * (t.qk + 1);
+  t.S = t.Vs + kKeyTile * t.vd;
+  t.O = t.S + kQueryTile * kKeyTile;
+  t.row_max = t.O + kQueryTile * t.vd;
+  t.row_sum = t.row_max + kQueryTile;
 
   const AttentionTile tile = tiles[blockIdx.x];
-  const int h = blockIdx.y;
-  const int64_t begin = cu_seqlens[tile.sample];
-  const int64_t len = cu_seqlens[tile.sample + 1] - begin;
-  const int64_t q0 = tile.q0;
-  const int rows = static_cast<int>(len - q0 < kQueryTile ? len - q0 : kQueryTile);
-  const int64_t keys = q0 + rows;  // keys [0, q0 + rows) are visible to some row of the tile
-  const int tid = threadIdx.x;
+  t.h = blockIdx.y;
+  t.begin = cu_seqlens[tile.sample];
+  const int64_t len = cu_seqlens[tile.sample + 1] - t.begin;
+  t.q0 = tile.q0;
+  t.rows = static_cast<int>(len - t.q0 < kQueryTile ? len - t.q0 : kQueryTile);
+  t.keys = t.q0 + t.rows;  // keys [0, q0 + rows) are visible to some row of the tile
+  t.tid = threadIdx.x;
+  t.scale = scale;
+  t.round = round;
 
-  for (int idx = tid; idx < kQueryTile * qk; idx += kThreads) {
-    const int i = idx / qk, d = idx % qk;
-    Qs[idx] = i < rows ? Load(q, begin + q0 + i, static_cast<int64_t>(h) * qk + d) : 0.0f;
-  }
-  for (int idx = tid; idx < kQueryTile * vd; idx += kThreads) O[idx] = 0.0f;
-  if (tid < kQueryTile) {
-    row_max[tid] = -INFINITY;
-    row_sum[tid] = 0.0f;
-  }
-
-  // Scores of the tile's rows against keys [k0, k0 + kKeyTile) into S; -inf
-  // where masked (causal, or past the sample). Ks must be loaded.
-  auto scores = [&](int64_t k0) {
-    for (int pair = tid; pair < kQueryTile * kKeyTile; pair += kThreads) {
-      const int i = pair / kKeyTile, j = pair % kKeyTile;
-      const int64_t key = k0 + j;
-      float s = -INFINITY;
-      if (i < rows && key < keys && key <= q0 + i) {
-        float dot = 0.0f;
-        for (int d = 0; d < qk; ++d) dot = fmaf(Qs[i * qk + d], Ks[j * (qk + 1) + d], dot);
-        s = R(round, R(round, dot) * scale);
-      }
-      S[pair] = s;
-    }
-  };
-  auto load_keys = [&](int64_t k0, bool values) {
-    for (int idx = tid; idx < kKeyTile * qk; idx += kThreads) {
-      const int j = idx / qk, d = idx % qk;
-      const int64_t row = begin + k0 + j;
-      float value = 0.0f;
-      if (k0 + j < keys) {
-        value = d < dims.nope ? Load(kv, row, static_cast<int64_t>(h) * dims.kv_head + d)
-                              : Load(k_rope, row, d - dims.nope);  // K_h = [k_nope | k_rope]
-      }
-      Ks[j * (qk + 1) + d] = value;
-    }
-    if (!values) return;
-    for (int idx = tid; idx < kKeyTile * vd; idx += kThreads) {
-      const int j = idx / vd, d = idx % vd;
-      Vs[idx] = k0 + j < keys ? Load(kv, begin + k0 + j, static_cast<int64_t>(h) * dims.kv_head + dims.nope + d)
-                              : 0.0f;
-    }
-  };
-
-  // Loads key tile k0 (and its values) and fills S with its scores; on return
-  // every thread sees them, and the previous tile is no longer read.
-  auto tile_scores = [&](int64_t k0, bool values) {
-    __syncthreads();
-    load_keys(k0, values);
-    __syncthreads();
-    scores(k0);
-    __syncthreads();
-  };
-
-  // Pass 1: row maxima (std::max's comparison, so NaNs behave as on the CPU).
-  for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
-    tile_scores(k0, false);
-    if (tid < rows) {
-      float m = row_max[tid];
-      for (int j = 0; j < kKeyTile && k0 + j <= q0 + tid; ++j) m = m < S[tid * kKeyTile + j] ? S[tid * kKeyTile + j] : m;
-      row_max[tid] = m;
-    }
-  }
-  // Pass 2: sums of exp(s - max), keys ascending.
-  for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
-    tile_scores(k0, false);
-    for (int pair = tid; pair < kQueryTile * kKeyTile; pair += kThreads) {
-      const int i = pair / kKeyTile;
-      if (i < rows) S[pair] = Exp(S[pair] - row_max[i]);  // masked: exp(-inf) = 0, not added below
-    }
-    __syncthreads();
-    if (tid < rows) {
-      float sum = row_sum[tid];
-      for (int j = 0; j < kKeyTile && k0 + j <= q0 + tid; ++j) sum += S[tid * kKeyTile + j];
-      row_sum[tid] = sum;
-    }
-  }
-  // Pass 3: probabilities, and the outputs accumulated over keys ascending.
-  for (int64_t k0 = 0; k0 < keys; k0 += kKeyTile) {
-    tile_scores(k0, true);
-    for (int pair = tid; pair < kQueryTile * kKeyTile; pair += kThreads) {
-      const int i = pair / kKeyTile;
-      if (i < rows) S[pair] = R(round, Exp(S[pair] - row_max[i]) / row_sum[i]);
-    }
-    __syncthreads();
-    for (int idx = tid; idx < kQueryTile * vd; idx += kThreads) {
-      const int i = idx / vd, d = idx % vd;
-      if (i >= rows) continue;
-      float o = O[idx];
-      // Masked keys carry probability 0 on the CPU, and fma(0, v, o) == o: skipping them is identical.
-      for (int j = 0; j < kKeyTile && k0 + j <= q0 + i; ++j) o = fmaf(S[i * kKeyTile + j], Vs[j * vd + d], o);
-      O[idx] = o;
-    }
-  }
+  StartTile(t, q);
+  RowMaxima(t);
+  RowSums(t);
+  AccumulateOutputs(t);
   __syncthreads();
-  for (int idx = tid; idx < kQueryTile * vd; idx += kThreads) {
-    const int i = idx / vd, d = idx % vd;
-    if (i < rows) Store(out, begin + q0 + i, static_cast<int64_t>(h) * vd + d, R(round, O[idx]));
+  for (int idx = t.tid; idx < kQueryTile * t.vd; idx += kThreads) {
+    const int i = idx / t.vd, d = idx % t.vd;
+    if (i < t.rows) Store(out, t.begin + t.q0 + i, static_cast<int64_t>(t.h) * t.vd + d, R(t.round, t.O[idx]));
   }
 }
 

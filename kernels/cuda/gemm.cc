@@ -159,6 +159,73 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::PlanFor(const Key& key) {
                                           tried, ")"));
 }
 
+namespace {
+
+// The heuristic query's preference: the workspace limit, the operands'
+// alignment and, with `mask_splits`, no split-K reduction.
+cublasStatus_t MakePreference(bool mask_splits, size_t workspace_bytes, cublasLtMatmulPreference_t* preference) {
+  const cublasStatus_t status = Lt().cublasLtMatmulPreferenceCreate(preference);
+  if (status != CUBLAS_STATUS_SUCCESS) return status;
+  const uint64_t max_workspace = workspace_bytes;
+  const uint32_t no_split = CUBLASLT_REDUCTION_SCHEME_NONE;
+  const uint32_t alignment = LtGemm::kAlignment;
+  Lt().cublasLtMatmulPreferenceSetAttribute(*preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
+                                       sizeof(max_workspace));
+  if (mask_splits) {
+    Lt().cublasLtMatmulPreferenceSetAttribute(*preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split,
+                                         sizeof(no_split));
+  }
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    Lt().cublasLtMatmulPreferenceSetAttribute(*preference, attr, &alignment, sizeof(alignment));
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// A matmul descriptor for y^T = W^T-op · x^T in `compute`, f32 scale (one per
+// candidate: a plan owns its descriptor).
+cublasStatus_t MakeDesc(int compute, cublasLtMatmulDesc_t* desc) {
+  cublasStatus_t s = Lt().cublasLtMatmulDescCreate(desc, static_cast<cublasComputeType_t>(compute), CUDA_R_32F);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  Lt().cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
+  Lt().cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// Makes `algo` run K in one sequence (split-K 1, no reduction scheme); false
+// when cuBLASLt refuses the setting.
+bool ForceOneSequence(cublasLtMatmulAlgo_t* algo) {
+  int32_t splits = 1;
+  uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+  size_t written = 0;
+  Lt().cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits), &written);
+  Lt().cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme),
+                                       &written);
+  if (splits > 1 || scheme != CUBLASLT_REDUCTION_SCHEME_NONE) {
+    const int32_t one = 1;
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (Lt().cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        Lt().cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none)) !=
+            CUBLAS_STATUS_SUCCESS) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// "algo <id> tile <tile>", the algorithm's configuration for a plan's description.
+std::string AlgoName(const cublasLtMatmulAlgo_t& algo) {
+  size_t written = 0;
+  int32_t id = 0, tile = 0;
+  Lt().cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
+  Lt().cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
+  return absl::StrCat("algo ", id, " tile ", tile);
+}
+
+}  // namespace
+
 std::vector<std::unique_ptr<LtGemm::Plan>> LtGemm::Candidates(int compute, bool mask_splits, const Layouts& layouts,
                                                               std::string* why) {
   std::vector<std::unique_ptr<Plan>> plans;
@@ -168,32 +235,10 @@ std::vector<std::unique_ptr<LtGemm::Plan>> LtGemm::Candidates(int compute, bool 
     return std::vector<std::unique_ptr<Plan>>();
   };
   cublasLtMatmulPreference_t preference = nullptr;
-  cublasStatus_t status = Lt().cublasLtMatmulPreferenceCreate(&preference);
+  cublasStatus_t status = MakePreference(mask_splits, workspace_bytes_, &preference);
   if (status != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulPreferenceCreate", status);
-  const uint64_t max_workspace = workspace_bytes_;
-  const uint32_t no_split = CUBLASLT_REDUCTION_SCHEME_NONE;
-  const uint32_t alignment = kAlignment;
-  Lt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
-                                       sizeof(max_workspace));
-  if (mask_splits) {
-    Lt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split,
-                                         sizeof(no_split));
-  }
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-    Lt().cublasLtMatmulPreferenceSetAttribute(preference, attr, &alignment, sizeof(alignment));
-  }
-  // One descriptor per candidate (a plan owns its descriptor).
-  auto make_desc = [&](cublasLtMatmulDesc_t* desc) {
-    cublasStatus_t s = Lt().cublasLtMatmulDescCreate(desc, static_cast<cublasComputeType_t>(compute), CUDA_R_32F);
-    if (s != CUBLAS_STATUS_SUCCESS) return s;
-    const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-    Lt().cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
-    Lt().cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
-    return CUBLAS_STATUS_SUCCESS;
-  };
   Plan query;
-  status = make_desc(&query.desc);
+  status = MakeDesc(compute, &query.desc);
   if (status != CUBLAS_STATUS_SUCCESS) {
     Lt().cublasLtMatmulPreferenceDestroy(preference);
     return fail("cublasLtMatmulDescCreate", status);
@@ -207,22 +252,7 @@ std::vector<std::unique_ptr<LtGemm::Plan>> LtGemm::Candidates(int compute, bool 
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
     cublasLtMatmulAlgo_t algo = results[i].algo;
-    int32_t splits = 1;
-    uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-    size_t written = 0;
-    Lt().cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits), &written);
-    Lt().cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme),
-                                         &written);
-    if (splits > 1 || scheme != CUBLASLT_REDUCTION_SCHEME_NONE) {
-      const int32_t one = 1;
-      const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
-      if (Lt().cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
-              CUBLAS_STATUS_SUCCESS ||
-          Lt().cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none)) !=
-              CUBLAS_STATUS_SUCCESS) {
-        continue;
-      }
-    }
+    if (!ForceOneSequence(&algo)) continue;
     cublasLtMatmulHeuristicResult_t checked{};
     if (Lt().cublasLtMatmulAlgoCheck(handle_, query.desc, layouts.a, layouts.b, layouts.d, layouts.d, &algo, &checked) !=
             CUBLAS_STATUS_SUCCESS ||
@@ -230,13 +260,10 @@ std::vector<std::unique_ptr<LtGemm::Plan>> LtGemm::Candidates(int compute, bool 
       continue;
     }
     auto plan = std::make_unique<Plan>();
-    if (make_desc(&plan->desc) != CUBLAS_STATUS_SUCCESS) continue;
-    int32_t id = 0, tile = 0;
-    Lt().cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
-    Lt().cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
+    if (MakeDesc(compute, &plan->desc) != CUBLAS_STATUS_SUCCESS) continue;
     plan->algo = algo;
     plan->workspace = checked.workspaceSize;
-    plan->description = absl::StrCat("algo ", id, " tile ", tile, " split-k 1, ", attempt, ", workspace ",
+    plan->description = absl::StrCat(AlgoName(algo), " split-k 1, ", attempt, ", workspace ",
                                      checked.workspaceSize, " (heuristic rank ", i, " of ", found, ")");
     plans.push_back(std::move(plan));
   }

@@ -42,6 +42,107 @@ __host__ __device__ size_t RouteWarpBytes(int64_t experts) {
   return (static_cast<size_t>(experts) * 9 + kMaxGroups * 4 + kMaxTopK * 4 + 15) / 16 * 16;
 }
 
+// The steps of RouteKernel, for one token on one warp. Each ends with the
+// warp's lanes agreeing on what it wrote (__syncwarp).
+
+// scores[e]: softmax or sigmoid of the token's logits `row`.
+__device__ __forceinline__ void RouteScores(const float* row, int n, int lane, bool softmax, float* scores) {
+  if (softmax) {
+    float max = -INFINITY;
+    for (int e = lane; e < n; e += 32) max = max < row[e] ? row[e] : max;
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, max, offset);
+      max = max < other ? other : max;
+    }
+    for (int e = lane; e < n; e += 32) scores[e] = Exp(row[e] - max);
+    __syncwarp();
+    float sum = 0.0f;
+    if (lane == 0) {
+      for (int e = 0; e < n; ++e) sum += scores[e];  // ascending, as the CPU
+    }
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+    for (int e = lane; e < n; e += 32) scores[e] /= sum;
+  } else {
+    for (int e = lane; e < n; e += 32) scores[e] = 1.0f / (1.0f + Exp(-row[e]));
+  }
+}
+
+// Keep the topk_group groups with the largest sum of their two best
+// choices (DeepSeek-V3 noaux_tc); mask the others.
+__device__ __forceinline__ void MaskGroups(RouterArgs router, int n, int lane, float* choice,
+                                           float* group_score) {
+  const int groups = static_cast<int>(router.n_group);
+  const int per_group = n / groups;
+  for (int g = lane; g < groups; g += 32) {
+    float first = -INFINITY, second = -INFINITY;
+    for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
+      const float v = choice[e];
+      if (v > first) {
+        second = first;
+        first = v;
+      } else if (v > second) {
+        second = v;
+      }
+    }
+    group_score[g] = per_group >= 2 ? first + second : first;
+  }
+  __syncwarp();
+  if (lane == 0) {
+    unsigned long long kept = 0;  // groups <= kMaxGroups = 64
+    for (int k = 0; k < router.topk_group; ++k) {
+      int best = -1;
+      for (int g = 0; g < groups; ++g) {
+        if (!((kept >> g) & 1ull) && Before(group_score[g], g, best < 0 ? 0.0f : group_score[best], best)) best = g;
+      }
+      kept |= 1ull << best;
+    }
+    for (int e = 0; e < n; ++e) {
+      if (!((kept >> (e / per_group)) & 1ull)) choice[e] = -INFINITY;
+    }
+  }
+  __syncwarp();
+}
+
+// top_k rounds of a warp-wide best choice not yet taken, into chosen.
+__device__ __forceinline__ void ChooseTopK(const float* choice, int n, int top_k, int lane, unsigned char* taken,
+                                           int* chosen) {
+  for (int k = 0; k < top_k; ++k) {
+    float best = 0.0f;
+    int best_e = -1;
+    for (int e = lane; e < n; e += 32) {
+      if (!taken[e] && Before(choice[e], e, best, best_e)) {
+        best = choice[e];
+        best_e = e;
+      }
+    }
+    WarpBest(best, best_e);
+    if (lane == 0) {
+      taken[best_e] = 1;
+      chosen[k] = best_e;
+    }
+    __syncwarp();
+  }
+}
+
+// On one thread: the chosen experts in ascending id and their weights.
+__device__ __forceinline__ void WriteRouting(RouterArgs router, const float* scores, int top_k, int* chosen,
+                                             int32_t* experts_out, float* weights_out) {
+  for (int i = 1; i < top_k; ++i) {  // ascending id
+    const int e = chosen[i];
+    int j = i - 1;
+    for (; j >= 0 && chosen[j] > e; --j) chosen[j + 1] = chosen[j];
+    chosen[j + 1] = e;
+  }
+  float sum = 0.0f;
+  for (int i = 0; i < top_k; ++i) sum += scores[chosen[i]];
+  for (int i = 0; i < top_k; ++i) {
+    float w = scores[chosen[i]];
+    if (router.normalize) w /= (sum + 1e-20f);
+    experts_out[i] = chosen[i];
+    weights_out[i] = w * router.scaling;
+  }
+}
+
 // One warp per token. Sequential sums (softmax denominator, renormalisation)
 // run on lane 0 in the CPU's order; maxima and selections are exact in any
 // order.
@@ -61,97 +162,15 @@ __global__ void RouteKernel(const float* __restrict__ logits, int64_t tokens, Ro
 
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerRouteBlock + warp; t < tokens;
        t += static_cast<int64_t>(gridDim.x) * kWarpsPerRouteBlock) {
-    const float* row = logits + t * n;
-    if (router.softmax_scores) {
-      float max = -INFINITY;
-      for (int e = lane; e < n; e += 32) max = max < row[e] ? row[e] : max;
-      for (int offset = 16; offset > 0; offset /= 2) {
-        const float other = __shfl_xor_sync(0xffffffffu, max, offset);
-        max = max < other ? other : max;
-      }
-      for (int e = lane; e < n; e += 32) scores[e] = Exp(row[e] - max);
-      __syncwarp();
-      float sum = 0.0f;
-      if (lane == 0) {
-        for (int e = 0; e < n; ++e) sum += scores[e];  // ascending, as the CPU
-      }
-      sum = __shfl_sync(0xffffffffu, sum, 0);
-      for (int e = lane; e < n; e += 32) scores[e] /= sum;
-    } else {
-      for (int e = lane; e < n; e += 32) scores[e] = 1.0f / (1.0f + Exp(-row[e]));
-    }
+    RouteScores(logits + t * n, n, lane, router.softmax_scores, scores);
     for (int e = lane; e < n; e += 32) {
       choice[e] = router.bias != nullptr ? scores[e] + router.bias[e] : scores[e];
       taken[e] = 0;
     }
     __syncwarp();
-    if (router.n_group > 1) {
-      // Keep the topk_group groups with the largest sum of their two best
-      // choices (DeepSeek-V3 noaux_tc); mask the others.
-      const int groups = static_cast<int>(router.n_group);
-      const int per_group = n / groups;
-      for (int g = lane; g < groups; g += 32) {
-        float first = -INFINITY, second = -INFINITY;
-        for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
-          const float v = choice[e];
-          if (v > first) {
-            second = first;
-            first = v;
-          } else if (v > second) {
-            second = v;
-          }
-        }
-        group_score[g] = per_group >= 2 ? first + second : first;
-      }
-      __syncwarp();
-      if (lane == 0) {
-        unsigned long long kept = 0;  // groups <= kMaxGroups = 64
-        for (int k = 0; k < router.topk_group; ++k) {
-          int best = -1;
-          for (int g = 0; g < groups; ++g) {
-            if (!((kept >> g) & 1ull) && Before(group_score[g], g, best < 0 ? 0.0f : group_score[best], best)) best = g;
-          }
-          kept |= 1ull << best;
-        }
-        for (int e = 0; e < n; ++e) {
-          if (!((kept >> (e / per_group)) & 1ull)) choice[e] = -INFINITY;
-        }
-      }
-      __syncwarp();
-    }
-    // top_k rounds of a warp-wide best choice not yet taken.
-    for (int k = 0; k < top_k; ++k) {
-      float best = 0.0f;
-      int best_e = -1;
-      for (int e = lane; e < n; e += 32) {
-        if (!taken[e] && Before(choice[e], e, best, best_e)) {
-          best = choice[e];
-          best_e = e;
-        }
-      }
-      WarpBest(best, best_e);
-      if (lane == 0) {
-        taken[best_e] = 1;
-        chosen[k] = best_e;
-      }
-      __syncwarp();
-    }
-    if (lane == 0) {
-      for (int i = 1; i < top_k; ++i) {  // ascending id
-        const int e = chosen[i];
-        int j = i - 1;
-        for (; j >= 0 && chosen[j] > e; --j) chosen[j + 1] = chosen[j];
-        chosen[j + 1] = e;
-      }
-      float sum = 0.0f;
-      for (int i = 0; i < top_k; ++i) sum += scores[chosen[i]];
-      for (int i = 0; i < top_k; ++i) {
-        float w = scores[chosen[i]];
-        if (router.normalize) w /= (sum + 1e-20f);
-        experts_out[t * top_k + i] = chosen[i];
-        weights_out[t * top_k + i] = w * router.scaling;
-      }
-    }
+    if (router.n_group > 1) MaskGroups(router, n, lane, choice, group_score);
+    ChooseTopK(choice, n, top_k, lane, taken, chosen);
+    if (lane == 0) WriteRouting(router, scores, top_k, chosen, experts_out + t * top_k, weights_out + t * top_k);
     __syncwarp();
   }
 }
