@@ -31,7 +31,7 @@ TEST(TensorEncodingTest, BitIdenticalToAppendEncodedWithChecksum) {
       const std::vector<float> values = TrickyValues(n, static_cast<uint32_t>(n));
       const std::string want = Encoded(values, dtype);
       std::string got(want.size(), '\0');
-      const TensorEncoding e = EncodeTensor(values.data(), ElementType::kF32, static_cast<int64_t>(n), dtype, got.data());
+      const TensorFindings e = EncodeTensor(values.data(), ElementType::kF32, static_cast<int64_t>(n), dtype, got.data());
       ASSERT_EQ(e.bad_index, -1) << OutputDTypeName(dtype) << " n=" << n << " value " << e.bad_value;
       EXPECT_EQ(got, want) << OutputDTypeName(dtype) << " n=" << n;
       EXPECT_EQ(e.checksum, Xxh64(want.data(), want.size()));
@@ -52,7 +52,7 @@ TEST(TensorEncodingTest, Bf16SourceMatchesItsFloatValues) {
   for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
     const std::string want = Encoded(exact, dtype);
     std::string got(want.size(), '\0');
-    const TensorEncoding e = EncodeTensor(bf16.data(), ElementType::kBf16, 5000, dtype, got.data());
+    const TensorFindings e = EncodeTensor(bf16.data(), ElementType::kBf16, 5000, dtype, got.data());
     ASSERT_EQ(e.bad_index, -1);
     EXPECT_EQ(got, want) << OutputDTypeName(dtype);
     EXPECT_EQ(e.checksum, Xxh64(want.data(), want.size()));
@@ -64,7 +64,7 @@ TEST(TensorEncodingTest, FindsTheFirstBadValue) {
   std::string out(values.size() * 4, '\0');
   values[9000] = std::numeric_limits<float>::infinity();
   values[6001] = std::nanf("");
-  TensorEncoding e = EncodeTensor(values.data(), ElementType::kF32, 10000, OutputDType::kBf16, out.data());
+  TensorFindings e = EncodeTensor(values.data(), ElementType::kF32, 10000, OutputDType::kBf16, out.data());
   EXPECT_EQ(e.bad_index, 6001);
   EXPECT_TRUE(std::isnan(e.bad_value));
   values[6001] = 65519.0f;  // fits fp16 (rounds to 65504)
@@ -82,6 +82,24 @@ TEST(TensorEncodingTest, FindsTheFirstBadValue) {
   bf16[4321] = 0x7f80;  // +inf
   e = EncodeTensor(bf16.data(), ElementType::kBf16, 5000, OutputDType::kBf16, out.data());
   EXPECT_EQ(e.bad_index, 4321);
+}
+
+// A float32 value that rounds to bf16's infinity is bad, as AppendEncoded's
+// bytes (an infinity) would be; bf16's largest finite value is not.
+TEST(TensorEncodingTest, AFloatThatRoundsToBf16InfinityIsBad) {
+  std::vector<float> values(5000, 1.0f);
+  std::string out(values.size() * 2, '\0');
+  const uint32_t largest = 0x7f7f7fffu, rounds_up = 0x7f7f8000u;
+  std::memcpy(&values[100], &largest, 4);
+  TensorFindings e = EncodeTensor(values.data(), ElementType::kF32, 5000, OutputDType::kBf16, out.data());
+  EXPECT_EQ(e.bad_index, -1);
+  EXPECT_EQ(Encoded(values, OutputDType::kBf16), out);
+  std::memcpy(&values[4000], &rounds_up, 4);
+  values[4000] = -values[4000];
+  e = EncodeTensor(values.data(), ElementType::kF32, 5000, OutputDType::kBf16, out.data());
+  EXPECT_EQ(e.bad_index, 4000);
+  EXPECT_TRUE(std::isfinite(e.bad_value));
+  EXPECT_EQ(Encoded({values[4000]}, OutputDType::kBf16), std::string("\x80\xff", 2));  // -inf in bf16
 }
 
 TEST(TensorEncodingTest, SignedZerosAreZero) {
@@ -112,10 +130,10 @@ TEST(TensorEncodingTest, CheckTensorIsTheIdentityEncodingWithoutTheCopy) {
     }
     std::vector<uint16_t> b = trial == 2 ? std::vector<uint16_t>(bf16.size(), 0x8000) : bf16;
     std::vector<float> f = trial == 2 ? std::vector<float>(wide.size(), -0.0f) : wide;
-    const TensorEncoding want_b = EncodeTensor(b.data(), ElementType::kBf16, n, OutputDType::kBf16, out.data());
-    const TensorEncoding got_b = CheckTensor(b.data(), n, OutputDType::kBf16);
-    const TensorEncoding want_f = EncodeTensor(f.data(), ElementType::kF32, n, OutputDType::kFp32, out.data());
-    const TensorEncoding got_f = CheckTensor(f.data(), n, OutputDType::kFp32);
+    const TensorFindings want_b = EncodeTensor(b.data(), ElementType::kBf16, n, OutputDType::kBf16, out.data());
+    const TensorFindings got_b = CheckTensor(b.data(), n, OutputDType::kBf16);
+    const TensorFindings want_f = EncodeTensor(f.data(), ElementType::kF32, n, OutputDType::kFp32, out.data());
+    const TensorFindings got_f = CheckTensor(f.data(), n, OutputDType::kFp32);
     for (auto [want, got] : {std::pair{want_b, got_b}, std::pair{want_f, got_f}}) {
       EXPECT_EQ(got.bad_index, want.bad_index) << "trial " << trial;
       EXPECT_EQ(got.nonzero, want.nonzero) << "trial " << trial;
@@ -149,8 +167,8 @@ TEST(TensorCheckerTest, PiecesGiveWhatOnePassGives) {
         b[bad_at] = 0x7fc1;  // NaN
         f[bad_at + 1] = -std::numeric_limits<float>::infinity();
       }
-      const TensorEncoding want_b = CheckTensor(b.data(), n, OutputDType::kBf16, kind);
-      const TensorEncoding want_f = CheckTensor(f.data(), n, OutputDType::kFp32, kind);
+      const TensorFindings want_b = CheckTensor(b.data(), n, OutputDType::kBf16, kind);
+      const TensorFindings want_f = CheckTensor(f.data(), n, OutputDType::kFp32, kind);
       for (int trial = 0; trial < 6; ++trial) {
         SCOPED_TRACE(::testing::Message() << ChecksumKindName(kind) << " bad at " << bad_at << " trial " << trial);
         TensorChecker checker_b(OutputDType::kBf16, kind);

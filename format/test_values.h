@@ -1,20 +1,28 @@
-// test_values.h: values and byte helpers the format tests share (header-only,
-// for tests): floats that exercise every rounding case of the output dtypes,
-// their AppendEncoded bytes, and a ByteBuffer's bytes in one string.
+// test_values.h: values and byte helpers the tests share (header-only, for
+// tests): floats that exercise every rounding case of the output dtypes,
+// their AppendEncoded bytes, a ByteBuffer's bytes in one string, the file
+// layout of a sample's hidden states, and a sample's states as float32
+// (FloatStates) to and from SampleTensors.
 #ifndef HSX_FORMAT_TEST_VALUES_H_
 #define HSX_FORMAT_TEST_VALUES_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/support/byte_buffer.h>
 #include <gtest/gtest.h>
 
+#include "absl/status/statusor.h"
 #include "format/encoding.h"
+#include "format/sample_tensors.h"
 
 namespace hsx::testing {
 
@@ -56,6 +64,88 @@ inline std::vector<float> TrickyValues(size_t n, uint32_t seed) {
 inline std::string Encoded(const std::vector<float>& values, OutputDType dtype) {
   std::string out;
   AppendEncoded(values, dtype, &out);
+  return out;
+}
+
+// Tensors of [T, H] rows of `row_bytes` each, as the file's [T, L, H]
+// hidden_states holds them: row t of every tensor, then row t + 1.
+inline std::string InterleaveRows(const std::vector<std::string>& tensors, int64_t row_bytes) {
+  std::string out;
+  const size_t row = static_cast<size_t>(row_bytes);
+  const size_t rows = tensors.empty() || row == 0 ? 0 : tensors[0].size() / row;
+  for (size_t t = 0; t < rows; ++t) {
+    for (const std::string& tensor : tensors) out.append(tensor, t * row, row);
+  }
+  return out;
+}
+
+// The sample's hidden states as the file holds them, [T, L, H].
+inline std::string FileHiddenStates(const SampleTensors& sample) {
+  std::vector<std::string> layers;
+  for (size_t l = 0; l < sample.capture_ids.size(); ++l) layers.push_back(TensorString(sample.tensors[l]));
+  return InterleaveRows(layers, sample.row_bytes());
+}
+
+// A sample's states as float32 values, for tests that compare values.
+struct FloatStates {
+  std::vector<int> capture_ids;
+  int64_t tokens = 0;
+  int64_t hidden = 0;
+  std::vector<float> hidden_states;  // [tokens, capture_ids.size(), hidden]
+  std::vector<float> final_norm;     // [tokens, hidden], empty unless captured
+};
+
+inline std::vector<float> TensorValues(const SampleTensor& tensor, OutputDType dtype) {
+  const std::string bytes = TensorString(tensor);
+  return DecodeValues(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), dtype);
+}
+
+// The sample's values, widened to float32 (exact from bf16 and fp16).
+inline FloatStates Widen(const SampleTensors& sample) {
+  FloatStates out;
+  out.capture_ids = sample.capture_ids;
+  out.tokens = sample.tokens;
+  out.hidden = sample.hidden;
+  const int64_t n = static_cast<int64_t>(sample.capture_ids.size());
+  out.hidden_states.resize(static_cast<size_t>(sample.tokens * n * sample.hidden));
+  for (int64_t l = 0; l < n; ++l) {
+    const std::vector<float> values = TensorValues(sample.tensors[l], sample.dtype);
+    for (int64_t t = 0; t < sample.tokens; ++t) {
+      std::copy_n(values.begin() + t * sample.hidden, sample.hidden,
+                  out.hidden_states.begin() + (t * n + l) * sample.hidden);
+    }
+  }
+  if (sample.has_final_norm()) out.final_norm = TensorValues(sample.tensors.back(), sample.dtype);
+  return out;
+}
+
+inline absl::StatusOr<FloatStates> Widen(const absl::StatusOr<SampleTensors>& sample) {
+  if (!sample.ok()) return sample.status();
+  return Widen(*sample);
+}
+
+// `states` encoded into `dtype` (AppendEncoded) as a SampleTensors that owns
+// its bytes: each tensor one piece, unchecked.
+inline SampleTensors EncodeStates(const FloatStates& states, OutputDType dtype) {
+  SampleTensors out;
+  out.capture_ids = states.capture_ids;
+  out.tokens = states.tokens;
+  out.hidden = states.hidden;
+  out.dtype = dtype;
+  auto blocks = std::make_shared<std::vector<std::string>>();
+  const size_t n = states.capture_ids.size();
+  for (size_t l = 0; l < n; ++l) {
+    std::vector<float> rows;
+    for (int64_t t = 0; t < states.tokens; ++t) {
+      const auto row = states.hidden_states.begin() + (t * n + l) * states.hidden;
+      rows.insert(rows.end(), row, row + states.hidden);
+    }
+    blocks->push_back(Encoded(rows, dtype));
+  }
+  if (!states.final_norm.empty()) blocks->push_back(Encoded(states.final_norm, dtype));
+  for (size_t k = 0; k < blocks->size(); ++k) out.AddTensor(k < n ? states.capture_ids[k] : -1, (*blocks)[k].data());
+  for (const std::string& block : *blocks) out.held_bytes += static_cast<int64_t>(block.size());
+  out.owner = std::move(blocks);
   return out;
 }
 

@@ -15,7 +15,7 @@
 #include "kernels/bf16.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "server/model/random_model.h"
-#include "server/model/sample_states.h"
+#include "tests/unit/float_states.h"
 #include "server/runtime/engine.h"
 
 namespace hsx::testing {
@@ -79,11 +79,11 @@ inline Checkpoint* WriteTestCheckpoint(const ModelConfig& config, const std::str
 }
 
 // Runs `samples` as one batch on `engine`, capturing every layer and the final
-// norm; one SampleStates per sample (empty, with a test failure, on error).
-inline std::vector<SampleStates> RunBatch(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
+// norm; one FloatStates per sample (empty, with a test failure, on error).
+inline std::vector<FloatStates> RunBatch(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
   Batch batch;
   for (const auto& s : samples) batch.AddSample(s);
-  const CaptureSpec capture = *ParseCaptureSpec("all", engine.config(), true);
+  const CaptureSpec capture = CaptureSpec::All(static_cast<int>(engine.config().num_hidden_layers), true);
   absl::StatusOr<Captures> captures = engine.Run(batch, capture);
   EXPECT_TRUE(captures.ok()) << captures.status();
   if (!captures.ok()) return {};
@@ -95,10 +95,10 @@ inline std::vector<SampleStates> RunBatch(Engine& engine, const std::vector<std:
 // rule); `label` names the case in a failure.
 inline void ExpectBatchedEqualsSolo(Engine& engine, const std::vector<std::vector<int32_t>>& samples,
                                     const std::string& label) {
-  const std::vector<SampleStates> together = RunBatch(engine, samples);
+  const std::vector<FloatStates> together = RunBatch(engine, samples);
   ASSERT_EQ(together.size(), samples.size());
   for (size_t i = 0; i < samples.size(); ++i) {
-    const std::vector<SampleStates> solo = RunBatch(engine, {samples[i]});
+    const std::vector<FloatStates> solo = RunBatch(engine, {samples[i]});
     ASSERT_EQ(solo.size(), 1u);
     EXPECT_TRUE(solo[0].hidden_states == together[i].hidden_states && solo[0].final_norm == together[i].final_norm)
         << label << " sample " << i << " (" << samples[i].size() << " tokens)";
@@ -106,7 +106,7 @@ inline void ExpectBatchedEqualsSolo(Engine& engine, const std::vector<std::vecto
 }
 
 // Relative L2 error of each captured layer (and the final norm) of one sample.
-inline std::vector<double> LayerErrors(const SampleStates& got, const SampleStates& want) {
+inline std::vector<double> LayerErrors(const FloatStates& got, const FloatStates& want) {
   std::vector<double> errors;
   const size_t layer = static_cast<size_t>(want.hidden);
   const size_t layers = want.capture_ids.size();

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "server/model/random_model.h"
-#include "server/model/sample_states.h"
+#include "tests/unit/float_states.h"
 #include "server/model/tensor_specs.h"
 #include "server/runtime/engine.h"
 #include "tests/cuda/cuda_test_util.h"
@@ -58,7 +58,7 @@ class TensorParallelTest : public ::testing::TestWithParam<Device> {
     return engine.ok() ? *std::move(engine) : nullptr;
   }
 
-  static std::vector<SampleStates> Run(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
+  static std::vector<testing::FloatStates> Run(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
     return ::hsx::testing::RunBatch(engine, samples);
   }
 
@@ -75,7 +75,7 @@ class TensorParallelTest : public ::testing::TestWithParam<Device> {
 
   // The worst relative L2 error over the captured layers (and final norm) of
   // every sample.
-  static double WorstError(const std::vector<SampleStates>& got, const std::vector<SampleStates>& want) {
+  static double WorstError(const std::vector<testing::FloatStates>& got, const std::vector<testing::FloatStates>& want) {
     EXPECT_EQ(got.size(), want.size());
     double worst = 0;
     for (size_t s = 0; s < std::min(got.size(), want.size()); ++s) {
@@ -95,7 +95,7 @@ TEST_P(TensorParallelTest, TpOnOneDeviceEqualsTp1) {
   const std::vector<std::vector<int32_t>> samples = Samples(3, 3, 200);
   std::unique_ptr<Engine> one = MakeEngine(1);
   ASSERT_TRUE(one);
-  const std::vector<SampleStates> want = Run(*one, samples);
+  const std::vector<testing::FloatStates> want = Run(*one, samples);
   for (const int tp : {2, 4, 8}) {
     SCOPED_TRACE(::testing::Message() << "TP " << tp);
     std::unique_ptr<Engine> split = MakeEngine(tp);
@@ -123,7 +123,7 @@ TEST_P(TensorParallelTest, NcclAcrossGpusEqualsTp1) {
   const std::vector<std::vector<int32_t>> samples = Samples(5, 3, 200);
   std::unique_ptr<Engine> one = MakeEngine(1);
   ASSERT_TRUE(one);
-  const std::vector<SampleStates> want = Run(*one, samples);
+  const std::vector<testing::FloatStates> want = Run(*one, samples);
   for (const int tp : {2, 4, 8}) {
     if (tp > *gpus) break;
     SCOPED_TRACE(::testing::Message() << "NCCL TP " << tp);

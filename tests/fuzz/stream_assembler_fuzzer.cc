@@ -20,8 +20,10 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "format/sample_tensors.h"
 #include "format/stream_assembler.h"
 
 #include <grpcpp/support/byte_buffer.h>
@@ -244,48 +246,45 @@ void Advance(Shadow& s, const hsx::v1::ExtractResponse& message, const std::stri
 }
 
 // The kept slices hold each tensor's rows, in order, the messages gone.
-void CheckKept(const Shadow& s, const hsx::EncodedSample& kept, const hsx::EncodedSample& sample) {
-  Check(kept.received && kept.received->tensors.size() == s.tensors.size());
+void CheckKept(const Shadow& s, const hsx::SampleTensors& kept, const hsx::SampleTensors& sample) {
+  Check(!kept.dropped && kept.tensors.size() == s.tensors.size());
   for (size_t i = 0; i < s.tensors.size(); ++i) {
-    std::string bytes;
-    for (const hsx::BytePiece& piece : kept.received->tensors[i]) bytes.append(piece.begin(), piece.end());
-    Check(bytes == s.received[i]);
+    Check(hsx::TensorString(kept.tensors[i]) == s.received[i]);
+    Check(kept.tensors[i].findings->bad_index == sample.tensors[i].findings->bad_index);
   }
-  Check(kept.values_checked->first_bad == sample.values_checked->first_bad);
 }
 
 // Verify-only mode kept nothing and found what the assembler found: the
 // first bad value (NaN != NaN: its bits compared) and, for a tensor without
 // one, whether any value is non-zero (after a bad value the rest of a tensor
 // is not looked at: the error is decided).
-void CheckVerified(const hsx::EncodedSample& verified, const hsx::EncodedSample& sample) {
-  Check(verified.dropped && verified.hidden_states.empty() && verified.final_norm.empty());
-  Check(verified.hidden_states_bytes() == static_cast<int64_t>(sample.hidden_states.size()) &&
-        verified.final_norm_bytes() == static_cast<int64_t>(sample.final_norm.size()));
-  const hsx::EncodedValueCheck& got = *verified.values_checked;
-  const hsx::EncodedValueCheck& want = *sample.values_checked;
-  Check(got.first_bad == want.first_bad);
-  for (size_t i = 0; i < want.first_bad.size(); ++i) {
-    Check(std::memcmp(&got.bad_value[i], &want.bad_value[i], sizeof(float)) == 0);
-    Check(want.first_bad[i] >= 0 || got.nonzero[i] == want.nonzero[i]);
+void CheckVerified(const hsx::SampleTensors& verified, const hsx::SampleTensors& sample) {
+  Check(verified.dropped && verified.tensors.size() == sample.tensors.size());
+  for (size_t i = 0; i < sample.tensors.size(); ++i) {
+    const hsx::SampleTensor& got = verified.tensors[i];
+    const hsx::SampleTensor& want = sample.tensors[i];
+    Check(got.pieces.empty() && got.bytes == want.bytes);
+    Check(got.findings->bad_index == want.findings->bad_index);
+    Check(std::memcmp(&got.findings->bad_value, &want.findings->bad_value, sizeof(float)) == 0);
+    Check(want.findings->bad_index >= 0 || got.findings->nonzero == want.findings->nonzero);
   }
 }
 
-// The assembled file bytes are the shadow's rows, interleaved [T, L, H].
-void CheckAssembled(const Shadow& s, const hsx::EncodedSample& sample) {
+// The assembled block is the shadow's rows, interleaved [T, L, H] as the
+// file holds them; the final norm's block its rows.
+void CheckAssembled(const Shadow& s, const hsx::SampleTensors& sample) {
   const size_t layers = s.expect.capture_ids.size();
   Check(sample.tokens == s.expect.num_tokens && sample.hidden == s.hidden);
-  Check(sample.capture_ids == s.expect.capture_ids && sample.has_final_norm == *s.expect.final_norm);
+  Check(sample.capture_ids == s.expect.capture_ids && sample.has_final_norm() == *s.expect.final_norm);
+  const std::string_view hidden(reinterpret_cast<const char*>(sample.tensors[0].pieces[0].data()),
+                                static_cast<size_t>(sample.layer_bytes()));
   for (int64_t t = 0; t < s.expect.num_tokens; ++t) {
     for (size_t l = 0; l < layers; ++l) {
-      Check(sample.hidden_states.view().compare((t * layers + l) * s.row_bytes, s.row_bytes, s.received[l],
-                                         t * s.row_bytes, s.row_bytes) == 0);
-    }
-    if (*s.expect.final_norm) {
-      Check(sample.final_norm.view().compare(t * s.row_bytes, s.row_bytes, s.received.back(), t * s.row_bytes,
-                                      s.row_bytes) == 0);
+      Check(hidden.compare((t * layers + l) * s.row_bytes, s.row_bytes, s.received[l], t * s.row_bytes,
+                           s.row_bytes) == 0);
     }
   }
+  if (*s.expect.final_norm) Check(hsx::TensorString(sample.tensors.back()) == s.received.back());
 }
 
 }  // namespace
@@ -313,7 +312,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (!assembler.complete()) return 0;
   Check(verifier.complete() && keeper.complete());
-  const hsx::EncodedSample sample = assembler.Take();
+  const hsx::SampleTensors sample = assembler.Take();
   CheckVerified(verifier.Take(), sample);
   CheckKept(s, keeper.Take(), sample);
   CheckAssembled(s, sample);

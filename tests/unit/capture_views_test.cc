@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "format/capture_spec.h"
-#include "format/sample_view.h"
+#include "format/sample_tensors.h"
 #include "server/model/host_buffer_pool.h"
 
 namespace hsx {
@@ -50,31 +50,34 @@ TEST(CaptureViewsTest, EachSampleOwnsItsBufferAlone) {
   EXPECT_EQ(row[0], 2000.0f + (1 * 5 + 1) * 4);
   captures.FinalNormRow(3, row);  // sample 1's only row of tensor 2
   EXPECT_EQ(row[3], 1000.0f + 2 * 4 + 3);
-  std::vector<SampleView> views = ViewBySample(std::move(captures));
+  std::vector<SampleTensors> views = ViewBySample(std::move(captures));
   ASSERT_EQ(views.size(), 3u);
+  auto first_value = [](const SampleTensor& tensor) {
+    return reinterpret_cast<const float*>(tensor.pieces[0].data())[0];
+  };
   for (size_t s = 0; s < views.size(); ++s) {
-    EXPECT_EQ(views[s].held_bytes, views[s].view_bytes()) << s;
-    EXPECT_EQ(static_cast<const float*>(views[s].layers[0])[0], 1000.0f * s);
+    EXPECT_EQ(views[s].held_bytes, views[s].bytes()) << s;
+    EXPECT_EQ(first_value(views[s].tensors[0]), 1000.0f * s);
   }
   EXPECT_EQ(views[2].tokens, 5);
-  EXPECT_EQ(static_cast<const float*>(views[2].final_norm)[0], 2000.0f + 2 * 5 * 4);
-  views[1] = SampleView();
+  EXPECT_EQ(first_value(views[2].tensors.back()), 2000.0f + 2 * 5 * 4);
+  views[1] = SampleTensors();
   EXPECT_EQ(released, 1) << "a sample's buffer must go back as soon as its view does";
-  SampleView subset = SelectCaptures(std::move(views[0]), *CaptureSpec::Make({2}, false, 2));
-  EXPECT_EQ(subset.view_bytes() * 3, subset.held_bytes) << "a subset still holds the whole sample";
+  SampleTensors subset = SelectCaptures(std::move(views[0]), *CaptureSpec::Make({2}, false, 2));
+  EXPECT_EQ(subset.bytes() * 3, subset.held_bytes) << "a subset still holds the whole sample";
 }
 
-// The capture copy's findings follow the tensors a request keeps.
+// The capture check's findings follow the tensors a request keeps.
 TEST(CaptureViewsTest, TheCopysFindingsAreSelectedWithTheirTensors) {
-  SampleView view;
+  SampleTensors view;
   view.capture_ids = {0, 2, 5};
   view.tokens = 1;
   view.hidden = 1;
+  view.dtype = OutputDType::kFp32;
   static const float rows[4] = {1, 2, 3, 4};
-  view.layers = {&rows[0], &rows[1], &rows[2]};
-  view.final_norm = &rows[3];
-  view.checked = CheckedRows{};
-  for (uint64_t k = 0; k < 4; ++k) view.checked->tensors.push_back(TensorEncoding{.checksum = 100 + k});
+  for (int k = 0; k < 3; ++k) view.AddTensor(view.capture_ids[k], &rows[k]);
+  view.AddTensor(-1, &rows[3]);
+  for (uint64_t k = 0; k < 4; ++k) view.tensors[k].findings = TensorFindings{.checksum = 100 + k};
   struct Case {
     std::vector<int> ids;
     bool final_norm;
@@ -82,16 +85,24 @@ TEST(CaptureViewsTest, TheCopysFindingsAreSelectedWithTheirTensors) {
   };
   for (const Case& c : {Case{{0, 2, 5}, true, {100, 101, 102, 103}}, Case{{0, 2, 5}, false, {100, 101, 102}},
                         Case{{5}, true, {102, 103}}, Case{{0, 5}, false, {100, 102}}}) {
-    SampleView subset = SelectCaptures(view, *CaptureSpec::Make(c.ids, c.final_norm, 5));
-    ASSERT_TRUE(subset.checked.has_value());
+    SampleTensors subset = SelectCaptures(view, *CaptureSpec::Make(c.ids, c.final_norm, 5));
     std::vector<uint64_t> got;
-    for (const TensorEncoding& e : subset.checked->tensors) got.push_back(e.checksum);
+    for (const SampleTensor& tensor : subset.tensors) {
+      ASSERT_TRUE(tensor.findings.has_value());
+      got.push_back(tensor.findings->checksum);
+    }
     EXPECT_EQ(got, c.want) << c.ids.size() << " ids, final norm " << c.final_norm;
-    EXPECT_EQ(static_cast<int>(got.size()), subset.num_tensors());
+    EXPECT_EQ(subset.capture_ids, c.ids);
+    EXPECT_EQ(subset.has_final_norm(), c.final_norm);
   }
-  view.checked->tensors.pop_back();  // findings that do not match the view are dropped, not misassigned
-  EXPECT_FALSE(SelectCaptures(view, *CaptureSpec::Make({2}, true, 5)).checked.has_value());
+  // A tensor without findings stays without, beside those that have them.
+  view.tensors[1].findings.reset();
+  SampleTensors subset = SelectCaptures(view, *CaptureSpec::Make({2, 5}, false, 5));
+  ASSERT_EQ(subset.tensors.size(), 2u);
+  EXPECT_FALSE(subset.tensors[0].findings.has_value());
+  EXPECT_EQ(subset.tensors[1].findings->checksum, 102u);
 }
+
 TEST(HostBufferPoolTest, ReusesAndBoundsIdleBuffers) {
   HostBufferPool pool(HostBufferPool::HeapAllocator(), 3 << 20);
   void* first;

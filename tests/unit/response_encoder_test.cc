@@ -21,7 +21,7 @@
 #include "format/response_encoder.h"
 #include "format/response_framing.h"
 #include "format/sample_file.h"
-#include "format/sample_view.h"
+#include "format/sample_tensors.h"
 #include "format/stream_assembler.h"
 #include "format/tensor_encoding.h"
 #include "format/test_values.h"
@@ -32,13 +32,16 @@ namespace hsx {
 namespace {
 
 using ::hsx::testing::Encoded;
+using ::hsx::testing::FileHiddenStates;
 using ::hsx::testing::Flatten;
+using ::hsx::testing::InterleaveRows;
 using ::hsx::testing::TrickyValues;
 
-// A view of float32 rows [layers][tokens][hidden] (+ final norm), as the batcher gives.
+// float32 rows [layers][tokens][hidden] (+ final norm), as the batcher gives
+// them (without an owner: the test keeps `tensors`).
 struct FakeSample {
   std::vector<std::vector<float>> tensors;
-  SampleView view;
+  SampleTensors view;
 };
 
 FakeSample MakeSample(std::vector<int> ids, bool final_norm, int64_t tokens, int64_t hidden) {
@@ -48,9 +51,10 @@ FakeSample MakeSample(std::vector<int> ids, bool final_norm, int64_t tokens, int
   s.view.capture_ids = std::move(ids);
   s.view.tokens = tokens;
   s.view.hidden = hidden;
-  s.view.type = ElementType::kF32;
-  for (size_t k = 0; k < s.view.capture_ids.size(); ++k) s.view.layers.push_back(s.tensors[k].data());
-  if (final_norm) s.view.final_norm = s.tensors.back().data();
+  s.view.dtype = OutputDType::kFp32;
+  for (size_t k = 0; k < count; ++k) {
+    s.view.AddTensor(k < s.view.capture_ids.size() ? s.view.capture_ids[k] : -1, s.tensors[k].data());
+  }
   return s;
 }
 
@@ -132,18 +136,22 @@ std::pair<const char*, size_t> RowsSlice(const grpc::ByteBuffer& message) {
 }
 
 // bf16 rows [tensors][tokens][hidden] in one heap block, as the engine's
-// per-sample buffer holds them; the view owns the block.
-SampleView Bf16View(const FakeSample& floats, std::weak_ptr<std::vector<uint16_t>>* watch) {
+// per-sample buffer holds them; the sample owns the block.
+SampleTensors Bf16View(const FakeSample& floats, std::weak_ptr<std::vector<uint16_t>>* watch) {
   auto rows = std::make_shared<std::vector<uint16_t>>();
   for (const std::vector<float>& t : floats.tensors) {
     for (float v : t) rows->push_back(FloatToBf16(v));
   }
   *watch = rows;
-  SampleView view = floats.view;
-  view.type = ElementType::kBf16;
+  SampleTensors view;
+  view.capture_ids = floats.view.capture_ids;
+  view.tokens = floats.view.tokens;
+  view.hidden = floats.view.hidden;
+  view.dtype = OutputDType::kBf16;
   const int64_t count = view.tokens * view.hidden;
-  for (size_t k = 0; k < view.layers.size(); ++k) view.layers[k] = rows->data() + k * count;
-  if (view.final_norm != nullptr) view.final_norm = rows->data() + view.layers.size() * count;
+  for (size_t k = 0; k < floats.view.tensors.size(); ++k) {
+    view.AddTensor(floats.view.tensors[k].capture_id, rows->data() + k * count);
+  }
   view.held_bytes = static_cast<int64_t>(rows->size() * 2);
   view.owner = rows;
   return view;
@@ -153,7 +161,7 @@ TEST(ResponseEncoderTest, RowsAlreadyInTheOutputDtypeAreSentFromTheirOwnBuffer) 
   const int64_t tokens = 19, hidden = 64;
   FakeSample floats = MakeSample({0, 3}, true, tokens, hidden);
   std::weak_ptr<std::vector<uint16_t>> watch;
-  SampleView view = Bf16View(floats, &watch);
+  SampleTensors view = Bf16View(floats, &watch);
   const char* begin = reinterpret_cast<const char*>(watch.lock()->data());
   const char* end = begin + view.held_bytes;
   int allocations = 0;
@@ -164,7 +172,7 @@ TEST(ResponseEncoderTest, RowsAlreadyInTheOutputDtypeAreSentFromTheirOwnBuffer) 
   EncoderOptions options;
   options.max_chunk_bytes = 5 * hidden * 2;
   // The reference: the same rows with an owner that holds more than them, so they are copied.
-  SampleView copied = view;
+  SampleTensors copied = view;
   copied.held_bytes += 1;
   auto reference = ResponseEncoder::Create(std::move(copied), options, allocate);
   ASSERT_TRUE(reference.ok()) << reference.status();
@@ -243,7 +251,7 @@ TEST(ResponseEncoderTest, RowsInPlaceAreCheckedAsWhenCopied) {
   FakeSample floats = MakeSample({2}, false, 4, 8);
   floats.tensors[0][3 * 8 + 5] = std::numeric_limits<float>::infinity();
   std::weak_ptr<std::vector<uint16_t>> watch;
-  SampleView view = Bf16View(floats, &watch);
+  SampleTensors view = Bf16View(floats, &watch);
   auto encoder = ResponseEncoder::Create(view, EncoderOptions(), HostBufferPool::HeapAllocator());
   ASSERT_FALSE(encoder.ok());
   EXPECT_NE(encoder.status().message().find("capture id 2: value inf at row 3, column 5 is not finite"),
@@ -255,15 +263,16 @@ TEST(ResponseEncoderTest, RowsInPlaceAreCheckedAsWhenCopied) {
   EXPECT_NE(encoder.status().message().find("capture id 2: every value is zero"), std::string::npos);
 }
 
-// What the capture copy found (SampleView::checked) stands for the encoder's
-// own pass when it was made for the request's dtype and checksum, and only then.
+// What the capture check found (SampleTensor::findings) stands for the
+// encoder's own pass when it was made for the rows as they are sent and the
+// request's checksum, and only then.
 TEST(ResponseEncoderTest, TheCaptureCopysFindingsAreUsedWhenTheyAnswerTheRequest) {
   const int64_t tokens = 6, hidden = 16;
   FakeSample floats = MakeSample({1, 4}, true, tokens, hidden);
   std::weak_ptr<std::vector<uint16_t>> watch;
   EncoderOptions options;
   options.checksum = ChecksumKind::kXxh3;
-  auto trailer_of = [&](SampleView view) -> absl::StatusOr<v1::Trailer> {
+  auto trailer_of = [&](SampleTensors view) -> absl::StatusOr<v1::Trailer> {
     auto encoder = ResponseEncoder::Create(std::move(view), options, HostBufferPool::HeapAllocator());
     if (!encoder.ok()) return encoder.status();
     return Drain(**encoder).back().trailer();
@@ -271,41 +280,50 @@ TEST(ResponseEncoderTest, TheCaptureCopysFindingsAreUsedWhenTheyAnswerTheRequest
   const absl::StatusOr<v1::Trailer> own = trailer_of(Bf16View(floats, &watch));
   ASSERT_TRUE(own.ok()) << own.status();
   // Findings that differ from the rows (a checksum off by one) show which pass was used.
-  CheckedRows found{RowCheck{OutputDType::kBf16, ChecksumKind::kXxh3}, {}};
-  for (int k = 0; k < 3; ++k) {
-    TensorEncoding e;
-    e.nonzero = true;
-    e.checksum = own->checksums(k).xxh3_64() + 1;
-    found.tensors.push_back(e);
-  }
-  SampleView view = Bf16View(floats, &watch);
-  view.checked = found;
-  const absl::StatusOr<v1::Trailer> used = trailer_of(view);
+  auto with_findings = [&](ChecksumKind kind) {
+    SampleTensors view = Bf16View(floats, &watch);
+    for (int k = 0; k < 3; ++k) {
+      TensorFindings e;
+      e.checksum_kind = kind;
+      e.nonzero = true;
+      e.checksum = own->checksums(k).xxh3_64() + 1;
+      view.tensors[k].findings = e;
+    }
+    return view;
+  };
+  const absl::StatusOr<v1::Trailer> used = trailer_of(with_findings(ChecksumKind::kXxh3));
   ASSERT_TRUE(used.ok()) << used.status();
   for (int k = 0; k < 3; ++k) EXPECT_EQ(used->checksums(k).xxh3_64(), own->checksums(k).xxh3_64() + 1) << k;
-  // Made for another checksum, another dtype, or other tensors: the encoder reads the rows itself.
-  for (int change = 0; change < 3; ++change) {
-    view = Bf16View(floats, &watch);
-    view.checked = found;
-    if (change == 0) view.checked->check.checksum = ChecksumKind::kXxh64;
-    if (change == 1) view.checked->check.dtype = OutputDType::kFp32;
-    if (change == 2) view.checked->tensors.pop_back();
-    const absl::StatusOr<v1::Trailer> ignored = trailer_of(view);
-    ASSERT_TRUE(ignored.ok()) << ignored.status();
-    for (int k = 0; k < 3; ++k) EXPECT_EQ(ignored->checksums(k).xxh3_64(), own->checksums(k).xxh3_64()) << change;
+  // Made with another checksum: the encoder reads the rows itself.
+  absl::StatusOr<v1::Trailer> ignored = trailer_of(with_findings(ChecksumKind::kXxh64));
+  ASSERT_TRUE(ignored.ok()) << ignored.status();
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(ignored->checksums(k).xxh3_64(), own->checksums(k).xxh3_64()) << k;
+  // Rows sent in another dtype are encoded again: their findings do not stand for the new bytes.
+  options.dtype = OutputDType::kFp32;
+  const absl::StatusOr<v1::Trailer> own_fp32 = trailer_of(Bf16View(floats, &watch));
+  ignored = trailer_of(with_findings(ChecksumKind::kXxh3));
+  ASSERT_TRUE(own_fp32.ok() && ignored.ok()) << ignored.status();
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(ignored->checksums(k).xxh3_64(), own_fp32->checksums(k).xxh3_64()) << k;
+  options.dtype = OutputDType::kBf16;
+  // A tensor without findings is read; the others' findings stand.
+  SampleTensors view = with_findings(ChecksumKind::kXxh3);
+  view.tensors[2].findings.reset();
+  ignored = trailer_of(view);
+  ASSERT_TRUE(ignored.ok()) << ignored.status();
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(ignored->checksums(k).xxh3_64(), own->checksums(k).xxh3_64() + (k < 2 ? 1 : 0)) << k;
   }
-  // A bad value or all zeros the copy found fail the sample as the encoder's own check would.
-  view = Bf16View(floats, &watch);
-  view.checked = found;
-  view.checked->tensors[1].bad_index = 2 * hidden + 3;
-  view.checked->tensors[1].bad_value = std::numeric_limits<float>::quiet_NaN();
+  // A bad value or all zeros the check found fail the sample as the encoder's own check would.
+  view = with_findings(ChecksumKind::kXxh3);
+  view.tensors[1].findings->bad_index = 2 * hidden + 3;
+  view.tensors[1].findings->bad_value = std::numeric_limits<float>::quiet_NaN();
   EXPECT_NE(trailer_of(view).status().message().find("capture id 4: value nan at row 2, column 3 is not finite"),
             std::string::npos);
-  view = Bf16View(floats, &watch);
-  view.checked = found;
-  view.checked->tensors[2].nonzero = false;
+  view = with_findings(ChecksumKind::kXxh3);
+  view.tensors[2].findings->nonzero = false;
   EXPECT_NE(trailer_of(view).status().message().find("capture id -1: every value is zero"), std::string::npos);
 }
+
 // The same bytes, cut into slices of 1..`most` bytes (as a transport may deliver them).
 grpc::ByteBuffer Recut(const std::string& bytes, size_t most, std::mt19937* rng) {
   std::vector<grpc::Slice> slices;
@@ -347,13 +365,14 @@ TEST(StreamAssemblerRawTest, SlicedBytesAssembleAsTheParsedMessages) {
       ASSERT_TRUE(status.ok()) << status;
     }
     ASSERT_TRUE(parsed.complete() && raw.complete() && sliced.complete());
-    const EncodedSample a = parsed.Take(), b = raw.Take(), c = sliced.Take();
-    EXPECT_EQ(a.hidden_states, b.hidden_states);
-    EXPECT_EQ(a.hidden_states, c.hidden_states);
-    EXPECT_EQ(a.final_norm, c.final_norm);
+    const SampleTensors a = parsed.Take(), b = raw.Take(), c = sliced.Take();
+    EXPECT_EQ(FileHiddenStates(a), FileHiddenStates(b));
+    EXPECT_EQ(FileHiddenStates(a), FileHiddenStates(c));
+    EXPECT_EQ(TensorString(a.tensors.back()), TensorString(c.tensors.back()));
     // And that is the file layout of the values themselves.
-    SampleStates states = sample.view.ToStates();
-    EXPECT_EQ(c.hidden_states, EncodeSampleStates(states, dtype).hidden_states);
+    const std::string want = InterleaveRows({Encoded(sample.tensors[0], dtype), Encoded(sample.tensors[1], dtype)},
+                                            hidden * OutputDTypeSize(dtype));
+    EXPECT_EQ(FileHiddenStates(c), want);
   }
 }
 
