@@ -100,16 +100,8 @@ std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm, cons
   o.layer_convention = kLayerConvention;
   // The states as the engine holds them: each tensor's [T, H] float32 rows contiguous.
   const SampleTensors view = EncodeStates(MakeStates(final_norm, ids, shape), OutputDType::kFp32);
-  absl::StatusOr<std::unique_ptr<ResponseEncoder>> encoder = ResponseEncoder::Create(
-      view, o, [](size_t bytes) -> absl::StatusOr<std::unique_ptr<HostBuffer>> {
-        struct Heap : HostBuffer {
-          explicit Heap(size_t n) : bytes_(n, '\0') {}
-          void* data() const override { return const_cast<char*>(bytes_.data()); }
-          size_t bytes() const override { return bytes_.size(); }
-          std::string bytes_;
-        };
-        return std::unique_ptr<HostBuffer>(new Heap(bytes));
-      });
+  absl::StatusOr<std::unique_ptr<ResponseEncoder>> encoder =
+      ResponseEncoder::Create(view, o, ::hsx::testing::HeapBuffers());
   EXPECT_TRUE(encoder.ok()) << encoder.status();
   std::vector<v1::ExtractResponse> out;
   if (!encoder.ok()) return out;

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "format/encoding.h"
+#include "format/sample_encoding.h"
 #include "format/sample_tensors.h"
 
 namespace hsx::testing {
@@ -147,6 +148,21 @@ inline SampleTensors EncodeStates(const FloatStates& states, OutputDType dtype) 
   for (const std::string& block : *blocks) out.held_bytes += static_cast<int64_t>(block.size());
   out.owner = std::move(blocks);
   return out;
+}
+
+// Plain heap memory for EncodeSample and ResponseEncoder, counting what it
+// hands out in `*allocations` when given.
+inline BufferAllocator HeapBuffers(int* allocations = nullptr) {
+  struct Heap : HostBuffer {
+    explicit Heap(size_t n) : bytes_(n, '\0') {}
+    void* data() const override { return const_cast<char*>(bytes_.data()); }
+    size_t bytes() const override { return bytes_.size(); }
+    std::string bytes_;
+  };
+  return [allocations](size_t bytes) -> absl::StatusOr<std::unique_ptr<HostBuffer>> {
+    if (allocations != nullptr) ++*allocations;
+    return std::unique_ptr<HostBuffer>(new Heap(bytes));
+  };
 }
 
 }  // namespace hsx::testing
