@@ -9,21 +9,14 @@
 // max over the dtype-rounded values and the first values of row 0) and the
 // same Trailer.
 //
-// Encoding happens once, in Create: every tensor is converted to the output
-// dtype, checked and hashed in one pass (EncodeTensor) into one buffer from
-// `allocate` (the server's pool), and the view's rows are released. When the
-// rows are already in the output dtype (bf16 compute, bf16 out; f32, fp32)
-// and the view's owner holds only them (the engine's per-sample buffer), the
-// conversion would be a copy: the rows are checked and hashed where they are
-// (CheckTensor, one read-only pass) and sent from there, and the encoder keeps
-// the view's owner instead of a buffer of its own. Where the engine's capture
-// copy already checked and hashed them as this request asks (the CPU backend:
-// SampleView::checked), its findings stand for that pass and the rows are not
-// read at all before the socket sends them. Next() then only frames: a
-// Chunk is a few bytes of hand-encoded protobuf framing plus a slice aliasing
-// its rows (response_framing.h), so the bytes the socket sends are never
-// copied again. The memory returns to its pool when the encoder and the last
-// slice gRPC holds are gone.
+// Encoding happens once, in Create: EncodeSample (sample_encoding.h) makes
+// the rows the bytes to send, in the output dtype, checked and hashed, and
+// decides whether that takes a buffer of their own (from `allocate`, the
+// server's pool) or the rows are sent from where they are. Next() then only
+// frames: a Chunk is a few bytes of hand-encoded protobuf framing plus a
+// slice aliasing its rows (response_framing.h), so the bytes the socket sends
+// are never copied again. The memory returns to its pool when the encoder
+// and the last slice gRPC holds are gone.
 //
 // A sample that fails verification gets no message at all: Create returns
 // INTERNAL when a tensor holds a non-finite value, a value the output dtype
@@ -41,7 +34,8 @@
 
 #include "absl/status/statusor.h"
 #include "format/encoding.h"
-#include "format/sample_view.h"
+#include "format/sample_encoding.h"
+#include "format/sample_tensors.h"
 #include "format/tensor_hash.h"
 #include "hsx/v1/hsx.pb.h"
 #include "kernels/backend.h"
@@ -65,11 +59,12 @@ struct EncoderOptions {
 
 class ResponseEncoder {
  public:
-  using Allocator = std::function<absl::StatusOr<std::unique_ptr<HostBuffer>>(size_t bytes)>;
+  using Allocator = BufferAllocator;
 
-  // `view` must hold exactly the tensors asked for (SelectCaptures did this);
-  // it is released before Create returns. `allocate` gives the encoded buffer.
-  static absl::StatusOr<std::unique_ptr<ResponseEncoder>> Create(SampleView view, EncoderOptions options,
+  // `rows` must hold exactly the tensors asked for (SelectCaptures did
+  // this), one piece each; what the encoder does not keep of them is released
+  // before Create returns. `allocate` gives the encoded buffer.
+  static absl::StatusOr<std::unique_ptr<ResponseEncoder>> Create(SampleTensors rows, EncoderOptions options,
                                                                  const Allocator& allocate);
   ResponseEncoder(const ResponseEncoder&) = delete;
   ResponseEncoder& operator=(const ResponseEncoder&) = delete;
@@ -84,27 +79,17 @@ class ResponseEncoder {
  private:
   enum class Stage { kHeader, kSummary, kBody, kTrailer, kDone };
 
-  ResponseEncoder(EncoderOptions options, std::vector<int> capture_ids, bool final_norm, int64_t tokens,
-                  int64_t hidden);
-  absl::Status EncodeAll(const SampleView& view, const Allocator& allocate);
-  // The rows are already the bytes to send: check and hash them where they are.
-  absl::Status CheckInPlace(const SampleView& view, const std::vector<const void*>& sources);
-  int num_tensors() const { return static_cast<int>(checksums_.size()); }
-  int capture_id(int tensor) const;
-  int64_t tensor_bytes() const;
+  ResponseEncoder(EncoderOptions options, SampleTensors sample);
+  int num_tensors() const { return static_cast<int>(sample_.tensors.size()); }
+  int capture_id(int tensor) const { return sample_.tensors[tensor].capture_id; }
   const char* tensor_data(int tensor) const;
   void FillSummary(v1::Summary* summary) const;
 
   const EncoderOptions options_;
-  const std::vector<int> capture_ids_;
-  const bool final_norm_;
-  const int64_t tokens_;
-  const int64_t hidden_;
+  // In the output dtype, every tensor in one piece with its findings; its
+  // owner keeps the bytes alive (the encoded buffer, or the engine's).
+  const SampleTensors sample_;
   int64_t rows_per_chunk_ = 1;
-  std::shared_ptr<const void> owner_;  // keeps tensors_ alive (the encoded buffer, or the view's owner)
-  int64_t held_bytes_ = 0;              // what owner_ keeps alive
-  std::vector<const char*> tensors_;    // per tensor: [tokens][hidden] in the output dtype
-  std::vector<uint64_t> checksums_;     // per tensor
   Stage stage_ = Stage::kHeader;
   int tensor_ = 0;        // body: the tensor in progress
   int64_t next_row_ = 0;  // body: its next row

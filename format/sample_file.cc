@@ -2,7 +2,9 @@
 #include "format/sample_file.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -27,23 +29,6 @@ std::string SampleFileName(int64_t index) { return absl::StrCat("hs_", index, ".
 
 std::string Int64Xxh64Hex(std::span<const int64_t> values) {
   return Xxh64Hex(values.data(), values.size() * sizeof(int64_t));
-}
-
-EncodedSample EncodeSampleStates(const SampleStates& states, OutputDType dtype) {
-  EncodedSample sample;
-  sample.capture_ids = states.capture_ids;
-  sample.tokens = states.tokens;
-  sample.hidden = states.hidden;
-  sample.dtype = dtype;
-  const size_t size = static_cast<size_t>(OutputDTypeSize(dtype));
-  sample.hidden_states = StateBytes(states.hidden_states.size() * size);
-  EncodeValues(states.hidden_states, dtype, sample.hidden_states.data());
-  sample.has_final_norm = !states.final_norm.empty();
-  if (sample.has_final_norm) {
-    sample.final_norm = StateBytes(states.final_norm.size() * size);
-    EncodeValues(states.final_norm, dtype, sample.final_norm.data());
-  }
-  return sample;
 }
 
 absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtype, int64_t tokens,
@@ -75,94 +60,121 @@ absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtyp
 
 namespace {
 
-// CheckEncodedValues' errors, from a receiver's findings for `count` tensors
-// starting at `first`, with CheckEncodedValues' order: the first non-finite
-// value by row, then by layer; then the first all-zero layer.
-absl::Status CheckedStatus(const EncodedSample& sample, size_t first, size_t count,
+// The tensor's findings: its own, or made here from its bytes.
+TensorFindings FindingsOf(const SampleTensors& sample, const SampleTensor& tensor) {
+  if (tensor.findings.has_value()) return *tensor.findings;
+  const std::string bytes = TensorString(tensor);
+  const int64_t size = OutputDTypeSize(sample.dtype);
+  TensorFindings found;
+  found.bad_index = CheckEncoded(bytes.data(), static_cast<int64_t>(bytes.size()) / size, sample.dtype,
+                                 &found.nonzero);
+  if (found.bad_index >= 0) {
+    const auto* value = reinterpret_cast<const uint8_t*>(bytes.data()) + found.bad_index * size;
+    found.bad_value = DecodeValues(std::span<const uint8_t>(value, static_cast<size_t>(size)), sample.dtype)[0];
+  }
+  return found;
+}
+
+// CheckEncodedValues' errors from the findings of `count` tensors starting at
+// `first`, in its order: the first non-finite value by row, then by layer;
+// then the first all-zero layer. A value the encoder found over the output
+// dtype's range (fp16) is reported as what it became: an infinity.
+absl::Status CheckedStatus(const std::vector<TensorFindings>& found, int64_t hidden, size_t first, size_t count,
                            const std::vector<std::string>& names) {
-  const EncodedValueCheck& check = *sample.values_checked;
   int64_t bad_row = -1;
   size_t bad = 0;
   for (size_t l = 0; l < count; ++l) {
-    const int64_t at = check.first_bad[first + l];
-    if (at >= 0 && (bad_row < 0 || at / sample.hidden < bad_row)) {
-      bad_row = at / sample.hidden;
+    const int64_t at = found[first + l].bad_index;
+    if (at >= 0 && (bad_row < 0 || at / hidden < bad_row)) {
+      bad_row = at / hidden;
       bad = l;
     }
   }
   if (bad_row >= 0) {
-    return absl::DataLossError(absl::StrCat("non-finite value (", check.bad_value[first + bad], ") in ", names[bad],
-                                            " row ", bad_row, " column ", check.first_bad[first + bad] % sample.hidden));
+    const TensorFindings& f = found[first + bad];
+    const float value = std::isfinite(f.bad_value) ? std::copysign(INFINITY, f.bad_value) : f.bad_value;
+    return absl::DataLossError(absl::StrCat("non-finite value (", value, ") in ", names[bad], " row ", bad_row,
+                                            " column ", f.bad_index % hidden));
   }
   for (size_t l = 0; l < count; ++l) {
-    if (!check.nonzero[first + l]) return absl::DataLossError(absl::StrCat(names[l], " is all zeros"));
+    if (!found[first + l].nonzero) return absl::DataLossError(absl::StrCat(names[l], " is all zeros"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status CheckSampleValues(const EncodedSample& sample) {
+absl::Status CheckSampleValues(const SampleTensors& sample) {
   std::vector<std::string> names;
   for (int id : sample.capture_ids) names.push_back(absl::StrCat("capture id ", id));
   return CheckSampleValues(sample, names);
 }
 
-absl::Status CheckSampleValues(const EncodedSample& sample, const std::vector<std::string>& names) {
-  const size_t layers = sample.capture_ids.size();
-  const std::vector<std::string> final_name = {"the final-norm state"};
-  const size_t tensors = layers + (sample.has_final_norm ? 1 : 0);
-  if (sample.values_checked && sample.values_checked->nonzero.size() == tensors &&
-      sample.values_checked->first_bad.size() == tensors && sample.values_checked->bad_value.size() == tensors) {
-    if (absl::Status s = CheckedStatus(sample, 0, layers, names); !s.ok()) return s;
-    if (sample.has_final_norm) return CheckedStatus(sample, layers, 1, final_name);
-    return absl::OkStatus();
+absl::Status CheckSampleValues(const SampleTensors& sample, const std::vector<std::string>& names) {
+  std::vector<TensorFindings> found;
+  for (const SampleTensor& tensor : sample.tensors) {
+    if (sample.dropped && !tensor.findings.has_value()) {
+      return absl::DataLossError("the states were dropped without a record of their value check");
+    }
+    if (!tensor.findings.has_value() && tensor.bytes != sample.tokens * sample.row_bytes()) {
+      return absl::DataLossError(absl::StrCat(tensor.bytes, " bytes for [", sample.tokens, ", 1, ", sample.hidden,
+                                              "] values of ", OutputDTypeName(sample.dtype)));
+    }
+    found.push_back(FindingsOf(sample, tensor));
   }
-  if (sample.dropped) return absl::DataLossError("the states were dropped without a record of their value check");
-  if (absl::Status s = CheckEncodedValues(sample.hidden_states.bytes(), sample.dtype, sample.tokens,
-                                          static_cast<int64_t>(layers), sample.hidden, names);
-      !s.ok()) {
-    return s;
-  }
-  if (sample.has_final_norm) {
-    return CheckEncodedValues(sample.final_norm.bytes(), sample.dtype, sample.tokens, 1, sample.hidden, final_name);
-  }
+  const size_t layers = std::min(sample.capture_ids.size(), found.size());
+  if (absl::Status s = CheckedStatus(found, sample.hidden, 0, layers, names); !s.ok()) return s;
+  if (sample.has_final_norm()) return CheckedStatus(found, sample.hidden, layers, 1, {"the final-norm state"});
   return absl::OkStatus();
 }
 
 namespace {
 
-// The sample's hidden states and final norm as pieces in file order: its
-// blocks, or the received pieces, hidden_states' rows walked t-major (row t
-// of every layer, then row t + 1). False when the received tensors are
+// The sample's hidden states and final norm as pieces in file order,
+// hidden_states' rows walked t-major (row t of every layer, then row t + 1),
+// pieces that lie end to end in memory joined. False when the tensors are
 // misshapen.
-bool FilePieces(const EncodedSample& sample, std::vector<BytePiece>* hidden, std::vector<BytePiece>* final_norm) {
-  if (!sample.received) {
-    hidden->push_back(sample.hidden_states.bytes());
-    if (sample.has_final_norm) final_norm->push_back(sample.final_norm.bytes());
-    return true;
-  }
-  const ReceivedStates& received = *sample.received;
+bool FilePieces(const SampleTensors& sample, std::vector<BytePiece>* hidden, std::vector<BytePiece>* final_norm) {
   const size_t layers = sample.capture_ids.size();
-  const int64_t row = sample.hidden * OutputDTypeSize(sample.dtype);
-  if (received.tensors.size() != layers + (sample.has_final_norm ? 1 : 0)) return false;
-  for (size_t i = 0; i < received.tensors.size(); ++i) {
-    if (received.bytes(i, 1) != sample.tokens * row) return false;
+  const int64_t row = sample.row_bytes();
+  if (sample.tensors.size() != layers + (sample.has_final_norm() ? 1 : 0)) return false;
+  for (const SampleTensor& tensor : sample.tensors) {
+    int64_t bytes = 0;
+    for (const BytePiece& piece : tensor.pieces) bytes += static_cast<int64_t>(piece.size());
+    if (bytes != sample.tokens * row) return false;
   }
-  if (sample.has_final_norm) *final_norm = received.tensors[layers];
+  if (sample.has_final_norm()) *final_norm = sample.tensors[layers].pieces;
   if (layers == 1) {
-    *hidden = received.tensors[0];
+    *hidden = sample.tensors[0].pieces;
     return true;
   }
   std::vector<PieceReader> readers;
-  for (size_t l = 0; l < layers; ++l) readers.emplace_back(received.tensors[l]);
+  for (size_t l = 0; l < layers; ++l) readers.emplace_back(sample.tensors[l].pieces);
   hidden->reserve(static_cast<size_t>(sample.tokens) * layers);
+  std::vector<BytePiece> row_pieces;
   for (int64_t t = 0; t < sample.tokens; ++t) {
     for (PieceReader& reader : readers) {
-      if (!reader.Take(static_cast<uint64_t>(row), hidden)) return false;
+      row_pieces.clear();
+      if (!reader.Take(static_cast<uint64_t>(row), &row_pieces)) return false;
+      for (const BytePiece& piece : row_pieces) {
+        if (!hidden->empty() && hidden->back().data() + hidden->back().size() == piece.data()) {
+          hidden->back() = BytePiece(hidden->back().data(), hidden->back().size() + piece.size());
+        } else {
+          hidden->push_back(piece);
+        }
+      }
     }
   }
   return true;
+}
+
+// The XXH64 of a tensor the file holds as it is, when its findings have it.
+std::optional<uint64_t> KnownXxh64(const SampleTensor& tensor) {
+  if (!tensor.findings.has_value() || tensor.findings->checksum_kind != ChecksumKind::kXxh64 ||
+      tensor.findings->bad_index >= 0) {
+    return std::nullopt;
+  }
+  return tensor.findings->checksum;
 }
 
 std::string PiecesXxh64Hex(const std::vector<BytePiece>& pieces) {
@@ -174,15 +186,12 @@ std::string PiecesXxh64Hex(const std::vector<BytePiece>& pieces) {
 }  // namespace
 
 absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
-                             const EncodedSample& sample, const SampleFileInfo& info,
+                             const SampleTensors& sample, const SampleFileInfo& info,
                              WrittenDigest* digest) {
   const int64_t tokens = sample.tokens;
   const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());
-  const int64_t size = OutputDTypeSize(sample.dtype);
   std::vector<BytePiece> hidden_pieces, final_pieces;
   if (tokens != static_cast<int64_t>(input.input_ids.size()) || sample.dropped ||
-      sample.hidden_states_bytes() != tokens * layers * sample.hidden * size ||
-      (sample.has_final_norm && sample.final_norm_bytes() != tokens * sample.hidden * size) ||
       !FilePieces(sample, &hidden_pieces, &final_pieces)) {
     return absl::InternalError(absl::StrCat("sample ", input.index, ": ", tokens,
                                             " rows of states for ", input.input_ids.size(),
@@ -198,12 +207,14 @@ absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
     writer.AddPieces(name, type, std::move(shape), std::move(pieces));
   };
   const DType type = ToSafetensorsDType(sample.dtype);
-  add("hidden_states", type, {tokens, layers, sample.hidden}, std::move(hidden_pieces), sample.hidden_states_xxh64);
+  const std::optional<uint64_t> hidden_xxh64 = layers == 1 ? KnownXxh64(sample.tensors[0]) : std::nullopt;
+  add("hidden_states", type, {tokens, layers, sample.hidden}, std::move(hidden_pieces), hidden_xxh64);
   const std::vector<int64_t> ids(input.input_ids.begin(), input.input_ids.end());
   add("token_ids", DType::kI64, {tokens}, {AsBytes(ids)});
   if (input.loss_mask) add("loss_mask", DType::kI64, {tokens}, {AsBytes(*input.loss_mask)});
-  if (sample.has_final_norm) {
-    add("final_norm_hidden_states", type, {tokens, sample.hidden}, std::move(final_pieces), sample.final_norm_xxh64);
+  if (sample.has_final_norm()) {
+    add("final_norm_hidden_states", type, {tokens, sample.hidden}, std::move(final_pieces),
+        KnownXxh64(sample.tensors.back()));
   }
   const bool has_last = !sample.capture_ids.empty() && sample.capture_ids.back() == info.num_layers;
   writer.SetMetadata("format", "pt");
@@ -213,7 +224,7 @@ absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
   writer.SetMetadata("capture_ids", nlohmann::json(sample.capture_ids).dump());
   writer.SetMetadata("layer_convention", kLayerConvention);
   writer.SetMetadata("last_layer_state", has_last ? "pre-norm" : "not captured");
-  writer.SetMetadata("final_norm", sample.has_final_norm ? "post-norm (lm_head input)" : "absent");
+  writer.SetMetadata("final_norm", sample.has_final_norm() ? "post-norm (lm_head input)" : "absent");
   writer.SetMetadata("model", info.model_name);
   if (!info.model_revision.empty()) writer.SetMetadata("model_revision", info.model_revision);
   if (!info.compute_precision.empty()) writer.SetMetadata("compute_precision", info.compute_precision);

@@ -33,159 +33,216 @@ std::vector<int64_t> Int64s(std::span<const uint8_t> bytes) {
 
 std::string ShapeText(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
 
-}  // namespace
+// The checks of one file's bytes, in the order their errors are reported:
+// the whole file, the metadata, the tensors' layout, their checksums, the
+// token ids and loss mask, the values. Each step appends to errors_.
+class SampleFileCheck {
+ public:
+  SampleFileCheck(std::span<const uint8_t> bytes, const JournalEntry& entry, const InputSample* input)
+      : bytes_(bytes), e_(entry), input_(input) {}
 
-std::vector<std::string> CheckSampleFileBytes(std::span<const uint8_t> bytes, absl::string_view file_name,
-                                              const JournalEntry& e, const InputSample* input) {
-  std::vector<std::string> errors;
-  if (static_cast<int64_t>(bytes.size()) != e.bytes) {
-    errors.push_back(absl::StrCat("size ", bytes.size(), " bytes, the journal says ", e.bytes));
-  }
-  if (const std::string hash = Hex(bytes); hash != e.xxh64) {
-    errors.push_back(absl::StrCat("xxh64 ", hash, ", the journal says ", e.xxh64,
-                                  " (changed or corrupted since it was written)"));
-  }
-  absl::StatusOr<SafetensorsHeader> header = ParseSafetensors(bytes, file_name);
-  if (!header.ok()) {
-    errors.push_back(absl::StrCat("invalid safetensors: ", header.status().message()));
-    return errors;
-  }
-  const auto& meta = header->metadata;
-  auto meta_value = [&](const std::string& key) -> std::string {
-    auto it = meta.find(key);
-    return it == meta.end() ? std::string("<missing>") : it->second;
-  };
-  auto expect_meta = [&](const std::string& key, const std::string& want) {
-    if (const std::string got = meta_value(key); got != want) {
-      errors.push_back(absl::StrCat("metadata ", key, " '", got, "', the journal says '", want, "'"));
+  std::vector<std::string> Run(absl::string_view file_name) {
+    CheckWholeFile();
+    absl::StatusOr<SafetensorsHeader> header = ParseSafetensors(bytes_, file_name);
+    if (!header.ok()) {
+      errors_.push_back(absl::StrCat("invalid safetensors: ", header.status().message()));
+      return errors_;
     }
-  };
-  expect_meta("hsx_format", "1");
-  expect_meta("sample_index", std::to_string(e.index));
-  expect_meta("sample_id", e.id);
-  expect_meta("dtype", e.dtype);
-  expect_meta("model", e.model);
-  if (meta.count("model_revision") || !e.model_revision.empty()) expect_meta("model_revision", e.model_revision);
-  if (meta.count("compute_precision") || !e.compute_precision.empty()) {
-    expect_meta("compute_precision", e.compute_precision);
-  }
-  {
-    const nlohmann::json ids = nlohmann::json::parse(meta_value("capture_ids"), nullptr, false);
-    if (ids.is_discarded() || !ids.is_array() || ids != nlohmann::json(e.capture_ids)) {
-      errors.push_back(absl::StrCat("metadata capture_ids '", meta_value("capture_ids"), "', the journal says ",
-                                    nlohmann::json(e.capture_ids).dump()));
+    header_ = &*header;
+    CheckMetadata();
+    absl::StatusOr<OutputDType> dtype = ParseOutputDType(e_.dtype);
+    if (!dtype.ok()) {
+      errors_.push_back(absl::StrCat("journal dtype '", e_.dtype, "' is not bf16, fp16 or fp32"));
+      return errors_;
     }
-  }
-  absl::StatusOr<OutputDType> dtype = ParseOutputDType(e.dtype);
-  if (!dtype.ok()) {
-    errors.push_back(absl::StrCat("journal dtype '", e.dtype, "' is not bf16, fp16 or fp32"));
-    return errors;
-  }
-  const nlohmann::json checksums = nlohmann::json::parse(meta_value("checksums_xxh64"), nullptr, false);
-  if (checksums.is_discarded() || !checksums.is_object()) {
-    errors.push_back("metadata checksums_xxh64 is missing or not a JSON object");
+    const nlohmann::json checksums = nlohmann::json::parse(MetaValue("checksums_xxh64"), nullptr, false);
+    if (checksums.is_discarded() || !checksums.is_object()) {
+      errors_.push_back("metadata checksums_xxh64 is missing or not a JSON object");
+    }
+    for (const TensorInfo& t : header_->tensors) tensors_[t.name] = &t;
+    if (!CheckLayout(*dtype)) return errors_;
+    if (checksums.is_object()) CheckChecksums(checksums);
+    CheckTokenIds();
+    CheckLossMask();
+    if (input_ != nullptr && input_->id != e_.id) {
+      errors_.push_back(absl::StrCat("id '", e_.id, "' differs from '", input_->id, "' on line ", input_->line,
+                                     " of the input"));
+    }
+    CheckValues(*dtype);
+    return errors_;
   }
 
-  const int64_t tokens = e.tokens;
-  const int64_t layers = static_cast<int64_t>(e.capture_ids.size());
-  const DType value_type = ToSafetensorsDType(*dtype);
-  std::map<std::string, const TensorInfo*> tensors;
-  for (const TensorInfo& t : header->tensors) tensors[t.name] = &t;
-  auto data = [&](const TensorInfo& t) { return bytes.subspan(header->data_start + t.begin, t.num_bytes()); };
-  auto expect_tensor = [&](const std::string& name, DType type,
-                           const std::vector<int64_t>& shape) -> const TensorInfo* {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) {
-      errors.push_back(absl::StrCat("no tensor ", name));
+ private:
+  std::span<const uint8_t> Data(const TensorInfo& t) const {
+    return bytes_.subspan(header_->data_start + t.begin, t.num_bytes());
+  }
+
+  std::string MetaValue(const std::string& key) const {
+    auto it = header_->metadata.find(key);
+    return it == header_->metadata.end() ? std::string("<missing>") : it->second;
+  }
+
+  void ExpectMeta(const std::string& key, const std::string& want) {
+    if (const std::string got = MetaValue(key); got != want) {
+      errors_.push_back(absl::StrCat("metadata ", key, " '", got, "', the journal says '", want, "'"));
+    }
+  }
+
+  void CheckWholeFile() {
+    if (static_cast<int64_t>(bytes_.size()) != e_.bytes) {
+      errors_.push_back(absl::StrCat("size ", bytes_.size(), " bytes, the journal says ", e_.bytes));
+    }
+    if (const std::string hash = Hex(bytes_); hash != e_.xxh64) {
+      errors_.push_back(absl::StrCat("xxh64 ", hash, ", the journal says ", e_.xxh64,
+                                     " (changed or corrupted since it was written)"));
+    }
+  }
+
+  void CheckMetadata() {
+    const auto& meta = header_->metadata;
+    ExpectMeta("hsx_format", "1");
+    ExpectMeta("sample_index", std::to_string(e_.index));
+    ExpectMeta("sample_id", e_.id);
+    ExpectMeta("dtype", e_.dtype);
+    ExpectMeta("model", e_.model);
+    if (meta.count("model_revision") || !e_.model_revision.empty()) ExpectMeta("model_revision", e_.model_revision);
+    if (meta.count("compute_precision") || !e_.compute_precision.empty()) {
+      ExpectMeta("compute_precision", e_.compute_precision);
+    }
+    const nlohmann::json ids = nlohmann::json::parse(MetaValue("capture_ids"), nullptr, false);
+    if (ids.is_discarded() || !ids.is_array() || ids != nlohmann::json(e_.capture_ids)) {
+      errors_.push_back(absl::StrCat("metadata capture_ids '", MetaValue("capture_ids"), "', the journal says ",
+                                     nlohmann::json(e_.capture_ids).dump()));
+    }
+  }
+
+  // The tensor `name` when it is there with this type and shape, else null
+  // (with the error).
+  const TensorInfo* ExpectTensor(const std::string& name, DType type, const std::vector<int64_t>& shape) {
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) {
+      errors_.push_back(absl::StrCat("no tensor ", name));
       return nullptr;
     }
     const TensorInfo& t = *it->second;
     if (t.dtype != type || t.shape != shape) {
-      errors.push_back(absl::StrCat(name, " is ", DTypeName(t.dtype), " ", ShapeText(t.shape), ", expected ",
-                                    DTypeName(type), " ", ShapeText(shape)));
+      errors_.push_back(absl::StrCat(name, " is ", DTypeName(t.dtype), " ", ShapeText(t.shape), ", expected ",
+                                     DTypeName(type), " ", ShapeText(shape)));
       return nullptr;
     }
     return &t;
-  };
-  // The shape of hidden_states gives H.
-  int64_t hidden = 0;
-  if (auto it = tensors.find("hidden_states"); it != tensors.end() && it->second->shape.size() == 3) {
-    hidden = it->second->shape[2];
   }
-  if (hidden < 1) {
-    errors.push_back(absl::StrCat("hidden_states is missing or not [T, L, H] with H >= 1"));
-    return errors;
+
+  // The tensors the journal says the file holds, and nothing else. False
+  // when hidden_states does not even give H (nothing more can be checked).
+  bool CheckLayout(OutputDType dtype) {
+    // The shape of hidden_states gives H.
+    if (auto it = tensors_.find("hidden_states"); it != tensors_.end() && it->second->shape.size() == 3) {
+      hidden_ = it->second->shape[2];
+    }
+    if (hidden_ < 1) {
+      errors_.push_back(absl::StrCat("hidden_states is missing or not [T, L, H] with H >= 1"));
+      return false;
+    }
+    const int64_t tokens = e_.tokens;
+    const DType value_type = ToSafetensorsDType(dtype);
+    std::set<std::string> expected = {"hidden_states", "token_ids"};
+    hs_ = ExpectTensor("hidden_states", value_type, {tokens, static_cast<int64_t>(e_.capture_ids.size()), hidden_});
+    ids_ = ExpectTensor("token_ids", DType::kI64, {tokens});
+    if (!e_.loss_mask_xxh64.empty()) {
+      expected.insert("loss_mask");
+      mask_ = ExpectTensor("loss_mask", DType::kI64, {tokens});
+    }
+    if (e_.final_norm) {
+      expected.insert("final_norm_hidden_states");
+      final_norm_ = ExpectTensor("final_norm_hidden_states", value_type, {tokens, hidden_});
+    }
+    for (const auto& [name, t] : tensors_) {
+      if (!expected.count(name)) errors_.push_back(absl::StrCat("unexpected tensor ", name, " (not in the journal)"));
+    }
+    return true;
   }
-  std::set<std::string> expected = {"hidden_states", "token_ids"};
-  const TensorInfo* hs = expect_tensor("hidden_states", value_type, {tokens, layers, hidden});
-  const TensorInfo* ids = expect_tensor("token_ids", DType::kI64, {tokens});
-  const TensorInfo* mask = nullptr;
-  const TensorInfo* final_norm = nullptr;
-  if (!e.loss_mask_xxh64.empty()) {
-    expected.insert("loss_mask");
-    mask = expect_tensor("loss_mask", DType::kI64, {tokens});
-  }
-  if (e.final_norm) {
-    expected.insert("final_norm_hidden_states");
-    final_norm = expect_tensor("final_norm_hidden_states", value_type, {tokens, hidden});
-  }
-  for (const auto& [name, t] : tensors) {
-    if (!expected.count(name)) errors.push_back(absl::StrCat("unexpected tensor ", name, " (not in the journal)"));
-  }
-  if (checksums.is_object()) {
-    for (const auto& [name, t] : tensors) {
+
+  void CheckChecksums(const nlohmann::json& checksums) {
+    for (const auto& [name, t] : tensors_) {
       auto it = checksums.find(name);
       if (it == checksums.end() || !it->is_string()) {
-        errors.push_back(absl::StrCat("metadata checksums_xxh64 has no checksum for ", name));
-      } else if (const std::string hash = Hex(data(*t)); hash != it->get<std::string>()) {
-        errors.push_back(absl::StrCat(name, ": data hashes to ", hash, ", the metadata checksum is ",
-                                      it->get<std::string>()));
+        errors_.push_back(absl::StrCat("metadata checksums_xxh64 has no checksum for ", name));
+      } else if (const std::string hash = Hex(Data(*t)); hash != it->get<std::string>()) {
+        errors_.push_back(absl::StrCat(name, ": data hashes to ", hash, ", the metadata checksum is ",
+                                       it->get<std::string>()));
       }
     }
   }
-  if (ids != nullptr) {
-    const std::vector<int64_t> values = Int64s(data(*ids));
-    if (const std::string hash = Int64Xxh64Hex(values); hash != e.token_ids_xxh64) {
-      errors.push_back(absl::StrCat("token_ids hash to ", hash, ", the journal says ", e.token_ids_xxh64));
+
+  void CheckTokenIds() {
+    if (ids_ == nullptr) return;
+    const std::vector<int64_t> values = Int64s(Data(*ids_));
+    if (const std::string hash = Int64Xxh64Hex(values); hash != e_.token_ids_xxh64) {
+      errors_.push_back(absl::StrCat("token_ids hash to ", hash, ", the journal says ", e_.token_ids_xxh64));
     }
-    if (input != nullptr &&
-        !std::equal(values.begin(), values.end(), input->input_ids.begin(), input->input_ids.end())) {
-      errors.push_back(absl::StrCat("token_ids differ from line ", input->line, " of the input"));
+    if (input_ != nullptr &&
+        !std::equal(values.begin(), values.end(), input_->input_ids.begin(), input_->input_ids.end())) {
+      errors_.push_back(absl::StrCat("token_ids differ from line ", input_->line, " of the input"));
     }
   }
-  if (mask != nullptr) {
-    const std::vector<int64_t> values = Int64s(data(*mask));
-    if (const std::string hash = Int64Xxh64Hex(values); hash != e.loss_mask_xxh64) {
-      errors.push_back(absl::StrCat("loss_mask hashes to ", hash, ", the journal says ", e.loss_mask_xxh64));
+
+  void CheckLossMask() {
+    if (mask_ == nullptr) {
+      if (input_ != nullptr && input_->loss_mask && e_.loss_mask_xxh64.empty()) {
+        errors_.push_back(absl::StrCat("no loss_mask, but line ", input_->line, " of the input has one"));
+      }
+      return;
+    }
+    const std::vector<int64_t> values = Int64s(Data(*mask_));
+    if (const std::string hash = Int64Xxh64Hex(values); hash != e_.loss_mask_xxh64) {
+      errors_.push_back(absl::StrCat("loss_mask hashes to ", hash, ", the journal says ", e_.loss_mask_xxh64));
     }
     if (std::any_of(values.begin(), values.end(), [](int64_t v) { return v != 0 && v != 1; })) {
-      errors.push_back("loss_mask has values other than 0 and 1");
+      errors_.push_back("loss_mask has values other than 0 and 1");
     }
-    if (input != nullptr && (!input->loss_mask || *input->loss_mask != values)) {
-      errors.push_back(absl::StrCat("loss_mask differs from line ", input->line, " of the input"));
-    }
-  } else if (input != nullptr && input->loss_mask && e.loss_mask_xxh64.empty()) {
-    errors.push_back(absl::StrCat("no loss_mask, but line ", input->line, " of the input has one"));
-  }
-  if (input != nullptr && input->id != e.id) {
-    errors.push_back(absl::StrCat("id '", e.id, "' differs from '", input->id, "' on line ", input->line,
-                                  " of the input"));
-  }
-  if (hs != nullptr) {
-    std::vector<std::string> names;
-    for (int id : e.capture_ids) names.push_back(absl::StrCat("hidden_states capture id ", id));
-    if (absl::Status s = CheckEncodedValues(data(*hs), *dtype, tokens, layers, hidden, names); !s.ok()) {
-      errors.push_back(std::string(s.message()));
+    if (input_ != nullptr && (!input_->loss_mask || *input_->loss_mask != values)) {
+      errors_.push_back(absl::StrCat("loss_mask differs from line ", input_->line, " of the input"));
     }
   }
-  if (final_norm != nullptr) {
-    if (absl::Status s = CheckEncodedValues(data(*final_norm), *dtype, tokens, 1, hidden,
-                                                 {"final_norm_hidden_states"});
-        !s.ok()) {
-      errors.push_back(std::string(s.message()));
+
+  // Every value finite, no layer all zeros.
+  void CheckValues(OutputDType dtype) {
+    if (hs_ != nullptr) {
+      std::vector<std::string> names;
+      for (int id : e_.capture_ids) names.push_back(absl::StrCat("hidden_states capture id ", id));
+      const int64_t layers = static_cast<int64_t>(e_.capture_ids.size());
+      if (absl::Status s = CheckEncodedValues(Data(*hs_), dtype, e_.tokens, layers, hidden_, names); !s.ok()) {
+        errors_.push_back(std::string(s.message()));
+      }
+    }
+    if (final_norm_ != nullptr) {
+      if (absl::Status s = CheckEncodedValues(Data(*final_norm_), dtype, e_.tokens, 1, hidden_,
+                                              {"final_norm_hidden_states"});
+          !s.ok()) {
+        errors_.push_back(std::string(s.message()));
+      }
     }
   }
-  return errors;
+
+  const std::span<const uint8_t> bytes_;
+  const JournalEntry& e_;
+  const InputSample* const input_;
+  std::vector<std::string> errors_;
+  const SafetensorsHeader* header_ = nullptr;
+  std::map<std::string, const TensorInfo*> tensors_;
+  int64_t hidden_ = 0;
+  const TensorInfo* hs_ = nullptr;
+  const TensorInfo* ids_ = nullptr;
+  const TensorInfo* mask_ = nullptr;
+  const TensorInfo* final_norm_ = nullptr;
+};
+
+}  // namespace
+
+std::vector<std::string> CheckSampleFileBytes(std::span<const uint8_t> bytes, absl::string_view file_name,
+                                              const JournalEntry& e, const InputSample* input) {
+  return SampleFileCheck(bytes, e, input).Run(file_name);
 }
 
 std::vector<std::string> CheckSampleFile(const std::string& path, const JournalEntry& entry,

@@ -14,10 +14,14 @@
 #include "absl/strings/str_join.h"
 #include "base/file_util.h"
 #include "format/sample_file.h"
+#include "format/test_values.h"
 #include "gtest/gtest.h"
 
 namespace hsx {
 namespace {
+
+using ::hsx::testing::EncodeStates;
+using ::hsx::testing::FloatStates;
 
 // This process's directory for hs_3.safetensors: ctest runs each test of the
 // file as its own process, in parallel, and they must not write one file.
@@ -48,8 +52,8 @@ InputSample MakeInput() {
   return in;
 }
 
-SampleStates MakeStates() {
-  SampleStates s;
+FloatStates MakeStates() {
+  FloatStates s;
   s.capture_ids = {2, 4};
   s.tokens = kTokens;
   s.hidden = kHidden;
@@ -59,8 +63,8 @@ SampleStates MakeStates() {
 }
 
 // Writes the sample (after `edit` changes its states or input) and journals it.
-Written Write(const std::function<void(SampleStates&, InputSample&)>& edit = nullptr) {
-  SampleStates states = MakeStates();
+Written Write(const std::function<void(FloatStates&, InputSample&)>& edit = nullptr) {
+  FloatStates states = MakeStates();
   InputSample input = MakeInput();
   if (edit) edit(states, input);
   SampleFileInfo info;
@@ -69,7 +73,7 @@ Written Write(const std::function<void(SampleStates&, InputSample&)>& edit = nul
   info.model_revision = "rev";
   info.compute_precision = "fp32";
   const std::string path = (OwnDir() / SampleFileName(input.index)).string();
-  const absl::Status s = WriteSampleFile(path, input, EncodeSampleStates(states, OutputDType::kBf16), info);
+  const absl::Status s = WriteSampleFile(path, input, EncodeStates(states, OutputDType::kBf16), info);
   EXPECT_TRUE(s.ok()) << s;
   Written w;
   w.bytes = ReadFileToString(path).value_or("");
@@ -123,7 +127,7 @@ struct Damage {
   const char* message;
 };
 
-Written WriteWith(std::function<void(SampleStates&, InputSample&)> edit) { return Write(edit); }
+Written WriteWith(std::function<void(FloatStates&, InputSample&)> edit) { return Write(edit); }
 
 const Damage kDamage[] = {
     {"size", [](Written& w) { w.entry.bytes += 1; }, "bytes, the journal says"},
@@ -138,28 +142,28 @@ const Damage kDamage[] = {
     {"capture ids", [](Written& w) { w.entry.capture_ids = {2, 3}; }, "metadata capture_ids '[2,4]', the journal says [2,3]"},
     {"journal dtype", [](Written& w) { w.entry.dtype = "int8"; }, "journal dtype 'int8' is not bf16, fp16 or fp32"},
     {"token count", [](Written& w) { w.entry.tokens = 2; }, "hidden_states is BF16 [3, 2, 4], expected BF16 [2, 2, 4]"},
-    {"final norm journaled, not written", [](Written& w) { w = WriteWith([](SampleStates& s, InputSample&) { s.final_norm.clear(); });
+    {"final norm journaled, not written", [](Written& w) { w = WriteWith([](FloatStates& s, InputSample&) { s.final_norm.clear(); });
                                                            w.entry.final_norm = true; }, "no tensor final_norm_hidden_states"},
     {"loss mask written, not journaled", [](Written& w) { w.entry.loss_mask_xxh64.clear(); w.input.loss_mask.reset(); },
      "unexpected tensor loss_mask (not in the journal)"},
     {"token hash", [](Written& w) { w.entry.token_ids_xxh64 = "0000000000000000"; }, "token_ids hash to"},
     {"loss mask hash", [](Written& w) { w.entry.loss_mask_xxh64 = "0000000000000000"; }, "loss_mask hashes to"},
-    {"loss mask values", [](Written& w) { w = WriteWith([](SampleStates&, InputSample& in) { (*in.loss_mask)[1] = 2; });
+    {"loss mask values", [](Written& w) { w = WriteWith([](FloatStates&, InputSample& in) { (*in.loss_mask)[1] = 2; });
                                           w.input.loss_mask = std::vector<int64_t>{0, 2, 1}; },
      "loss_mask has values other than 0 and 1"},
-    {"non-finite value", [](Written& w) { w = WriteWith([](SampleStates& s, InputSample&) { s.hidden_states[9] = NAN; }); },
+    {"non-finite value", [](Written& w) { w = WriteWith([](FloatStates& s, InputSample&) { s.hidden_states[9] = NAN; }); },
      "non-finite value (nan) in hidden_states capture id 2 row 1 column 1"},
-    {"all-zero layer", [](Written& w) { w = WriteWith([](SampleStates& s, InputSample&) {
+    {"all-zero layer", [](Written& w) { w = WriteWith([](FloatStates& s, InputSample&) {
                                           for (int64_t t = 0; t < kTokens; ++t)
                                             for (int64_t j = 0; j < kHidden; ++j) s.hidden_states[(t * 2) * kHidden + j] = 0.0f;
                                         }); },
      "hidden_states capture id 2 is all zeros"},
-    {"non-finite final norm", [](Written& w) { w = WriteWith([](SampleStates& s, InputSample&) { s.final_norm[0] = INFINITY; }); },
+    {"non-finite final norm", [](Written& w) { w = WriteWith([](FloatStates& s, InputSample&) { s.final_norm[0] = INFINITY; }); },
      "non-finite value (inf) in final_norm_hidden_states row 0 column 0"},
     {"input token ids", [](Written& w) { w.input.input_ids[2] = 8; }, "token_ids differ from line 4 of the input"},
     {"input loss mask", [](Written& w) { (*w.input.loss_mask)[0] = 1; }, "loss_mask differs from line 4 of the input"},
     {"input id", [](Written& w) { w.input.id = "s-9"; }, "id 's-3' differs from 's-9' on line 4 of the input"},
-    {"input has a loss mask, the file none", [](Written& w) { w = WriteWith([](SampleStates&, InputSample& in) { in.loss_mask.reset(); }); },
+    {"input has a loss mask, the file none", [](Written& w) { w = WriteWith([](FloatStates&, InputSample& in) { in.loss_mask.reset(); }); },
      "no loss_mask, but line 4 of the input has one"},
 };
 

@@ -1,5 +1,5 @@
-// state_bytes.h: the bytes of one encoded tensor of a sample (EncodedSample's
-// hidden_states and final_norm).
+// state_bytes.h: a block of a sample's encoded bytes (the stream
+// assembler's, which SampleTensors' pieces then view).
 //
 // A heap block whose size is fixed when it is allocated and whose bytes are
 // left uninitialised then, because whoever allocates it writes every byte

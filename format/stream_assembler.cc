@@ -46,6 +46,34 @@ StateBytes StreamAssembler::Allocate(int64_t bytes) const {
   return pool_ != nullptr ? pool_->Take(size) : StateBytes(size);
 }
 
+void StreamAssembler::AllocateSample() {
+  // Not zero-filled: the chunks write every byte before the trailer is accepted.
+  const int64_t tokens = sample_.tokens;
+  const int64_t layers = static_cast<int64_t>(sample_.capture_ids.size());
+  auto blocks = std::make_shared<AssembledBlocks>();
+  blocks->hidden_states = Allocate(tokens * layers * row_bytes_);
+  if (sample_.has_final_norm()) blocks->final_norm = Allocate(tokens * row_bytes_);
+  const auto* hidden = reinterpret_cast<const uint8_t*>(blocks->hidden_states.data());
+  const size_t row = static_cast<size_t>(row_bytes_);
+  for (int64_t l = 0; l < layers; ++l) {
+    std::vector<BytePiece>& pieces = sample_.tensors[l].pieces;
+    if (layers == 1) {
+      pieces.emplace_back(hidden, blocks->hidden_states.size());
+      break;
+    }
+    pieces.reserve(static_cast<size_t>(tokens));
+    for (int64_t t = 0; t < tokens; ++t) pieces.emplace_back(hidden + (t * layers + l) * row_bytes_, row);
+  }
+  if (sample_.has_final_norm()) {
+    sample_.tensors.back().pieces.emplace_back(reinterpret_cast<const uint8_t*>(blocks->final_norm.data()),
+                                               blocks->final_norm.size());
+  }
+  uncached_ = blocks->hidden_states.size() + blocks->final_norm.size() >= kUncachedCopyMinBytes;
+  sample_.held_bytes = static_cast<int64_t>(blocks->hidden_states.size() + blocks->final_norm.size());
+  blocks_ = blocks.get();
+  sample_.owner = std::move(blocks);
+}
+
 StreamAssembler::~StreamAssembler() = default;
 
 absl::Status StreamAssembler::EndOfStream() const {
@@ -120,26 +148,22 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
   sample_.tokens = tokens;
   sample_.hidden = h.hidden_size();
   sample_.dtype = expect_.dtype;
-  sample_.has_final_norm = h.final_norm();
-  row_bytes_ = sample_.hidden * OutputDTypeSize(sample_.dtype);
+  row_bytes_ = sample_.row_bytes();
   tensors_ = ids;
-  if (sample_.has_final_norm) tensors_.push_back(-1);
+  if (h.final_norm()) tensors_.push_back(-1);
+  for (int id : tensors_) {
+    SampleTensor& tensor = sample_.tensors.emplace_back();
+    tensor.capture_id = id;
+    tensor.findings.emplace().checksum_kind = *checksum;
+  }
   if (mode_ == Mode::kAssemble) {
-    // Not zero-filled: the chunks write every byte before the trailer is accepted.
-    sample_.hidden_states = Allocate(tokens * static_cast<int64_t>(ids.size()) * row_bytes_);
-    if (sample_.has_final_norm) sample_.final_norm = Allocate(tokens * row_bytes_);
-    uncached_ = sample_.hidden_states.size() + sample_.final_norm.size() >= kUncachedCopyMinBytes;
+    AllocateSample();
   } else if (mode_ == Mode::kKeepReceived) {
     kept_ = std::make_shared<std::vector<std::vector<grpc::Slice>>>();
-    sample_.received.emplace();
-    sample_.received->tensors.resize(tensors_.size());
-    sample_.received->owner = kept_;
+    sample_.owner = kept_;
   } else {
-    sample_.dropped.emplace();
+    sample_.dropped = true;
   }
-  sample_.values_checked = EncodedValueCheck{std::vector<char>(tensors_.size(), 0),
-                                             std::vector<int64_t>(tensors_.size(), -1),
-                                             std::vector<float>(tensors_.size(), 0.0f)};
   hash_.emplace(*checksum);
   return absl::OkStatus();
 }
@@ -199,17 +223,17 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
       offset += static_cast<int64_t>(n);
     }
   }
+  SampleTensor& tensor = sample_.tensors[current_];
   if (mode_ == Mode::kKeepReceived) {
     // The pieces stay valid: moving the vector keeps its elements in place.
-    std::vector<BytePiece>& pieces = sample_.received->tensors[current_];
-    pieces.insert(pieces.end(), data.begin(), data.end());
+    tensor.pieces.insert(tensor.pieces.end(), data.begin(), data.end());
     kept_->push_back(std::move(*slices));
-  } else if (mode_ == Mode::kVerifyOnly) {
-    (want < 0 ? sample_.dropped->final_norm_bytes : sample_.dropped->hidden_states_bytes) += offset;
+    sample_.held_bytes += offset;
   }
+  tensor.bytes += offset;
   rows_ += num_rows;
   if (rows_ == tokens) {
-    digests_.push_back(hash_->Digest());
+    tensor.findings->checksum = hash_->Digest();
     hash_->Reset();
     ++current_;
     rows_ = 0;
@@ -227,8 +251,8 @@ void StreamAssembler::CopyIntoSample(const char* bytes, size_t length, int64_t o
   for (size_t done = 0; done < length;) {
     const int64_t at = offset + static_cast<int64_t>(done);
     const int64_t row = rows_ + at / row_bytes_;
-    char* base = want < 0 ? sample_.final_norm.data() + row * row_bytes_
-                          : sample_.hidden_states.data() + (row * layers + static_cast<int64_t>(current_)) * row_bytes_;
+    char* base = want < 0 ? blocks_->final_norm.data() + row * row_bytes_
+                          : blocks_->hidden_states.data() + (row * layers + static_cast<int64_t>(current_)) * row_bytes_;
     const size_t n = contiguous ? length - done
                                 : std::min<size_t>(length - done, static_cast<size_t>(row_bytes_ - at % row_bytes_));
     if (uncached_) {
@@ -259,17 +283,17 @@ void StreamAssembler::HashAndCheck(const char* bytes, size_t length) {
 }
 
 void StreamAssembler::CheckValues(const char* bytes, int64_t count) {
-  EncodedValueCheck& check = *sample_.values_checked;
+  TensorFindings& found = *sample_.tensors[current_].findings;
   // After a bad value the tensor is an error already: CheckSampleValues
   // reports its first one.
-  if (count > 0 && check.first_bad[current_] < 0) {
+  if (count > 0 && found.bad_index < 0) {
     bool any = false;
     const int64_t bad = CheckEncoded(bytes, count, sample_.dtype, &any);
-    check.nonzero[current_] |= any;
+    found.nonzero |= any;
     if (bad >= 0) {
       const size_t size = static_cast<size_t>(OutputDTypeSize(sample_.dtype));
-      check.first_bad[current_] = values_ + bad;
-      check.bad_value[current_] = DecodeValues(
+      found.bad_index = values_ + bad;
+      found.bad_value = DecodeValues(
           std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes) + bad * static_cast<int64_t>(size), size),
           sample_.dtype)[0];
     }
@@ -344,21 +368,15 @@ absl::Status StreamAssembler::OnTrailer(const v1::Trailer& t) {
     }
     const bool xxh3 = hash_->kind() == ChecksumKind::kXxh3;
     const uint64_t said = xxh3 ? checksum.xxh3_64() : checksum.xxh64();
-    if (said != digests_[i]) {
+    const uint64_t digest = sample_.tensors[i].findings->checksum;
+    if (said != digest) {
       return absl::DataLossError(absl::StrFormat(
           "%s: the received bytes hash to %016x (%s), the trailer says %016x (corrupted in transit or assembled wrongly)",
-          TensorName(tensors_[i]), digests_[i], ChecksumKindName(hash_->kind()), said));
+          TensorName(tensors_[i]), digest, ChecksumKindName(hash_->kind()), said));
     }
   }
   for (size_t i = 0; i < tensors_.size(); ++i) {
     if (!seen[i]) return absl::DataLossError(absl::StrCat("the trailer has no checksum for ", TensorName(tensors_[i])));
-  }
-  // A tensor whose rows are contiguous in the sample hashed to its file
-  // checksum already (files record XXH64): one layer's hidden states, the
-  // final norm.
-  if (hash_->kind() == ChecksumKind::kXxh64) {
-    if (sample_.capture_ids.size() == 1) sample_.hidden_states_xxh64 = digests_[0];
-    if (sample_.has_final_norm) sample_.final_norm_xxh64 = digests_.back();
   }
   // The sample is whole: from here on it may be read on another thread.
   if (uncached_) FenceUncachedCopies();

@@ -14,16 +14,18 @@
 // more after one.
 //
 // Three modes share every one of these checks (each piece of a chunk is
-// hashed and value-checked in place, in the received slices) and differ only
-// in where the rows go: kAssemble copies them into the sample (the bytes of
-// the output file, [T, L, H]; a sample of 2 MiB or more with non-temporal
-// stores, uncached_copy.h); kKeepReceived copies nothing and keeps
-// references to the received slices instead (grpc::Slice is reference
-// counted): Take() returns each tensor's bytes as those pieces, in stream
-// order (EncodedSample::received; WriteSampleFile writes the file from them,
-// hsx-dump's disk path); kVerifyOnly keeps nothing (hsx-dump --discard) and
-// Take() returns the sample without its states (EncodedSample::dropped, with
-// the byte counts that arrived).
+// hashed and value-checked in place, in the received slices; Take()'s
+// tensors carry the findings) and differ only in where the rows go:
+// kAssemble copies them into one block laid out as the output file's
+// hidden_states, [T, L, H], and one for the final norm (a sample of 2 MiB or
+// more with non-temporal stores, uncached_copy.h), each tensor's pieces its
+// rows there (the Python client's native path); kKeepReceived copies nothing
+// and keeps references to the received slices instead (grpc::Slice is
+// reference counted): each tensor's pieces are those slices' bytes, in
+// stream order (WriteSampleFile writes the file from them, hsx-dump's disk
+// path); kVerifyOnly keeps nothing (hsx-dump --discard) and Take() returns
+// the sample without its bytes (SampleTensors::dropped, with the byte
+// counts that arrived).
 #ifndef HSX_FORMAT_STREAM_ASSEMBLER_H_
 #define HSX_FORMAT_STREAM_ASSEMBLER_H_
 
@@ -38,7 +40,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "format/sample_file.h"
+#include "format/sample_tensors.h"
+#include "format/state_bytes.h"
 #include "hsx/v1/hsx.pb.h"
 #include "format/encoding.h"
 #include "format/piece_reader.h"
@@ -94,9 +97,8 @@ class StreamAssembler {
   // For a stream whose call ended OK: OK when complete(), else DATA_LOSS
   // "the stream ended without a trailer (N of M tensors complete)".
   absl::Status EndOfStream() const;
-  // The assembled sample (its states as received pieces in kKeepReceived
-  // mode, without them in kVerifyOnly mode); call once, after complete().
-  EncodedSample Take() { return std::move(sample_); }
+  // The sample (see the modes above); call once, after complete().
+  SampleTensors Take() { return std::move(sample_); }
 
  private:
   absl::Status Dispatch(const v1::ExtractResponse& response);
@@ -107,15 +109,22 @@ class StreamAssembler {
   using Pieces = std::vector<BytePiece>;
   absl::Status OnChunkData(int32_t capture_id, int64_t first_row, int64_t num_rows, const Pieces& data,
                            std::vector<grpc::Slice>* slices);
+  // kAssemble: the blocks the rows are copied into, which the sample owns.
+  struct AssembledBlocks {
+    StateBytes hidden_states;  // [T, L, H]
+    StateBytes final_norm;     // [T, H], or empty
+  };
   // A block for one of the sample's tensors (kAssemble), from pool_ if any.
   StateBytes Allocate(int64_t bytes) const;
+  // kAssemble: the blocks, and each tensor's rows in them as its pieces.
+  void AllocateSample();
   // Bytes [offset, offset + length) of the current chunk (kAssemble only).
   void CopyIntoSample(const char* bytes, size_t length, int64_t offset);
   // The next `length` bytes of the current tensor's values, which may start
   // or end inside a value (pieces split anywhere): hashed and checked.
   void HashAndCheck(const char* bytes, size_t length);
   // `count` whole values of the current tensor at `bytes` (any alignment):
-  // the first bad one and whether any is non-zero go to values_checked.
+  // the first bad one and whether any is non-zero go to the tensor's findings.
   void CheckValues(const char* bytes, int64_t count);
   absl::Status OnTrailer(const v1::Trailer& t);
 
@@ -125,7 +134,8 @@ class StreamAssembler {
   absl::Status error_;
   bool header_ = false;
   bool trailer_ = false;
-  EncodedSample sample_;
+  SampleTensors sample_;
+  AssembledBlocks* blocks_ = nullptr;  // kAssemble: owned by sample_.owner
   int64_t row_bytes_ = 0;
   std::vector<int> tensors_;  // capture ids in order, then -1 for the final norm
   size_t current_ = 0;        // the tensor being received
@@ -140,10 +150,9 @@ class StreamAssembler {
   // anyone reads them anyway. Fenced once, when the trailer is accepted.
   static constexpr size_t kUncachedCopyMinBytes = size_t{2} << 20;
   bool uncached_ = false;
-  std::vector<uint64_t> digests_;
-  // kKeepReceived: the slices of every chunk message, which hold the pieces
-  // of sample_.received (each message's own vector, so that slices whose
-  // bytes are inline in the grpc::Slice never move).
+  // kKeepReceived: the slices of every chunk message, which hold the
+  // tensors' pieces (each message's own vector, so that slices whose bytes
+  // are inline in the grpc::Slice never move).
   std::shared_ptr<std::vector<std::vector<grpc::Slice>>> kept_;
 };
 

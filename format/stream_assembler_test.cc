@@ -1,6 +1,6 @@
 // stream_assembler_test.cc: the Extract stream's encoder and assembler side by
 // side. A stream the ResponseEncoder produces assembles into exactly the bytes
-// EncodeSampleStates gives (every dtype); every way of breaking that stream is
+// the values encode to (every dtype); every way of breaking that stream is
 // refused with DATA_LOSS naming what was wrong, and nothing is accepted after.
 #include "format/stream_assembler.h"
 
@@ -18,6 +18,9 @@
 
 #include "format/layer_convention.h"
 #include "format/response_encoder.h"
+#include "format/sample_file.h"
+#include "format/state_bytes_pool.h"
+#include "format/test_values.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -31,6 +34,9 @@ std::string OwnDir() {
   return dir;
 }
 
+using ::hsx::testing::EncodeStates;
+using ::hsx::testing::FileHiddenStates;
+using ::hsx::testing::FloatStates;
 using ::testing::HasSubstr;
 
 constexpr int64_t kTokens = 5;
@@ -51,8 +57,8 @@ std::vector<int32_t> TokenIds(int64_t tokens) {
   return ids;
 }
 
-SampleStates MakeStates(bool final_norm, const std::vector<int>& ids = kIds, Shape shape = {}) {
-  SampleStates s;
+FloatStates MakeStates(bool final_norm, const std::vector<int>& ids = kIds, Shape shape = {}) {
+  FloatStates s;
   s.capture_ids = ids;
   s.tokens = shape.tokens;
   s.hidden = shape.hidden;
@@ -92,33 +98,10 @@ std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm, cons
   o.model_name = "tiny";
   o.num_layers = 7;
   o.layer_convention = kLayerConvention;
-  // The states as the engine holds them: each tensor's [T, H] rows contiguous.
-  const SampleStates states = MakeStates(final_norm, ids, shape);
-  auto tensors = std::make_shared<std::vector<std::vector<float>>>();
-  for (size_t l = 0; l < ids.size(); ++l) {
-    tensors->emplace_back();
-    for (int64_t t = 0; t < shape.tokens; ++t) {
-      const float* row = &states.hidden_states[(t * ids.size() + l) * shape.hidden];
-      tensors->back().insert(tensors->back().end(), row, row + shape.hidden);
-    }
-  }
-  SampleView view;
-  view.capture_ids = ids;
-  view.tokens = shape.tokens;
-  view.hidden = shape.hidden;
-  for (const std::vector<float>& rows : *tensors) view.layers.push_back(rows.data());
-  if (final_norm) view.final_norm = states.final_norm.data();
-  view.owner = tensors;
-  absl::StatusOr<std::unique_ptr<ResponseEncoder>> encoder = ResponseEncoder::Create(
-      view, o, [](size_t bytes) -> absl::StatusOr<std::unique_ptr<HostBuffer>> {
-        struct Heap : HostBuffer {
-          explicit Heap(size_t n) : bytes_(n, '\0') {}
-          void* data() const override { return const_cast<char*>(bytes_.data()); }
-          size_t bytes() const override { return bytes_.size(); }
-          std::string bytes_;
-        };
-        return std::unique_ptr<HostBuffer>(new Heap(bytes));
-      });
+  // The states as the engine holds them: each tensor's [T, H] float32 rows contiguous.
+  const SampleTensors view = EncodeStates(MakeStates(final_norm, ids, shape), OutputDType::kFp32);
+  absl::StatusOr<std::unique_ptr<ResponseEncoder>> encoder =
+      ResponseEncoder::Create(view, o, ::hsx::testing::HeapBuffers());
   EXPECT_TRUE(encoder.ok()) << encoder.status();
   std::vector<v1::ExtractResponse> out;
   if (!encoder.ok()) return out;
@@ -135,6 +118,18 @@ std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm, cons
   return out;
 }
 
+// The sample's bytes as the file holds them: hidden_states [T, L, H], and
+// the final norm (empty without one).
+std::string HiddenBytes(const SampleTensors& s) { return FileHiddenStates(s); }
+std::string FinalBytes(const SampleTensors& s) { return s.has_final_norm() ? TensorString(s.tensors.back()) : ""; }
+
+// The XXH64 of tensor k a receiver hands on (its findings), if it has one.
+std::optional<uint64_t> HandedOnXxh64(const SampleTensors& s, size_t k) {
+  const std::optional<TensorFindings>& found = s.tensors[k].findings;
+  if (!found.has_value() || found->checksum_kind != ChecksumKind::kXxh64) return std::nullopt;
+  return found->checksum;
+}
+
 absl::Status Feed(StreamAssembler& a, const std::vector<v1::ExtractResponse>& stream) {
   for (const v1::ExtractResponse& r : stream) {
     if (absl::Status s = a.Consume(r); !s.ok()) return s;
@@ -147,22 +142,23 @@ absl::Status Feed(StreamAssembler& a, const std::vector<v1::ExtractResponse>& st
 // must hash the bytes itself, so the assembler hands on none.
 TEST(StreamAssemblerTest, OnlyAnXxh64StreamLendsItsChecksumsToTheFile) {
   const std::vector<int> one = {3};
-  const EncodedSample want = EncodeSampleStates(MakeStates(true, one), OutputDType::kBf16);
+  const SampleTensors want = EncodeStates(MakeStates(true, one), OutputDType::kBf16);
   for (ChecksumKind kind : {ChecksumKind::kXxh64, ChecksumKind::kXxh3}) {
     for (StreamAssembler::Mode mode : {StreamAssembler::Mode::kAssemble, StreamAssembler::Mode::kKeepReceived}) {
       SCOPED_TRACE(std::string(ChecksumKindName(kind)) + (mode == StreamAssembler::Mode::kAssemble ? " assembled" : " kept"));
       StreamAssembler a(Expect(OutputDType::kBf16, true, one, kind), mode);
       ASSERT_TRUE(Feed(a, Stream(OutputDType::kBf16, true, one, kind)).ok());
       ASSERT_TRUE(a.complete());
-      const EncodedSample got = a.Take();
+      const SampleTensors got = a.Take();
       if (kind == ChecksumKind::kXxh64) {
-        ASSERT_TRUE(got.hidden_states_xxh64.has_value());
-        ASSERT_TRUE(got.final_norm_xxh64.has_value());
-        EXPECT_EQ(*got.hidden_states_xxh64, Xxh64(want.hidden_states.data(), want.hidden_states.size()));
-        EXPECT_EQ(*got.final_norm_xxh64, Xxh64(want.final_norm.data(), want.final_norm.size()));
+        ASSERT_TRUE(HandedOnXxh64(got, 0).has_value());
+        ASSERT_TRUE(HandedOnXxh64(got, 1).has_value());
+        const std::string hidden = HiddenBytes(want), final_norm = FinalBytes(want);
+        EXPECT_EQ(*HandedOnXxh64(got, 0), Xxh64(hidden.data(), hidden.size()));
+        EXPECT_EQ(*HandedOnXxh64(got, 1), Xxh64(final_norm.data(), final_norm.size()));
       } else {
-        EXPECT_FALSE(got.hidden_states_xxh64.has_value());
-        EXPECT_FALSE(got.final_norm_xxh64.has_value());
+        EXPECT_FALSE(HandedOnXxh64(got, 0).has_value());
+        EXPECT_FALSE(HandedOnXxh64(got, 1).has_value());
       }
     }
   }
@@ -178,18 +174,21 @@ TEST(StreamAssemblerTest, EncoderStreamAssemblesToTheFileBytes) {
       StreamAssembler a(Expect(dtype, final_norm));
       ASSERT_TRUE(Feed(a, stream).ok());
       ASSERT_TRUE(a.complete());
-      const EncodedSample got = a.Take();
-      const EncodedSample want = EncodeSampleStates(MakeStates(final_norm), dtype);
+      const SampleTensors got = a.Take();
+      const SampleTensors want = EncodeStates(MakeStates(final_norm), dtype);
       EXPECT_EQ(got.capture_ids, want.capture_ids);
       EXPECT_EQ(got.tokens, want.tokens);
       EXPECT_EQ(got.hidden, want.hidden);
-      EXPECT_EQ(got.has_final_norm, want.has_final_norm);
-      EXPECT_EQ(got.hidden_states, want.hidden_states);  // [T, L, H], not layer-major
-      EXPECT_EQ(got.final_norm, want.final_norm);
+      EXPECT_EQ(got.has_final_norm(), want.has_final_norm());
+      const std::string hidden = HiddenBytes(got);
+      EXPECT_EQ(hidden, HiddenBytes(want));  // [T, L, H], not layer-major
+      EXPECT_EQ(FinalBytes(got), FinalBytes(want));
+      // the assembled block is that layout itself: layer 0's first row starts it
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(got.tensors[0].pieces[0].data()), hidden.size()), hidden);
       // and the values decode back to the states (exact in fp32)
       if (dtype == OutputDType::kFp32) {
-        const std::vector<float> values = DecodeValues(
-            {reinterpret_cast<const uint8_t*>(got.hidden_states.data()), got.hidden_states.size()}, dtype);
+        const std::vector<float> values =
+            DecodeValues({reinterpret_cast<const uint8_t*>(hidden.data()), hidden.size()}, dtype);
         EXPECT_EQ(values, MakeStates(false).hidden_states);
       }
     }
@@ -218,7 +217,7 @@ TEST(StreamAssemblerTest, AnUnsetFinalNormTakesWhatTheServerSends) {
     StreamAssembler a(expect);
     ASSERT_TRUE(Feed(a, Stream(OutputDType::kBf16, sent)).ok());
     ASSERT_TRUE(a.complete());
-    EXPECT_EQ(a.Take().has_final_norm, sent);
+    EXPECT_EQ(a.Take().has_final_norm(), sent);
     StreamAssembler b(Expect(OutputDType::kBf16, !sent));
     EXPECT_THAT(std::string(Feed(b, Stream(OutputDType::kBf16, sent)).message()), HasSubstr("final_norm"));
   }
@@ -229,19 +228,19 @@ TEST(StreamAssemblerTest, AnUnsetFinalNormTakesWhatTheServerSends) {
 TEST(StreamAssemblerTest, APooledSampleHasTheSameBytesAndItsBlocksComeBack) {
   StreamAssembler plain(Expect(OutputDType::kBf16, true));
   ASSERT_TRUE(Feed(plain, Stream(OutputDType::kBf16, true)).ok());
-  const EncodedSample want = plain.Take();
+  const SampleTensors want = plain.Take();
   auto pool = StateBytesPool::Create(1 << 20);
-  const char* block = nullptr;
+  const uint8_t* block = nullptr;
   for (int round = 0; round < 2; ++round) {
     StreamAssembler a(Expect(OutputDType::kBf16, true), StreamAssembler::Mode::kAssemble, pool);
     ASSERT_TRUE(Feed(a, Stream(OutputDType::kBf16, true)).ok());
     ASSERT_TRUE(a.complete());
-    const EncodedSample got = a.Take();
-    EXPECT_EQ(got.hidden_states, want.hidden_states);
-    EXPECT_EQ(got.final_norm, want.final_norm);
+    const SampleTensors got = a.Take();
+    EXPECT_EQ(HiddenBytes(got), HiddenBytes(want));
+    EXPECT_EQ(FinalBytes(got), FinalBytes(want));
     EXPECT_EQ(pool->idle_blocks(), 0u);
-    if (round == 1) { EXPECT_EQ(got.hidden_states.data(), block); }  // the first sample's block again
-    block = got.hidden_states.data();
+    if (round == 1) { EXPECT_EQ(got.tensors[0].pieces[0].data(), block); }  // the first sample's block again
+    block = got.tensors[0].pieces[0].data();
   }
   EXPECT_EQ(pool->idle_blocks(), 2u);
 }
@@ -352,8 +351,9 @@ std::vector<v1::ExtractResponse> EditedStream(OutputDType dtype, const Edit& edi
 
 const std::vector<std::string> kNames = {"capture id 2", "capture id 3", "capture id 7"};
 
-// The assembler checks each piece's values as it lands (values_checked); the
-// errors it leads to must be exactly those of reading the states again.
+// The assembler checks each piece's values as it lands (the tensors'
+// findings); the errors they lead to must be exactly those of reading the
+// states again.
 TEST(StreamAssemblerTest, ValuesCheckedOnArrivalGiveTheSameErrorsAsACheckAfterwards) {
   for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
     for (const auto& [edits, message] : ValueCases()) {
@@ -361,10 +361,10 @@ TEST(StreamAssemblerTest, ValuesCheckedOnArrivalGiveTheSameErrorsAsACheckAfterwa
       const std::vector<v1::ExtractResponse> stream = EditedStream(dtype, edits);
       StreamAssembler a(Expect(dtype, true));
       ASSERT_TRUE(Feed(a, stream).ok()) << Feed(a, stream);
-      EncodedSample got = a.Take();
-      ASSERT_TRUE(got.values_checked.has_value());
+      SampleTensors got = a.Take();
+      for (const SampleTensor& tensor : got.tensors) ASSERT_TRUE(tensor.findings.has_value());
       const absl::Status on_arrival = CheckSampleValues(got, kNames);
-      got.values_checked.reset();
+      for (SampleTensor& tensor : got.tensors) tensor.findings.reset();
       const absl::Status afterwards = CheckSampleValues(got, kNames);
       EXPECT_EQ(on_arrival, afterwards);
       EXPECT_EQ(std::string(on_arrival.message()), message);
@@ -399,16 +399,16 @@ TEST(StreamAssemblerTest, ALargeSampleAssemblesToTheFileBytesFromPiecesCutAnywhe
   const Shape large{300, 1792};  // bf16: 3 layers of 300 x 1792 = 3.2 MB, and a final norm
   for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
     const std::vector<v1::ExtractResponse> stream = Stream(dtype, true, kIds, ChecksumKind::kXxh3, large);
-    const EncodedSample want = EncodeSampleStates(MakeStates(true, kIds, large), dtype);
-    ASSERT_GE(want.hidden_states.size(), size_t{2} << 20);
+    const SampleTensors want = EncodeStates(MakeStates(true, kIds, large), dtype);
+    ASSERT_GE(want.layer_bytes(), int64_t{2} << 20);
     for (const std::vector<size_t>& cuts : std::vector<std::vector<size_t>>{{size_t{1} << 20}, {4093, 7, 1}}) {
       SCOPED_TRACE(OutputDTypeName(dtype) + ", cuts of " + std::to_string(cuts[0]) + "...");
       StreamAssembler a(Expect(dtype, true, kIds, ChecksumKind::kXxh3, large));
       for (const grpc::ByteBuffer& message : Sliced(stream, cuts)) ASSERT_TRUE(a.Consume(message).ok());
       ASSERT_TRUE(a.complete());
-      const EncodedSample got = a.Take();
-      EXPECT_TRUE(got.hidden_states == want.hidden_states);  // not EXPECT_EQ: it would print megabytes
-      EXPECT_TRUE(got.final_norm == want.final_norm);
+      const SampleTensors got = a.Take();
+      EXPECT_TRUE(HiddenBytes(got) == HiddenBytes(want));  // not EXPECT_EQ: it would print megabytes
+      EXPECT_TRUE(FinalBytes(got) == FinalBytes(want));
     }
   }
 }
@@ -418,7 +418,7 @@ TEST(StreamAssemblerTest, ALargeSampleAssemblesToTheFileBytesFromPiecesCutAnywhe
 struct Outcome {
   absl::Status status;
   bool has_sample = false;
-  EncodedSample sample{};
+  SampleTensors sample{};
 };
 
 Outcome Judge(StreamAssembler& a, absl::Status fed) {
@@ -466,14 +466,14 @@ TEST(StreamAssemblerTest, VerifyOnlyFromSlicesCutMidValueGivesTheAssemblingVerdi
         if (what.empty()) { EXPECT_TRUE(got.status.ok()) << got.status; }
         ASSERT_EQ(got.has_sample, want.has_sample);
         if (!want.has_sample) continue;  // refused at the trailer
-        ASSERT_TRUE(got.sample.dropped.has_value());
-        EXPECT_TRUE(got.sample.hidden_states.empty());
-        EXPECT_TRUE(got.sample.final_norm.empty());
-        EXPECT_EQ(got.sample.hidden_states_bytes(), static_cast<int64_t>(want.sample.hidden_states.size()));
-        EXPECT_EQ(got.sample.final_norm_bytes(), static_cast<int64_t>(want.sample.final_norm.size()));
-        EXPECT_EQ(got.sample.final_norm_xxh64, want.sample.final_norm_xxh64);
-        ASSERT_TRUE(got.sample.final_norm_xxh64.has_value());
-        EXPECT_EQ(*got.sample.final_norm_xxh64, Xxh64(want.sample.final_norm.data(), want.sample.final_norm.size()));
+        ASSERT_TRUE(got.sample.dropped);
+        for (const SampleTensor& tensor : got.sample.tensors) EXPECT_TRUE(tensor.pieces.empty());
+        const std::string want_final = FinalBytes(want.sample);
+        EXPECT_EQ(got.sample.layer_bytes(), static_cast<int64_t>(HiddenBytes(want.sample).size()));
+        EXPECT_EQ(got.sample.tensors.back().bytes, static_cast<int64_t>(want_final.size()));
+        EXPECT_EQ(HandedOnXxh64(got.sample, 3), HandedOnXxh64(want.sample, 3));
+        ASSERT_TRUE(HandedOnXxh64(got.sample, 3).has_value());
+        EXPECT_EQ(*HandedOnXxh64(got.sample, 3), Xxh64(want_final.data(), want_final.size()));
       }
     }
   }
@@ -484,10 +484,10 @@ TEST(StreamAssemblerTest, VerifyOnlyFromSlicesCutMidValueGivesTheAssemblingVerdi
   ASSERT_TRUE(Feed(assembling, stream).ok());
   for (const grpc::ByteBuffer& message : Sliced(stream, {3, 1})) ASSERT_TRUE(verifying.Consume(message).ok());
   ASSERT_TRUE(assembling.complete() && verifying.complete());
-  const EncodedSample a = assembling.Take(), v = verifying.Take();
-  ASSERT_TRUE(v.hidden_states_xxh64.has_value());
-  EXPECT_EQ(v.hidden_states_xxh64, a.hidden_states_xxh64);
-  EXPECT_EQ(v.hidden_states_bytes(), static_cast<int64_t>(a.hidden_states.size()));
+  const SampleTensors a = assembling.Take(), v = verifying.Take();
+  ASSERT_TRUE(HandedOnXxh64(v, 0).has_value());
+  EXPECT_EQ(HandedOnXxh64(v, 0), HandedOnXxh64(a, 0));
+  EXPECT_EQ(v.layer_bytes(), static_cast<int64_t>(HiddenBytes(a).size()));
 }
 
 // The input line and model facts of the files these tests write.
@@ -532,7 +532,7 @@ TEST(StreamAssemblerTest, KeptSlicesWriteTheFileTheAssembledCopyWrites) {
         StreamAssembler assembling(Expect(dtype, final_norm, ids));
         ASSERT_TRUE(Feed(assembling, stream).ok());
         ASSERT_TRUE(assembling.complete());
-        const EncodedSample want = assembling.Take();
+        const SampleTensors want = assembling.Take();
         WrittenDigest want_digest;
         ASSERT_TRUE(WriteSampleFile(dir + "/copy.safetensors", input, want, info, &want_digest).ok());
         const std::string want_bytes = FileBytes(dir + "/copy.safetensors");
@@ -551,14 +551,12 @@ TEST(StreamAssemblerTest, KeptSlicesWriteTheFileTheAssembledCopyWrites) {
             }
           }  // the messages are gone
           ASSERT_TRUE(keeping.complete());
-          const EncodedSample got = keeping.Take();
-          ASSERT_TRUE(got.received.has_value());
-          EXPECT_TRUE(got.hidden_states.empty());
-          EXPECT_TRUE(got.final_norm.empty());
-          EXPECT_EQ(got.hidden_states_bytes(), static_cast<int64_t>(want.hidden_states.size()));
-          EXPECT_EQ(got.final_norm_bytes(), static_cast<int64_t>(want.final_norm.size()));
-          EXPECT_EQ(got.hidden_states_xxh64, want.hidden_states_xxh64);
-          EXPECT_EQ(got.final_norm_xxh64, want.final_norm_xxh64);
+          const SampleTensors got = keeping.Take();
+          ASSERT_FALSE(got.dropped);
+          ASSERT_NE(got.owner, nullptr);  // the received slices
+          EXPECT_EQ(got.layer_bytes(), static_cast<int64_t>(HiddenBytes(want).size()));
+          EXPECT_EQ(got.bytes() - got.layer_bytes(), static_cast<int64_t>(FinalBytes(want).size()));
+          for (size_t k = 0; k < got.tensors.size(); ++k) EXPECT_EQ(HandedOnXxh64(got, k), HandedOnXxh64(want, k));
           EXPECT_TRUE(CheckSampleValues(got, kNames).ok());
           WrittenDigest got_digest;
           ASSERT_TRUE(WriteSampleFile(dir + "/kept.safetensors", input, got, info, &got_digest).ok());
@@ -579,39 +577,42 @@ TEST(StreamAssemblerTest, KeptSlicesWriteTheFileTheAssembledCopyWrites) {
 TEST(StreamAssemblerTest, MisshapenKeptPiecesWriteNoFile) {
   StreamAssembler keeping(Expect(OutputDType::kBf16, true), StreamAssembler::Mode::kKeepReceived);
   ASSERT_TRUE(Feed(keeping, Stream(OutputDType::kBf16, true)).ok());
-  EncodedSample sample = keeping.Take();
+  SampleTensors sample = keeping.Take();
   const std::string path = OwnDir() + "/misshapen.safetensors";
   // one layer's row moved to another: the totals match, the layers do not
-  sample.received->tensors[1].push_back(sample.received->tensors[0].back());
-  sample.received->tensors[0].pop_back();
+  sample.tensors[1].pieces.push_back(sample.tensors[0].pieces.back());
+  sample.tensors[0].pieces.pop_back();
   const absl::Status s = WriteSampleFile(path, FileInput(), sample, FileInfo());
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(s.message(), HasSubstr("misshapen states"));
   EXPECT_TRUE(FileBytes(path).empty());
 }
 
-// The digests the assembler verified are handed on for the file's checksums
-// where the tensor is contiguous in the sample (one layer; the final norm),
-// and the file is byte for byte the one written without them.
+// The digests the assembler verified are handed on with every tensor (the
+// file's checksums take them where the tensor lies in the file as it is: one
+// layer; the final norm), and the file is byte for byte the one written
+// without them.
 TEST(StreamAssemblerTest, HandsOnTheVerifiedDigestsOfContiguousTensors) {
   for (const std::vector<int>& ids : {std::vector<int>{3}, kIds}) {
     SCOPED_TRACE(ids.size());
     StreamAssembler a(Expect(OutputDType::kBf16, true, ids));
     ASSERT_TRUE(Feed(a, Stream(OutputDType::kBf16, true, ids)).ok());
-    EncodedSample got = a.Take();
-    ASSERT_TRUE(got.final_norm_xxh64.has_value());
-    EXPECT_EQ(*got.final_norm_xxh64, Xxh64(got.final_norm.data(), got.final_norm.size()));
-    EXPECT_EQ(got.hidden_states_xxh64.has_value(), ids.size() == 1);
+    SampleTensors got = a.Take();
+    for (size_t k = 0; k < got.tensors.size(); ++k) {
+      const std::string bytes = TensorString(got.tensors[k]);
+      ASSERT_TRUE(HandedOnXxh64(got, k).has_value()) << k;
+      EXPECT_EQ(*HandedOnXxh64(got, k), Xxh64(bytes.data(), bytes.size())) << k;
+    }
     if (ids.size() == 1) {
-      EXPECT_EQ(*got.hidden_states_xxh64, Xxh64(got.hidden_states.data(), got.hidden_states.size()));
+      const std::string hidden = HiddenBytes(got);
+      EXPECT_EQ(*HandedOnXxh64(got, 0), Xxh64(hidden.data(), hidden.size()));
     }
     const InputSample input = FileInput();
     const SampleFileInfo info = FileInfo();
     const std::string dir = OwnDir();
     WrittenDigest with, without;
     ASSERT_TRUE(WriteSampleFile(dir + "/with.safetensors", input, got, info, &with).ok());
-    got.hidden_states_xxh64.reset();
-    got.final_norm_xxh64.reset();
+    for (SampleTensor& tensor : got.tensors) tensor.findings.reset();
     ASSERT_TRUE(WriteSampleFile(dir + "/without.safetensors", input, got, info, &without).ok());
     EXPECT_EQ(with.xxh64, without.xxh64);
     EXPECT_EQ(with.bytes, without.bytes);

@@ -30,6 +30,7 @@ namespace {
 
 constexpr uint32_t kF32Inf = 0x7f800000u;   // |bits| at or above: inf or NaN
 constexpr uint32_t kFp16Limit = 0x477ff000u;  // 65520.0f: rounds to fp16 inf
+constexpr uint32_t kBf16Limit = 0x7f7f8000u;  // rounds to bf16 inf (ties to even from bf16's largest)
 
 // float32 bits -> bf16, round to nearest even (FloatToBf16 for every non-NaN).
 // Returns the OR of "bad" flags; ORs |bits| into *nonzero.
@@ -207,11 +208,12 @@ void TensorChecker::Update(const void* values, int64_t count) {
   fed_ += count;
 }
 
-TensorEncoding TensorChecker::Finish() const {
-  TensorEncoding result;
+TensorFindings TensorChecker::Finish() const {
+  TensorFindings result;
   result.nonzero = nonzero_ != 0;
   result.bad_index = bad_index_;
   result.bad_value = bad_value_;
+  result.checksum_kind = hash_.kind();
   result.checksum = hash_.Digest();
   return result;
 }
@@ -221,17 +223,25 @@ bool SentAsIs(ElementType type, OutputDType dtype) {
          (type == ElementType::kF32 && dtype == OutputDType::kFp32);
 }
 
-TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype, ChecksumKind checksum) {
+OutputDType DTypeOfRows(ElementType type) {
+  return type == ElementType::kBf16 ? OutputDType::kBf16 : OutputDType::kFp32;
+}
+
+ElementType RowsOfDType(OutputDType dtype) {
+  return dtype == OutputDType::kBf16 ? ElementType::kBf16 : ElementType::kF32;
+}
+
+TensorFindings CheckTensor(const void* src, int64_t count, OutputDType dtype, ChecksumKind checksum) {
   TensorChecker checker(dtype, checksum);
   checker.Update(src, count);
   return checker.Finish();
 }
 
-TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst,
+TensorFindings EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst,
                             ChecksumKind checksum) {
-  TensorEncoding result;
+  TensorFindings result;
   TensorHash hash(checksum);
-  const uint32_t limit = dtype == OutputDType::kFp16 ? kFp16Limit : kF32Inf;
+  const uint32_t limit = dtype == OutputDType::kFp16 ? kFp16Limit : dtype == OutputDType::kBf16 ? kBf16Limit : kF32Inf;
   const int64_t out_size = OutputDTypeSize(dtype);
   alignas(64) uint32_t wide[kEncodeBlock];
   uint32_t nonzero = 0;
@@ -286,6 +296,7 @@ TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, Ou
     hash.Update(out, n * out_size);
   }
   result.nonzero = nonzero != 0;
+  result.checksum_kind = checksum;
   result.checksum = hash.Digest();
   return result;
 }

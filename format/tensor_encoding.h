@@ -4,9 +4,10 @@
 // The values go through the cache in blocks of kEncodeBlock: each block is
 // converted (bf16 round-to-nearest-even, IEEE fp16, or fp32, exactly as
 // AppendEncoded in encoding.h does, bit for bit), checked (every value finite
-// and, for fp16, representable; whether any is non-zero) and fed to the
-// checksum (XXH64 or XXH3, tensor_hash.h) while it is still in L1. The conversion loops are plain loops over
-// uint32_t that the compiler vectorises (the file is built with -O3; see
+// and representable: not rounded to an infinity in bf16 or fp16; whether any
+// is non-zero) and fed to the checksum (XXH64 or XXH3, tensor_hash.h) while
+// it is still in L1. The conversion loops are plain loops over uint32_t that
+// the compiler vectorises (the file is built with -O3; see
 // server/CMakeLists.txt). fp16 stays scalar: only bf16 is on the hot path.
 #ifndef HSX_FORMAT_TENSOR_ENCODING_H_
 #define HSX_FORMAT_TENSOR_ENCODING_H_
@@ -21,24 +22,29 @@ namespace hsx {
 
 inline constexpr int64_t kEncodeBlock = 4096;  // values per block
 
-struct TensorEncoding {
-  uint64_t checksum = 0;  // of the encoded bytes (XXH64 or XXH3 as asked), seed 0
+// What a check of one tensor's values found (EncodeTensor, CheckTensor,
+// TensorChecker, the stream assembler): the verdicts and the digest of its
+// bytes in the output dtype.
+struct TensorFindings {
+  ChecksumKind checksum_kind = ChecksumKind::kXxh64;
+  uint64_t checksum = 0;  // of the encoded bytes (checksum_kind), seed 0
   bool nonzero = false;  // some value is neither +0 nor -0
-  // The first value that cannot be sent (non-finite, or over fp16's range),
-  // or -1; encoding stops there and checksum is then meaningless.
+  // The first value that cannot be sent (non-finite, or over the output
+  // dtype's range), or -1; encoding stops there and checksum is then
+  // meaningless.
   int64_t bad_index = -1;
   float bad_value = 0;
 };
 
 // Encodes `count` values at `src` (activation type kF32 or kBf16) into
 // `dst`, which holds count * OutputDTypeSize(dtype) bytes.
-TensorEncoding EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst,
+TensorFindings EncodeTensor(const void* src, ElementType type, int64_t count, OutputDType dtype, char* dst,
                             ChecksumKind checksum = ChecksumKind::kXxh64);
 
 // The same checks and hash over `count` values at `src` that are already in
 // `dtype` (bf16 rows for kBf16, float32 rows for kFp32; not kFp16), read in
 // place: what EncodeTensor returns for the identity conversion, without the copy.
-TensorEncoding CheckTensor(const void* src, int64_t count, OutputDType dtype,
+TensorFindings CheckTensor(const void* src, int64_t count, OutputDType dtype,
                            ChecksumKind checksum = ChecksumKind::kXxh64);
 
 // How rows are checked and hashed before they are sent as they are:
@@ -51,8 +57,9 @@ struct RowCheck {
 
 // CheckTensor fed piece by piece: the values of one tensor in order, in any
 // number of pieces, give what CheckTensor gives over all of them at once. The
-// CPU engine's capture copy feeds each piece of rows it has just written, so
-// the check and the hash read them from cache (Model::Run).
+// batcher's capture check feeds each piece of rows the CPU engine's capture
+// copy has just written, so that the check and the hash read them from cache
+// (server/runtime/capture_check.h).
 class TensorChecker {
  public:
   // `dtype` as for CheckTensor (kBf16 or kFp32).
@@ -64,7 +71,7 @@ class TensorChecker {
   // The next `count` values. After a bad value the rest is skipped.
   void Update(const void* values, int64_t count);
   // Of every value fed so far (bad_index counts from the first).
-  TensorEncoding Finish() const;
+  TensorFindings Finish() const;
 
  private:
   OutputDType dtype_;
@@ -79,6 +86,11 @@ class TensorChecker {
 // for kBf16, float32 rows for kFp32): sending them is a copy at most, and
 // CheckTensor / TensorChecker check them.
 bool SentAsIs(ElementType type, OutputDType dtype);
+
+// The output dtype rows of activation type `type` already are (bf16: kBf16,
+// f32: kFp32), and back (kFp16 is no activation type: kF32).
+OutputDType DTypeOfRows(ElementType type);
+ElementType RowsOfDType(OutputDType dtype);
 
 // The receiving side's check of values already encoded: the index of the
 // first of `count` values at `bytes` (little-endian `dtype`) that is not

@@ -84,10 +84,19 @@ std::string DamagedFile(const std::string& dir, const JournalScan::Line& line) {
   return "";
 }
 
+// Every captured layer has exactly `bytes` bytes (of states kept or dropped).
+bool LayersWhole(const SampleTensors& sample, int64_t bytes) {
+  if (sample.tensors.size() < sample.capture_ids.size()) return false;
+  for (size_t l = 0; l < sample.capture_ids.size(); ++l) {
+    if (sample.tensors[l].bytes != bytes) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
-                          const EncodedSample& sample) {
+                          const SampleTensors& sample) {
   const std::string where = Where(input);
   const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());
   const int64_t size = OutputDTypeSize(sample.dtype);
@@ -106,25 +115,27 @@ absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
   if (sample.tokens != tokens) {
     return absl::DataLossError(absl::StrCat(where, ": ", sample.tokens, " rows of states for ", tokens, " tokens"));
   }
-  if (sample.hidden < 1 || sample.hidden_states_bytes() != tokens * layers * sample.hidden * size) {
-    return absl::DataLossError(absl::StrCat(where, ": ", sample.hidden_states_bytes(), " bytes of states for [",
+  if (sample.hidden < 1 || !LayersWhole(sample, tokens * sample.hidden * size)) {
+    return absl::DataLossError(absl::StrCat(where, ": ", sample.layer_bytes(), " bytes of states for [",
                                             tokens, ", ", layers, ", ", sample.hidden, "] ",
                                             OutputDTypeName(sample.dtype)));
   }
-  if (sample.has_final_norm != spec.capture.final_norm() ||
-      (sample.has_final_norm && sample.final_norm_bytes() != tokens * sample.hidden * size)) {
+  const int64_t final_norm_bytes = sample.bytes() - sample.layer_bytes();
+  if (sample.has_final_norm() != spec.capture.final_norm() ||
+      (sample.has_final_norm() && final_norm_bytes != tokens * sample.hidden * size)) {
     return absl::DataLossError(absl::StrCat(where, ": final norm state ",
                                             spec.capture.final_norm() ? "missing or misshapen" : "not requested"));
   }
-  // Checked on arrival by the stream assembler (values_checked; the only
-  // record when the states were dropped), else read here.
+  // From the tensors' findings (the stream assembler's, made on arrival: the
+  // only record when the states were dropped; the encoder's in process), or
+  // read here.
   if (absl::Status s = CheckSampleValues(sample); !s.ok()) {
     return absl::DataLossError(absl::StrCat(where, ": ", s.message()));
   }
   return absl::OkStatus();
 }
 
-JournalEntry MakeJournalEntry(const InputSample& input, const EncodedSample& sample,
+JournalEntry MakeJournalEntry(const InputSample& input, const SampleTensors& sample,
                               const DumpOptions& options, const FileDigest& digest) {
   JournalEntry e;
   e.index = input.index;
@@ -134,7 +145,7 @@ JournalEntry MakeJournalEntry(const InputSample& input, const EncodedSample& sam
   e.bytes = digest.bytes;
   e.xxh64 = digest.xxh64;
   e.capture_ids = sample.capture_ids;
-  e.final_norm = sample.has_final_norm;
+  e.final_norm = sample.has_final_norm();
   e.dtype = OutputDTypeName(sample.dtype);
   e.model = options.info.model_name;
   e.model_revision = options.info.model_revision;
@@ -234,7 +245,7 @@ class DumpRun {
  private:
   struct Result {
     const InputSample* sample;
-    absl::StatusOr<EncodedSample> states;
+    absl::StatusOr<SampleTensors> states;
   };
 
   absl::Status Prepare() {
@@ -310,7 +321,7 @@ class DumpRun {
         ++in_flight_;
         in_flight_bytes_ += bytes;
       }
-      extractor_.Extract(*sample, spec_, [this, sample](absl::StatusOr<EncodedSample> states) {
+      extractor_.Extract(*sample, spec_, [this, sample](absl::StatusOr<SampleTensors> states) {
         std::lock_guard<std::mutex> lock(mutex_);
         ready_.push_back({sample, std::move(states)});
         changed_.notify_all();  // under the lock: Run may return as soon as this is written
@@ -355,10 +366,10 @@ class DumpRun {
   // Verifies, writes under a staging name, then renames and journals under
   // the journal's lock. Sets *written = false when another process journaled
   // the sample meanwhile.
-  absl::Status Persist(const InputSample& input, const EncodedSample& sample, int64_t* bytes, bool* written) {
+  absl::Status Persist(const InputSample& input, const SampleTensors& sample, int64_t* bytes, bool* written) {
     if (absl::Status s = VerifySample(input, spec_, sample); !s.ok()) return s;
     if (options_.discard) {  // a throughput or smoke run: verified, then dropped
-      *bytes = sample.hidden_states_bytes() + sample.final_norm_bytes();
+      *bytes = sample.bytes();
       *written = true;
       return absl::OkStatus();
     }

@@ -63,10 +63,10 @@ struct DumpStats {
 // (spec.keep_states false) is judged from the receiver's record of them: the
 // byte counts that arrived and the value checks made on arrival.
 absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
-                          const EncodedSample& sample);
+                          const SampleTensors& sample);
 
 // The journal entry of a verified sample whose file has `digest`.
-JournalEntry MakeJournalEntry(const InputSample& input, const EncodedSample& sample,
+JournalEntry MakeJournalEntry(const InputSample& input, const SampleTensors& sample,
                               const DumpOptions& options, const FileDigest& digest);
 
 // Whether line `line` of the journal agrees with this run (settings, and the

@@ -1,7 +1,7 @@
 // extractor.h: where hsx-dump gets a sample's hidden states from. The
 // in-process engine (in_process_extractor.h) and a remote hsx-server
 // (remote_extractor.h) are two implementations; all that follows (verification, atomic writes, the
-// journal, progress) is shared and starts from the same EncodedSample: the
+// journal, progress) is shared and starts from the same SampleTensors: the
 // states already in the output dtype, exactly the bytes that go to disk.
 #ifndef HSX_CLIENT_DUMP_EXTRACTOR_H_
 #define HSX_CLIENT_DUMP_EXTRACTOR_H_
@@ -25,7 +25,7 @@ struct ExtractSpec {
   OutputDType dtype = OutputDType::kBf16;
   // False when the caller only verifies and drops each sample (--discard):
   // an extractor may then check the states as they arrive and deliver the
-  // sample without them (EncodedSample::dropped), which VerifySample accepts.
+  // sample without them (SampleTensors::dropped), which VerifySample accepts.
   bool keep_states = true;
   // The Trailer's checksum to ask a server for (the in-process extractor
   // has no stream and ignores it).
@@ -34,7 +34,7 @@ struct ExtractSpec {
 
 class Extractor {
  public:
-  using Done = std::function<void(absl::StatusOr<EncodedSample>)>;
+  using Done = std::function<void(absl::StatusOr<SampleTensors>)>;
   virtual ~Extractor() = default;
   // Starts one sample; `done` is called exactly once, from any thread (possibly
   // before Extract returns). `sample` must stay alive until then.

@@ -1,12 +1,18 @@
 // in_process_extractor.h: hsx-dump --model, the engine in this process: the
 // one Extractor that needs the server's runtime (the remote one does not).
+//
+// The batcher's rows (the activation type: bf16 or f32) become the file's
+// bytes as the server's become its stream's: EncodeSample (one pass to the
+// output dtype, checked and hashed; rows already in it used where they are),
+// never through a float32 copy.
 #ifndef HSX_CLIENT_DUMP_IN_PROCESS_EXTRACTOR_H_
 #define HSX_CLIENT_DUMP_IN_PROCESS_EXTRACTOR_H_
 
 #include <utility>
 
 #include "client/dump/extractor.h"
-#include "format/sample_states.h"
+#include "format/sample_encoding.h"
+#include "server/model/host_buffer_pool.h"
 #include "server/runtime/batcher.h"
 #include "server/runtime/engine.h"
 
@@ -21,12 +27,15 @@ class InProcessExtractor : public Extractor {
     WorkItem item;
     item.tokens = sample.input_ids;
     item.capture = spec.capture;
-    item.done = [dtype, done](absl::StatusOr<SampleStates> states) {
-      if (!states.ok()) {
-        done(states.status());
+    // XXH64: what the file records, so that WriteSampleFile need not hash
+    // a tensor again.
+    item.row_check = RowCheck{dtype, ChecksumKind::kXxh64};
+    item.deliver = [dtype, done](absl::StatusOr<SampleTensors> rows) {
+      if (!rows.ok()) {
+        done(rows.status());
         return;
       }
-      done(EncodeSampleStates(*states, dtype));
+      done(EncodeSample(*std::move(rows), dtype, ChecksumKind::kXxh64, HostBufferPool::HeapAllocator()));
     };
     if (absl::Status s = batcher_.Submit(std::move(item)); !s.ok()) done(s);
   }

@@ -134,7 +134,7 @@ class RemoteExtractor::Impl {
   void CancelAll();
 
   // Called by an attempt from OnDone, after Release.
-  void AttemptDone(std::shared_ptr<SampleCall> call, absl::StatusOr<EncodedSample> result,
+  void AttemptDone(std::shared_ptr<SampleCall> call, absl::StatusOr<SampleTensors> result,
                    grpc::StatusCode code);
   // Forgets a finished attempt (CancelAll no longer reaches it).
   void Release(Attempt* attempt);
@@ -163,7 +163,7 @@ class RemoteExtractor::Impl {
   // (then it joins the round-robin) or the run ends. Runs on joiner_.
   void JoinLater(std::vector<size_t> pending);
   void StartAttempt(std::shared_ptr<SampleCall> call);
-  void Complete(const std::shared_ptr<SampleCall>& call, absl::StatusOr<EncodedSample> result);
+  void Complete(const std::shared_ptr<SampleCall>& call, absl::StatusOr<SampleTensors> result);
   size_t PickServer();
   double Backoff(int attempt);
 
@@ -258,7 +258,7 @@ class Attempt : public grpc::ClientReadReactor<grpc::ByteBuffer> {
 
   void OnDone(const grpc::Status& status) override {
     const std::string where = absl::StrCat("server ", impl_->server(server_).address);
-    absl::StatusOr<EncodedSample> result;
+    absl::StatusOr<SampleTensors> result;
     grpc::StatusCode code = status.error_code();
     if (!error_.ok()) {
       result = absl::Status(error_.code(), absl::StrCat(where, ": ", error_.message()));
@@ -583,7 +583,7 @@ void RemoteExtractor::Impl::Release(Attempt* attempt) {
   active_.erase(attempt);
 }
 
-void RemoteExtractor::Impl::AttemptDone(std::shared_ptr<SampleCall> call, absl::StatusOr<EncodedSample> result,
+void RemoteExtractor::Impl::AttemptDone(std::shared_ptr<SampleCall> call, absl::StatusOr<SampleTensors> result,
                                         grpc::StatusCode code) {
   if (result.ok()) {
     Complete(call, std::move(result));
@@ -617,7 +617,7 @@ void RemoteExtractor::Impl::AttemptDone(std::shared_ptr<SampleCall> call, absl::
   Complete(call, result.status());
 }
 
-void RemoteExtractor::Impl::Complete(const std::shared_ptr<SampleCall>& call, absl::StatusOr<EncodedSample> result) {
+void RemoteExtractor::Impl::Complete(const std::shared_ptr<SampleCall>& call, absl::StatusOr<SampleTensors> result) {
   Extractor::Done done = std::move(call->done);
   done(std::move(result));
   std::lock_guard<std::mutex> lock(mutex_);

@@ -1,25 +1,26 @@
-// capture_views.h: a batch's Captures as one SampleView per sample (no
-// copy; format/sample_view.h), and a view restricted to what its request
-// asked for.
+// capture_views.h: a batch's Captures as one SampleTensors per sample (no
+// copy; format/sample_tensors.h), and a sample restricted to what its
+// request asked for.
 #ifndef HSX_SERVER_MODEL_CAPTURE_VIEWS_H_
 #define HSX_SERVER_MODEL_CAPTURE_VIEWS_H_
 
-#include <memory>
 #include <vector>
 
 #include "format/capture_spec.h"
-#include "format/sample_view.h"
+#include "format/sample_tensors.h"
 #include "server/model/forward.h"
 
 namespace hsx {
 
-// One view per sample of the batch, each with every captured tensor of the
-// batch and owning that sample's buffer alone (taken from `captures`).
-std::vector<SampleView> ViewBySample(Captures captures);
+// One sample per sample of the batch, each with every captured tensor of the
+// batch (one piece each, in the activation type) and owning that sample's
+// buffer alone (taken from `captures`).
+std::vector<SampleTensors> ViewBySample(Captures captures);
 
-// The view restricted to `wanted` (ids a subset of the view's, final norm
-// only if the view has it): pointers only, no copy.
-SampleView SelectCaptures(SampleView view, const CaptureSpec& wanted);
+// The sample restricted to `wanted` (ids a subset of the sample's, final
+// norm only if the sample has it): the tensors move, with their findings;
+// no byte is copied.
+SampleTensors SelectCaptures(SampleTensors sample, const CaptureSpec& wanted);
 
 }  // namespace hsx
 

@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
-#include "format/tensor_encoding.h"
 #include "kernels/bf16.h"
 
 namespace hsx {
@@ -20,9 +19,9 @@ namespace {
 // add up to more: HostBufferPool::RaiseIdleCap).
 constexpr size_t kIdleCaptureBytes = size_t{1} << 30;
 
-// Rows the capture copy writes before it checks them (Model::CopyChecked):
+// Rows the capture copy writes before it tells the sink (Model::CopyToSink):
 // few enough to be read back from L2, enough that each copy call is worth it.
-constexpr int64_t kCheckedCopyBytes = int64_t{128} << 10;
+constexpr int64_t kSinkPieceBytes = int64_t{128} << 10;
 
 // HF's yarn_get_mscale.
 double YarnMscale(double scale, double mscale) {
@@ -82,13 +81,9 @@ void DecodeRow(ElementType type, const char* row, int64_t n, float* dst) {
 
 }  // namespace
 
-void Batch::AddSample(const std::vector<int32_t>& sample, std::optional<RowCheck> check) {
+void Batch::AddSample(const std::vector<int32_t>& sample) {
   tokens.insert(tokens.end(), sample.begin(), sample.end());
   cu_seqlens.push_back(static_cast<int64_t>(tokens.size()));
-  if (check.has_value() || !row_checks.empty()) {
-    row_checks.resize(num_samples() - 1);  // the earlier samples asked for none
-    row_checks.push_back(check);
-  }
 }
 
 float Model::SoftmaxScale(const ModelConfig& c) {
@@ -135,7 +130,6 @@ Captures& Captures::operator=(Captures&& other) noexcept {
   cu_seqlens = std::move(other.cu_seqlens);
   samples = std::move(other.samples);
   copies = std::move(other.copies);
-  checked = std::move(other.checked);
   return *this;
 }
 
@@ -315,33 +309,18 @@ absl::Status Model::RunLayer(const LayerWeights& layer, const StagedBatch& batch
   return absl::OkStatus();
 }
 
-std::vector<std::optional<CheckedRows>> Model::PlanRowChecks(const Batch& batch, ElementType type,
-                                                             size_t tensors) const {
-  std::vector<std::optional<CheckedRows>> checked(batch.num_samples());
-  if (!backend_.copies_land_on_return()) return checked;  // the consumer checks them after the fence
-  for (size_t s = 0; s < batch.row_checks.size() && s < checked.size(); ++s) {
-    const std::optional<RowCheck>& check = batch.row_checks[s];
-    if (check.has_value() && SentAsIs(type, check->dtype)) {
-      checked[s] = CheckedRows{*check, std::vector<TensorEncoding>(tensors)};
-    }
-  }
-  return checked;
-}
-
-TensorEncoding Model::CopyChecked(const Matrix& rows, const RowCheck& check, void* dst) {
-  TensorChecker checker(check);
+void Model::CopyToSink(const Matrix& rows, void* dst, CaptureSink& sink, int64_t s, size_t k) {
   const int64_t row_bytes = rows.cols * static_cast<int64_t>(ElementSize(rows.type));
-  const int64_t step = std::max<int64_t>(1, kCheckedCopyBytes / row_bytes);
+  const int64_t step = std::max<int64_t>(1, kSinkPieceBytes / row_bytes);
   for (int64_t r = 0; r < rows.rows; r += step) {
     const int64_t n = std::min(step, rows.rows - r);
     char* out = static_cast<char*>(dst) + r * row_bytes;
     backend_.CopyToHost(rows.Rows(r, n), out);
-    checker.Update(out, n * rows.cols);
+    sink.Written(s, k, out, n * rows.cols);
   }
-  return checker.Finish();
 }
 
-absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& capture) {
+absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& capture, CaptureSink* sink) {
   HSX_RETURN_IF_ERROR(CheckBatch(batch));
   scratch_.clear();
   const ModelConfig& c = config_;
@@ -371,15 +350,14 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
       result.samples.push_back(std::move(buffer));
     }
   }
-  const size_t tensors = capture.ids().size() + (capture.final_norm() ? 1 : 0);
-  if (captures_here) result.checked = PlanRowChecks(batch, result.type, tensors);
-  // Copies m's rows of every sample into tensor k of that sample's buffer,
-  // checked on the way where the batch asked for it.
+  // The sink reads the rows as they land: only where they land on return.
+  CaptureSink* const told = backend_.copies_land_on_return() ? sink : nullptr;
+  // Copies m's rows of every sample into tensor k of that sample's buffer.
   auto copy_out = [&](const Matrix& m, size_t k) {
     for (int64_t s = 0; s < result.num_samples(); ++s) {
       const Matrix rows = m.Rows(batch.cu_seqlens[s], batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]);
-      if (result.checked[s].has_value()) {
-        result.checked[s]->tensors[k] = CopyChecked(rows, result.checked[s]->check, result.Tensor(s, k));
+      if (told != nullptr) {
+        CopyToSink(rows, result.Tensor(s, k), *told, s, k);
       } else {
         backend_.CopyToHost(rows, result.Tensor(s, k));
       }

@@ -19,7 +19,6 @@
 
 #include "absl/status/statusor.h"
 #include "format/capture_spec.h"
-#include "format/sample_view.h"
 #include "kernels/backend.h"
 #include "kernels/communicator.h"
 #include "server/model/config.h"
@@ -28,23 +27,12 @@
 
 namespace hsx {
 
-// CaptureSpec::Parse for this model's N (format/capture_spec.h).
-inline absl::StatusOr<CaptureSpec> ParseCaptureSpec(const std::string& text, const ModelConfig& config,
-                                                    bool final_norm) {
-  return CaptureSpec::Parse(text, static_cast<int>(config.num_hidden_layers), final_norm);
-}
-
 // A ragged batch: samples concatenated, sample s = tokens[cu_seqlens[s], cu_seqlens[s+1]).
 struct Batch {
   std::vector<int32_t> tokens;
   std::vector<int64_t> cu_seqlens = {0};
-  // Per sample (or empty: none): how its consumer will check and hash its
-  // rows when it sends them as they are (SentAsIs). A backend whose copies
-  // land on return (the CPU) has the capture copy do it, while the rows it
-  // has just written are in cache: Captures::checked.
-  std::vector<std::optional<RowCheck>> row_checks;
 
-  void AddSample(const std::vector<int32_t>& sample, std::optional<RowCheck> check = std::nullopt);
+  void AddSample(const std::vector<int32_t>& sample);
   int64_t num_samples() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
 };
 
@@ -77,9 +65,6 @@ struct Captures {
   std::vector<int64_t> cu_seqlens = {0};           // the batch's samples
   std::vector<std::unique_ptr<HostBuffer>> samples;  // per sample, as above
   std::shared_ptr<CopyFence> copies;                 // their end (null: nothing to wait for)
-  // Per sample (or empty): what the capture copy found for the sample's
-  // tensors, when it checked them as Batch::row_checks asked.
-  std::vector<std::optional<CheckedRows>> checked;
 
   int64_t num_samples() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
   // Tensor k (index into ids, or ids.size() for the final norm) of sample s: [T_s, hidden].
@@ -90,6 +75,20 @@ struct Captures {
   void FinalNormRow(int64_t t, float* dst) const;
   // Bytes of one sample's buffer.
   size_t SampleBytes(int64_t s) const;
+};
+
+// Told of the captured rows as they are written to host memory, a piece at
+// a time, while the piece just written is still in cache: the batcher's
+// capture check (server/runtime/capture_check.h) reads them there. Only a
+// backend whose copies land on return (the CPU) tells it; on the others the
+// rows are read after the copies' fence.
+class CaptureSink {
+ public:
+  virtual ~CaptureSink() = default;
+  // The next `values` values of tensor `tensor` (index into the capture ids,
+  // or their count for the final norm) of sample `sample`, just written at
+  // `rows` in the activation type; each tensor's pieces come in row order.
+  virtual void Written(int64_t sample, size_t tensor, const void* rows, int64_t values) = 0;
 };
 
 // Host-side rotary table: cos/sin [positions, half_dim] exactly as HF computes
@@ -112,8 +111,9 @@ class Model {
 
   // Runs the batch. With tensor parallelism every rank calls Run with the same
   // batch; rank 0 returns the captures (the others return empty ones). An
-  // error from the backend or a collective fails the whole batch.
-  absl::StatusOr<Captures> Run(const Batch& batch, const CaptureSpec& capture);
+  // error from the backend or a collective fails the whole batch. `sink`,
+  // when set, is told of the rows rank 0 captures (see CaptureSink).
+  absl::StatusOr<Captures> Run(const Batch& batch, const CaptureSpec& capture, CaptureSink* sink = nullptr);
 
   // The softmax scale: qk_head_dim^-0.5 times YaRN's mscale² (model-spec.md §4.2).
   static float SoftmaxScale(const ModelConfig& config);
@@ -129,13 +129,9 @@ class Model {
   absl::Status RunMlp(const MlpWeights& mlp, const Matrix& x, const Matrix& out);
   absl::Status RunMoe(const LayerWeights& layer, const Matrix& x, const Matrix& out);
   absl::Status Embed(const StagedBatch& batch, const Matrix& h);
-  // Per sample of `batch`: the CheckedRows its capture copy fills (one slot
-  // per tensor), where the batch asked for a check of rows of `type` sent as
-  // they are and this backend's copies land on return; else none.
-  std::vector<std::optional<CheckedRows>> PlanRowChecks(const Batch& batch, ElementType type, size_t tensors) const;
-  // CopyToHost of `rows` into `dst` a piece at a time, each piece checked
-  // and hashed (TensorChecker) right after it is written, from cache.
-  TensorEncoding CopyChecked(const Matrix& rows, const RowCheck& check, void* dst);
+  // CopyToHost of `rows` into `dst` a piece at a time, `sink` told of each
+  // piece right after it is written (sample `s`, tensor `k`).
+  void CopyToSink(const Matrix& rows, void* dst, CaptureSink& sink, int64_t s, size_t k);
   // True when this model is one rank of several: split blocks end in partial sums.
   bool split() const;
   // Where a split block writes its partial sum for `out`: `out` itself when

@@ -52,33 +52,6 @@ std::vector<size_t> PackNext(const std::vector<int64_t>& lengths, int64_t max_ba
   return chosen;
 }
 
-CaptureSpec UnionCapture(const std::vector<const CaptureSpec*>& specs) {
-  return CaptureSpec::Union(specs);
-}
-
-SampleStates SelectCaptures(SampleStates states, const CaptureSpec& wanted) {
-  if (states.capture_ids == wanted.ids()) {
-    if (!wanted.final_norm()) states.final_norm.clear();
-    return states;
-  }
-  SampleStates out;
-  out.capture_ids = wanted.ids();
-  out.tokens = states.tokens;
-  out.hidden = states.hidden;
-  const size_t have = states.capture_ids.size();
-  out.hidden_states.resize(out.tokens * wanted.ids().size() * out.hidden);
-  for (size_t w = 0; w < wanted.ids().size(); ++w) {
-    const size_t index = std::find(states.capture_ids.begin(), states.capture_ids.end(), wanted.ids()[w]) -
-                         states.capture_ids.begin();
-    for (int64_t t = 0; t < out.tokens; ++t) {
-      std::copy_n(&states.hidden_states[(t * have + index) * out.hidden], out.hidden,
-                  &out.hidden_states[(t * wanted.ids().size() + w) * out.hidden]);
-    }
-  }
-  if (wanted.final_norm()) out.final_norm = std::move(states.final_norm);
-  return out;
-}
-
 Batcher::Batcher(Engine& engine, const BatcherOptions& options)
     : engine_(engine),
       options_(options),
@@ -163,7 +136,7 @@ void Batcher::Loop() {
         }
       }
     }
-    for (WorkItem& item : dropped) Fail(item, absl::CancelledError("the request was cancelled before it ran"));
+    for (WorkItem& item : dropped) item.deliver(absl::CancelledError("the request was cancelled before it ran"));
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (queue_.empty()) continue;
@@ -192,20 +165,27 @@ void Batcher::Loop() {
 void Batcher::RunBatch(std::vector<WorkItem> items) {
   Batch batch;
   std::vector<const CaptureSpec*> specs;
+  std::vector<std::optional<RowCheck>> checks;
+  std::vector<int64_t> values;
   for (const WorkItem& item : items) {
-    batch.AddSample(item.tokens, item.row_check);
+    batch.AddSample(item.tokens);
     specs.push_back(&item.capture);
+    checks.push_back(item.row_check);
+    values.push_back(static_cast<int64_t>(item.tokens.size()) * engine_.config().hidden_size);
   }
-  const CaptureSpec capture = UnionCapture(specs);
+  const CaptureSpec capture = CaptureSpec::Union(specs);
+  const size_t tensors = capture.ids().size() + (capture.final_norm() ? 1 : 0);
+  auto check = std::make_unique<CaptureCheck>(checks, ActivationType(engine_.options().precision), tensors,
+                                              std::move(values));
   // The copies of the last captures may still run: Deliver waits for them on
   // the delivery thread while the next batch starts here.
-  absl::StatusOr<Captures> captures = engine_.Run(batch, capture, Engine::Copies::kFence);
+  absl::StatusOr<Captures> captures = engine_.Run(batch, capture, Engine::Copies::kFence, check.get());
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++batches_;
     tokens_run_ += static_cast<int64_t>(batch.tokens.size());
   }
-  HandOver({std::move(items), std::move(captures)});
+  HandOver({std::move(items), std::move(captures), std::move(check)});
 }
 
 void Batcher::HandOver(Finished finished) {
@@ -240,25 +220,13 @@ void Batcher::Deliver(Finished finished) {
     if (absl::Status s = engine_.WaitForCopies(*finished.captures); !s.ok()) finished.captures = s;
   }
   if (!finished.captures.ok()) {
-    for (WorkItem& item : items) Fail(item, finished.captures.status());
+    for (WorkItem& item : items) item.deliver(finished.captures.status());
     return;
   }
-  std::vector<SampleView> views = ViewBySample(*std::move(finished.captures));
+  std::vector<SampleTensors> samples = ViewBySample(*std::move(finished.captures));
   for (size_t i = 0; i < items.size(); ++i) {
-    SampleView view = SelectCaptures(std::move(views[i]), items[i].capture);
-    if (items[i].deliver) {
-      items[i].deliver(std::move(view));
-    } else {
-      items[i].done(view.ToStates());
-    }
-  }
-}
-
-void Batcher::Fail(WorkItem& item, const absl::Status& status) {
-  if (item.deliver) {
-    item.deliver(status);
-  } else {
-    item.done(status);
+    finished.check->AttachFindings(static_cast<int64_t>(i), samples[i]);
+    items[i].deliver(SelectCaptures(std::move(samples[i]), items[i].capture));
   }
 }
 

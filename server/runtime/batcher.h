@@ -7,10 +7,12 @@
 // estimate within max_batch_bytes (when set). Nothing waits for a batch to
 // fill: the engine being busy is what lets the queue grow. The batch captures
 // the union of what its samples asked for; each sample's consumer receives
-// exactly its own rows (by cu_seqlens) and its own capture ids: as views of
-// the batch's pooled host buffers (`deliver`, no copy: the buffers go back to
-// the engine's pool when the last view is released) or as a float32 copy
-// (`done`, for tests and tools).
+// exactly its own rows (by cu_seqlens) and its own capture ids, in place in
+// the batch's pooled host buffers (SampleTensors, no copy: the buffers go
+// back to the engine's pool when the last holder lets go). Where a consumer
+// says how it will check the rows it sends as they are (WorkItem::row_check),
+// the batcher's capture check (capture_check.h) runs while the engine copies
+// them out, and the sample's tensors carry what it found.
 //
 // Delivery runs one batch behind the engine, on a thread of its own: while
 // batch N's samples are handed to their consumers (the service encodes each
@@ -36,8 +38,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/model/sample_states.h"
+#include "format/sample_tensors.h"
 #include "server/model/capture_views.h"
+#include "server/runtime/capture_check.h"
 #include "server/runtime/engine.h"
 
 namespace hsx {
@@ -46,21 +49,19 @@ namespace hsx {
 struct WorkItem {
   std::vector<int32_t> tokens;
   CaptureSpec capture;
-  // Exactly one of these is called exactly once, with the sample's rows or
-  // the error that stopped its batch (Cancelled when `abandoned` said so):
-  // `deliver` when set, else `done`. Calls come from the delivery thread, one
-  // at a time; a dropped (abandoned) sample's from the batch thread, which
-  // may overlap a delivery. A consumer that keeps a view keeps its sample's
-  // capture buffer: release it (e.g. after encoding) before returning when
-  // you can.
-  std::function<void(absl::StatusOr<SampleStates>)> done;
+  // Called exactly once, with the sample's rows or the error that stopped
+  // its batch (Cancelled when `abandoned` said so). Calls come from the
+  // delivery thread, one at a time; a dropped (abandoned) sample's from the
+  // batch thread, which may overlap a delivery. A consumer that keeps the
+  // rows keeps its sample's capture buffer: release it (e.g. after encoding)
+  // before returning when you can.
+  std::function<void(absl::StatusOr<SampleTensors>)> deliver;
   // Optional: asked before the sample is packed into a batch; true means its
   // consumer has gone (a cancelled RPC), so it is dropped, not computed.
-  std::function<bool()> abandoned;
-  std::function<void(absl::StatusOr<SampleView>)> deliver = nullptr;  // see `done`
+  std::function<bool()> abandoned = nullptr;
   // Optional: how `deliver`'s consumer checks and hashes the rows it sends as
-  // they are; the capture copy then does it where it can (Batch::row_checks)
-  // and the view says what it found (SampleView::checked).
+  // they are; the batcher's capture check then does it where it can, and
+  // the tensors carry what it found (SampleTensor::findings).
   std::optional<RowCheck> row_check = std::nullopt;
 };
 
@@ -84,9 +85,7 @@ std::vector<size_t> PackNext(const std::vector<int64_t>& lengths, int64_t max_ba
                              size_t lookahead,
                              const std::function<bool(const std::vector<int64_t>&)>& fits = nullptr);
 
-// The union of capture specs, and one sample's part of the union's states.
-CaptureSpec UnionCapture(const std::vector<const CaptureSpec*>& specs);
-SampleStates SelectCaptures(SampleStates states, const CaptureSpec& wanted);
+
 
 class Batcher {
  public:
@@ -113,6 +112,7 @@ class Batcher {
   struct Finished {
     std::vector<WorkItem> items;
     absl::StatusOr<Captures> captures;
+    std::unique_ptr<CaptureCheck> check;  // what it found as the rows were copied
   };
 
   void Loop();
@@ -124,7 +124,6 @@ class Batcher {
   // On the delivery thread: waits for the batch's copies, then hands each
   // sample its rows (or the batch's error).
   void Deliver(Finished finished);
-  static void Fail(WorkItem& item, const absl::Status& status);
 
   Engine& engine_;
   BatcherOptions options_;

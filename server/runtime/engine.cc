@@ -189,10 +189,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Checkpoint& checkpo
 
 int64_t Engine::placed_bytes(int rank) const { return workers_[rank]->state().backend->placed_bytes(); }
 
-absl::StatusOr<Captures> Engine::Run(const Batch& batch, const CaptureSpec& capture, Copies copies) {
+absl::StatusOr<Captures> Engine::Run(const Batch& batch, const CaptureSpec& capture, Copies copies,
+                                     CaptureSink* sink) {
   if (absl::Status lost = this->lost(); !lost.ok()) return lost;
-  absl::Status status = OnEveryRank([&](RankState& s, int) {
-    s.result = s.model->Run(batch, capture);
+  absl::Status status = OnEveryRank([&](RankState& s, int rank) {
+    s.result = s.model->Run(batch, capture, rank == 0 ? sink : nullptr);
     return s.result.status();
   });
   RankState& first = workers_[0]->state();

@@ -77,8 +77,11 @@ class Engine {
   };
 
   // Runs one batch on all ranks. Not thread-safe: one caller (the batcher).
-  // The captures must be released before the engine.
-  absl::StatusOr<Captures> Run(const Batch& batch, const CaptureSpec& capture, Copies copies = Copies::kWait);
+  // The captures must be released before the engine. `sink`, when set, is
+  // told of the captured rows as they are written (Model::Run, CaptureSink),
+  // on rank 0's thread, before Run returns.
+  absl::StatusOr<Captures> Run(const Batch& batch, const CaptureSpec& capture, Copies copies = Copies::kWait,
+                               CaptureSink* sink = nullptr);
   // Waits for the copies of a Run(..., kFence)'s captures; any thread. A copy
   // that failed because its device was lost stops the engine as Run would.
   absl::Status WaitForCopies(const Captures& captures);

@@ -37,31 +37,31 @@ ExtractReactor::ExtractReactor(EncoderOptions encoder_options, CaptureSpec captu
       on_done_(std::move(on_done)),
       start_(absl::Now()) {}
 
-absl::Status ExtractReactor::CheckView(const SampleView& s) const {
+absl::Status ExtractReactor::CheckRows(const SampleTensors& s) const {
   const size_t layers = s.capture_ids.size();
-  const bool shapes_ok = s.tokens == tokens_ && s.capture_ids == capture_.ids() && s.layers.size() == layers &&
-                         (s.final_norm != nullptr) == capture_.final_norm() &&
-                         (s.type == ElementType::kF32 || s.type == ElementType::kBf16);
+  const bool shapes_ok = s.tokens == tokens_ && s.capture_ids == capture_.ids() &&
+                         s.tensors.size() == layers + (capture_.final_norm() ? 1 : 0) &&
+                         (s.dtype == OutputDType::kFp32 || s.dtype == OutputDType::kBf16);
   if (shapes_ok) return absl::OkStatus();
   return absl::InternalError(absl::StrCat("the batcher returned states of ", s.tokens, " tokens and ", layers,
                                           " layers for a request of ", tokens_, " tokens and ",
                                           capture_.ids().size(), " layers"));
 }
 
-void ExtractReactor::Deliver(absl::StatusOr<SampleView> view) {
+void ExtractReactor::Deliver(absl::StatusOr<SampleTensors> rows) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (finish_called_ || cancelled_) return;  // the client went away; the rows are dropped
   }
-  absl::Status status = view.status();
-  if (status.ok()) status = CheckView(*view);
+  absl::Status status = rows.status();
+  if (status.ok()) status = CheckRows(*rows);
   // Encoding (the sample's one pass over its rows) runs outside the lock: a
   // cancellation meanwhile is seen below.
   absl::StatusOr<std::unique_ptr<ResponseEncoder>> encoder =
-      status.ok() ? ResponseEncoder::Create(*std::move(view), encoder_options_,
+      status.ok() ? ResponseEncoder::Create(*std::move(rows), encoder_options_,
                                                       [this](size_t bytes) { return pool_->Get(bytes); })
                   : absl::StatusOr<std::unique_ptr<ResponseEncoder>>(status);
-  view = absl::CancelledError("released");  // the batch's buffers may go back to their pool
+  rows = absl::CancelledError("released");  // the batch's buffers may go back to their pool
   Action action;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -2,14 +2,15 @@
 // last message.
 //
 // Life cycle. The service creates the reactor and queues the sample; the
-// batcher later calls Deliver() on its own thread with views of the batch's
-// captured rows. Deliver() encodes the whole sample at once into the output
-// dtype (checks and checksums in the same pass, see ResponseEncoder), lets go
-// of the views (so the batch's capture buffers go back to their pool as soon
-// as every sample of the batch is delivered) and starts the first write (the
-// Header); it never blocks. Each following message is built in OnWriteDone,
-// when the previous one has been taken by gRPC: a chunk is a few bytes of
-// framing plus a slice aliasing the encoded rows (no copy), so at most one
+// batcher later calls Deliver() on its own thread with the sample's rows in
+// the batch's capture buffers. Deliver() encodes the whole sample at once
+// into the output dtype (checks and checksums in the same pass, see
+// ResponseEncoder), lets go of the rows it does not send from (so the
+// batch's capture buffers go back to their pool as soon as every sample of
+// the batch is delivered) and starts the first write (the Header); it never
+// blocks. Each following message is built in OnWriteDone, when the previous
+// one has been taken by gRPC: a chunk is a few bytes of framing plus a slice
+// aliasing the encoded rows (no copy), so at most one
 // message is in flight per stream. A client that stops reading stalls HTTP/2
 // flow control, OnWriteDone stops coming, and the stream holds its sample
 // encoded (half the float32 size for bf16 and fp16) until it ends.
@@ -38,7 +39,7 @@
 #include "absl/time/time.h"
 #include "format/capture_spec.h"
 #include "format/response_encoder.h"
-#include "format/sample_view.h"
+#include "format/sample_tensors.h"
 #include "hsx/v1/hsx.pb.h"
 #include "server/model/host_buffer_pool.h"
 #include "server/service/metrics.h"
@@ -63,7 +64,7 @@ class ExtractReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                                                 std::function<void(const StreamResult&)> on_done);
 
   // The sample's rows, or the error that stopped its batch. Any thread.
-  void Deliver(absl::StatusOr<SampleView> view);
+  void Deliver(absl::StatusOr<SampleTensors> rows);
   // Ends the stream with `status` before anything was delivered.
   void Fail(grpc::Status status);
   // True once the client cancelled or the stream finished: the batcher then
@@ -90,7 +91,7 @@ class ExtractReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   ExtractReactor(EncoderOptions encoder_options, CaptureSpec capture, int64_t tokens, HostBufferPool* pool,
                  Metrics* metrics, std::function<void(const StreamResult&)> on_done);
-  absl::Status CheckView(const SampleView& view) const;
+  absl::Status CheckRows(const SampleTensors& rows) const;
   Action NextWriteLocked();
   Action FinishLocked(grpc::Status status);
   grpc::Status StalledStatus() const;

@@ -226,10 +226,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Accept(grpc::Ca
   WorkItem item;
   item.tokens = std::move(tokens);
   item.capture = valid->capture;
-  item.row_check = RowCheck{valid->dtype, valid->checksum};  // what ResponseEncoder::CheckInPlace runs
+  item.row_check = RowCheck{valid->dtype, valid->checksum};  // what EncodeSample checks in place
   item.abandoned = [reactor] { return reactor->Abandoned(); };
-  item.deliver = [this, reactor](absl::StatusOr<SampleView> view) {
-    reactor->Deliver(std::move(view));
+  item.deliver = [this, reactor](absl::StatusOr<SampleTensors> rows) {
+    reactor->Deliver(std::move(rows));
     samples_in_batcher_.fetch_sub(1);
     Notify();
   };

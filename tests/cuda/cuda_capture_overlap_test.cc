@@ -27,7 +27,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "server/model/sample_states.h"
+#include "tests/unit/float_states.h"
 #include "server/runtime/batcher.h"
 #include "server/runtime/engine.h"
 #include "tests/common/value_comparison.h"
@@ -277,7 +277,7 @@ TEST(CudaCaptureOverlapModelTest, OverlapOnEqualsOverlapOffBitwise) {
   }
   for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
     SCOPED_TRACE(precision == Precision::kBf16 ? "bf16" : "fp32");
-    std::vector<std::vector<SampleStates>> runs[2];
+    std::vector<std::vector<testing::FloatStates>> runs[2];
     for (int overlap = 0; overlap < 2; ++overlap) {
       ScopedEnv env("HSX_CUDA_CAPTURE_OVERLAP", overlap ? "1" : "0");
       EngineOptions options;
@@ -321,19 +321,19 @@ TEST(CudaCaptureOverlapModelTest, TheBatcherDeliversOnlyLandedRows) {
     for (int32_t& t : tokens) t = static_cast<int32_t>(random() % checkpoint->config().vocab_size);
     samples.push_back(tokens);
   }
-  const CaptureSpec capture = *ParseCaptureSpec("all", checkpoint->config(), true);
-  std::vector<absl::StatusOr<SampleStates>> got(samples.size(), absl::UnknownError("not delivered"));
+  const CaptureSpec capture = CaptureSpec::All(static_cast<int>(checkpoint->config().num_hidden_layers), true);
+  std::vector<absl::StatusOr<testing::FloatStates>> got(samples.size(), absl::UnknownError("not delivered"));
   {
     Batcher batcher(**engine, BatcherOptions{.max_batch_tokens = 512});
     for (size_t i = 0; i < samples.size(); ++i) {
-      WorkItem item{samples[i], capture, [&got, i](absl::StatusOr<SampleStates> s) { got[i] = std::move(s); },
-                    nullptr};
+      WorkItem item{samples[i], capture,
+                    [&got, i](absl::StatusOr<SampleTensors> s) { got[i] = testing::Widen(s); }, nullptr};
       ASSERT_TRUE(batcher.Submit(std::move(item)).ok());
     }
   }
   for (size_t i = 0; i < samples.size(); ++i) {
     ASSERT_TRUE(got[i].ok()) << got[i].status();
-    const std::vector<SampleStates> solo = ::hsx::testing::RunBatch(**engine, {samples[i]});
+    const std::vector<testing::FloatStates> solo = ::hsx::testing::RunBatch(**engine, {samples[i]});
     ASSERT_EQ(solo.size(), 1u);
     EXPECT_TRUE(::hsx::testing::StatesMatch(
         absl::StrCat("sample ", i, " (", samples[i].size(), " tokens) from the batcher vs alone"), *got[i], solo[0]));

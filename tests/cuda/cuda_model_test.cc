@@ -13,7 +13,7 @@
 #include <random>
 
 #include "server/model/random_model.h"
-#include "server/model/sample_states.h"
+#include "tests/unit/float_states.h"
 #include "server/runtime/engine.h"
 #include "tests/common/value_comparison.h"
 #include "tests/cuda/cuda_test_util.h"
@@ -47,7 +47,7 @@ class CudaModelTest : public ::testing::Test {
     return engine.ok() ? *std::move(engine) : nullptr;
   }
 
-  static std::vector<SampleStates> Run(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
+  static std::vector<testing::FloatStates> Run(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
     return ::hsx::testing::RunBatch(engine, samples);
   }
 
@@ -74,8 +74,8 @@ TEST_F(CudaModelTest, MatchesTheCpuBackend) {
     std::mt19937 random(5);
     std::vector<std::vector<int32_t>> samples = {Tokens(random, 1), Tokens(random, 37)};
     if (!::hsx::testing::SmallShapes()) samples.push_back(Tokens(random, 130));
-    const std::vector<SampleStates> got = Run(*gpu, samples);
-    const std::vector<SampleStates> want = Run(*cpu, samples);
+    const std::vector<testing::FloatStates> got = Run(*gpu, samples);
+    const std::vector<testing::FloatStates> want = Run(*cpu, samples);
     ASSERT_EQ(got.size(), samples.size());
     ASSERT_EQ(want.size(), samples.size());
     for (size_t s = 0; s < samples.size(); ++s) {

@@ -17,7 +17,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/common/value_comparison.h"
 #include "server/model/random_model.h"
-#include "server/model/sample_states.h"
+#include "tests/unit/float_states.h"
 #include "server/runtime/engine.h"
 
 namespace hsx::testing {
@@ -93,11 +93,11 @@ inline Checkpoint* WriteTestCheckpoint(const ModelConfig& config, const std::str
 }
 
 // Runs `samples` as one batch on `engine`, capturing every layer and the final
-// norm; one SampleStates per sample (empty, with a test failure, on error).
-inline std::vector<SampleStates> RunBatch(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
+// norm; one FloatStates per sample (empty, with a test failure, on error).
+inline std::vector<FloatStates> RunBatch(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
   Batch batch;
   for (const auto& s : samples) batch.AddSample(s);
-  const CaptureSpec capture = *ParseCaptureSpec("all", engine.config(), true);
+  const CaptureSpec capture = CaptureSpec::All(static_cast<int>(engine.config().num_hidden_layers), true);
   absl::StatusOr<Captures> captures = engine.Run(batch, capture);
   EXPECT_TRUE(captures.ok()) << captures.status();
   if (!captures.ok()) return {};
@@ -107,8 +107,8 @@ inline std::vector<SampleStates> RunBatch(Engine& engine, const std::vector<std:
 // One sample's captures and final norm against another's, bitwise or within
 // tolerance (tests/common/value_comparison.h): a failure names `label`, the
 // tensor ([tokens, layers, hidden] or [tokens, hidden]) and the elements at fault.
-inline ::testing::AssertionResult StatesMatch(const std::string& label, const SampleStates& got,
-                                              const SampleStates& want, double tolerance = 0) {
+inline ::testing::AssertionResult StatesMatch(const std::string& label, const FloatStates& got,
+                                              const FloatStates& want, double tolerance = 0) {
   const ComparedValues captures{absl::StrCat(label, ": hidden_states"),
                                 {want.tokens, static_cast<int64_t>(want.capture_ids.size()), want.hidden}, "fp32"};
   ::testing::AssertionResult result = ValuesMatch(captures, got.hidden_states, want.hidden_states, tolerance);
@@ -123,10 +123,10 @@ inline ::testing::AssertionResult StatesMatch(const std::string& label, const Sa
 // rule); `label` names the case in a failure.
 inline void ExpectBatchedEqualsSolo(Engine& engine, const std::vector<std::vector<int32_t>>& samples,
                                     const std::string& label) {
-  const std::vector<SampleStates> together = RunBatch(engine, samples);
+  const std::vector<FloatStates> together = RunBatch(engine, samples);
   ASSERT_EQ(together.size(), samples.size());
   for (size_t i = 0; i < samples.size(); ++i) {
-    const std::vector<SampleStates> solo = RunBatch(engine, {samples[i]});
+    const std::vector<FloatStates> solo = RunBatch(engine, {samples[i]});
     ASSERT_EQ(solo.size(), 1u);
     EXPECT_TRUE(StatesMatch(absl::StrCat(label, " sample ", i, " of ", samples.size(), " (", samples[i].size(),
                                          " tokens) in the batch vs alone"),
@@ -135,7 +135,7 @@ inline void ExpectBatchedEqualsSolo(Engine& engine, const std::vector<std::vecto
 }
 
 // Relative L2 error of each captured layer (and the final norm) of one sample.
-inline std::vector<double> LayerErrors(const SampleStates& got, const SampleStates& want) {
+inline std::vector<double> LayerErrors(const FloatStates& got, const FloatStates& want) {
   std::vector<double> errors;
   const size_t layer = static_cast<size_t>(want.hidden);
   const size_t layers = want.capture_ids.size();
@@ -157,7 +157,7 @@ inline std::vector<double> LayerErrors(const SampleStates& got, const SampleStat
 
 // The values of capture l (l == capture_ids.size(): the final norm) of one
 // sample, [tokens, hidden].
-inline std::vector<float> CaptureValues(const SampleStates& states, size_t l) {
+inline std::vector<float> CaptureValues(const FloatStates& states, size_t l) {
   const size_t layers = states.capture_ids.size();
   if (l == layers) return states.final_norm;
   std::vector<float> values;
@@ -172,7 +172,7 @@ inline std::vector<float> CaptureValues(const SampleStates& states, size_t l) {
 // Expects every captured layer's relative L2 error within `tolerance`; each
 // layer that is not says so with its error and, element by element at the same
 // relative tolerance, which values are at fault. Returns the worst error.
-inline double ExpectLayersWithinL2(const std::string& label, const SampleStates& got, const SampleStates& want,
+inline double ExpectLayersWithinL2(const std::string& label, const FloatStates& got, const FloatStates& want,
                                    double tolerance) {
   const std::vector<double> errors = LayerErrors(got, want);
   double worst = 0;

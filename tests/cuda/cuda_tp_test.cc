@@ -17,7 +17,7 @@
 #include <string>
 
 #include "server/model/random_model.h"
-#include "server/model/sample_states.h"
+#include "tests/unit/float_states.h"
 #include "server/model/tensor_specs.h"
 #include "server/runtime/engine.h"
 #include "tests/common/value_comparison.h"
@@ -59,7 +59,7 @@ class TensorParallelTest : public ::testing::TestWithParam<Device> {
     return engine.ok() ? *std::move(engine) : nullptr;
   }
 
-  static std::vector<SampleStates> Run(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
+  static std::vector<testing::FloatStates> Run(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
     return ::hsx::testing::RunBatch(engine, samples);
   }
 
@@ -76,8 +76,8 @@ class TensorParallelTest : public ::testing::TestWithParam<Device> {
 
   // Expects every sample's captured layers (and final norm) within relative L2
   // `tolerance` of `want`, naming the values at fault; the worst error.
-  static double ExpectWithin(const std::string& label, const std::vector<SampleStates>& got,
-                             const std::vector<SampleStates>& want, double tolerance) {
+  static double ExpectWithin(const std::string& label, const std::vector<testing::FloatStates>& got,
+                             const std::vector<testing::FloatStates>& want, double tolerance) {
     EXPECT_EQ(got.size(), want.size());
     double worst = 0;
     for (size_t s = 0; s < std::min(got.size(), want.size()); ++s) {
@@ -99,7 +99,7 @@ TEST_P(TensorParallelTest, TpOnOneDeviceEqualsTp1) {
   const std::vector<std::vector<int32_t>> samples = Samples(3, 3, ::hsx::testing::TestSize(200, 40));
   std::unique_ptr<Engine> one = MakeEngine(1);
   ASSERT_TRUE(one);
-  const std::vector<SampleStates> want = Run(*one, samples);
+  const std::vector<testing::FloatStates> want = Run(*one, samples);
   for (const int tp : {2, 4, 8}) {
     SCOPED_TRACE(::testing::Message() << "TP " << tp);
     std::unique_ptr<Engine> split = MakeEngine(tp);
@@ -128,7 +128,7 @@ TEST_P(TensorParallelTest, NcclAcrossGpusEqualsTp1) {
   const std::vector<std::vector<int32_t>> samples = Samples(5, 3, 200);
   std::unique_ptr<Engine> one = MakeEngine(1);
   ASSERT_TRUE(one);
-  const std::vector<SampleStates> want = Run(*one, samples);
+  const std::vector<testing::FloatStates> want = Run(*one, samples);
   for (const int tp : {2, 4, 8}) {
     if (tp > *gpus) break;
     SCOPED_TRACE(::testing::Message() << "NCCL TP " << tp);

@@ -21,7 +21,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn_attention.h"
 #include "server/model/random_model.h"
-#include "server/model/sample_states.h"
+#include "tests/unit/float_states.h"
 #include "server/runtime/device_factory.h"
 #include "server/runtime/engine.h"
 #include "tests/common/value_comparison.h"

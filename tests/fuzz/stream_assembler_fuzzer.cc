@@ -20,8 +20,10 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "format/sample_tensors.h"
 #include "format/stream_assembler.h"
 
 #include <grpcpp/support/byte_buffer.h>
@@ -132,10 +134,8 @@ grpc::ByteBuffer Sliced(const hsx::v1::ExtractResponse& message, size_t cut) {
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  FuzzedDataProvider in(data, size);
+// The expectation and shape of the stream the input asks for.
+Shadow MakeShadow(FuzzedDataProvider& in) {
   Shadow s;
   s.expect.sample_id = "7";
   s.expect.num_tokens = 1 + in.ConsumeIntegralInRange<int64_t>(0, 4);
@@ -153,143 +153,168 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   s.tensors = s.expect.capture_ids;
   if (*s.expect.final_norm) s.tensors.push_back(-1);
   s.received.resize(s.tensors.size());
+  return s;
+}
+
+// The correct next message; `sent` gets the rows a chunk adds.
+hsx::v1::ExtractResponse NextMessage(FuzzedDataProvider& in, const Shadow& s, uint8_t which, std::string* sent) {
+  if (!s.header) return Header(s);
+  if (s.all_done()) return Trailer(s);
+  const int64_t left = s.expect.num_tokens - s.rows;
+  const int64_t count = 1 + which % left;
+  *sent = Bytes(in, static_cast<size_t>(count * s.row_bytes));
+  return Chunk(s.tensors[s.current], s.rows, count, *sent);
+}
+
+// A chunk with one thing wrong: another tensor, a gap, no rows, too many
+// rows, not whole rows, an overlap; any chunk before the header or after the
+// last row.
+hsx::v1::ExtractResponse BadChunk(FuzzedDataProvider& in, const Shadow& s, uint8_t which) {
+  const size_t row = static_cast<size_t>(s.row_bytes);
+  if (!s.header || s.all_done()) return Chunk(s.tensors[0], 0, 1, Bytes(in, row));
+  const int want = s.tensors[s.current];
+  const int64_t left = s.expect.num_tokens - s.rows;
+  if (which % 5 == 1 && s.rows > 0 && which & 0x80) {
+    Bytes(in, row);  // the input as the gap's rows would have consumed it
+    return Chunk(want, s.rows - 1, 1, Bytes(in, row));  // an overlap
+  }
+  switch (which % 5) {
+    case 0: return Chunk(want < 0 ? 0 : want + 1, s.rows, 1, Bytes(in, row));
+    case 1: return Chunk(want, s.rows + 1, 1, Bytes(in, row));  // a gap
+    case 2: return Chunk(want, s.rows, 0, "");
+    case 3: return Chunk(want, s.rows, left + 1, Bytes(in, static_cast<size_t>((left + 1) * s.row_bytes)));
+    default: return Chunk(want, s.rows, 1, Bytes(in, row + 1));  // not whole rows
+  }
+}
+
+// A trailer with one thing wrong (any trailer before the last row is).
+hsx::v1::ExtractResponse BadTrailer(const Shadow& s, uint8_t which) {
+  hsx::v1::ExtractResponse message = Trailer(s);
+  hsx::v1::Trailer* t = message.mutable_trailer();
+  if (!s.all_done()) return message;  // too early is wrong already
+  switch (which % 5) {
+    case 0: t->set_token_ids_xxh64(s.expect.token_ids_xxh64 + 1); break;
+    case 1: t->mutable_checksums()->RemoveLast(); break;
+    case 2: *t->add_checksums() = t->checksums(0); break;  // duplicate
+    case 3: {
+      hsx::v1::TensorChecksum* extra = t->add_checksums();
+      extra->set_capture_id(42);
+      extra->set_xxh64(0);
+      break;
+    }
+    case 4: {
+      hsx::v1::TensorChecksum* c = t->mutable_checksums(which % t->checksums_size());
+      if (s.wire() == hsx::ChecksumKind::kXxh3) {
+        c->set_xxh3_64(c->xxh3_64() ^ 0x10);
+      } else {
+        c->set_xxh64(c->xxh64() ^ 0x10);
+      }
+      break;
+    }
+  }
+  return message;
+}
+
+// The message the op byte asks for; `valid` says whether a correct
+// assembler accepts it (before the trailer).
+hsx::v1::ExtractResponse MakeMessage(FuzzedDataProvider& in, const Shadow& s, uint8_t op, uint8_t which,
+                                     bool* valid, std::string* sent) {
+  *valid = op % 5 == 0;
+  switch (op % 5) {
+    case 0: return NextMessage(in, s, which, sent);
+    case 1: return s.header ? Header(s) : BadHeader(s, which);  // a wrong header (or a second one)
+    case 2: return BadChunk(in, s, which);
+    case 3: return BadTrailer(s, which);
+    default: {  // not a stream message at all
+      hsx::v1::ExtractResponse message;
+      if (which & 1) message.mutable_summary();
+      return message;
+    }
+  }
+}
+
+// The shadow after an accepted message.
+void Advance(Shadow& s, const hsx::v1::ExtractResponse& message, const std::string& sent) {
+  if (message.has_header()) s.header = true;
+  if (!message.has_chunk()) return;
+  s.received[s.current] += sent;
+  s.rows += message.chunk().num_rows();
+  if (s.rows == s.expect.num_tokens) {
+    ++s.current;
+    s.rows = 0;
+  }
+}
+
+// The kept slices hold each tensor's rows, in order, the messages gone.
+void CheckKept(const Shadow& s, const hsx::SampleTensors& kept, const hsx::SampleTensors& sample) {
+  Check(!kept.dropped && kept.tensors.size() == s.tensors.size());
+  for (size_t i = 0; i < s.tensors.size(); ++i) {
+    Check(hsx::TensorString(kept.tensors[i]) == s.received[i]);
+    Check(kept.tensors[i].findings->bad_index == sample.tensors[i].findings->bad_index);
+  }
+}
+
+// Verify-only mode kept nothing and found what the assembler found: the
+// first bad value (NaN != NaN: its bits compared) and, for a tensor without
+// one, whether any value is non-zero (after a bad value the rest of a tensor
+// is not looked at: the error is decided).
+void CheckVerified(const hsx::SampleTensors& verified, const hsx::SampleTensors& sample) {
+  Check(verified.dropped && verified.tensors.size() == sample.tensors.size());
+  for (size_t i = 0; i < sample.tensors.size(); ++i) {
+    const hsx::SampleTensor& got = verified.tensors[i];
+    const hsx::SampleTensor& want = sample.tensors[i];
+    Check(got.pieces.empty() && got.bytes == want.bytes);
+    Check(got.findings->bad_index == want.findings->bad_index);
+    Check(std::memcmp(&got.findings->bad_value, &want.findings->bad_value, sizeof(float)) == 0);
+    Check(want.findings->bad_index >= 0 || got.findings->nonzero == want.findings->nonzero);
+  }
+}
+
+// The assembled block is the shadow's rows, interleaved [T, L, H] as the
+// file holds them; the final norm's block its rows.
+void CheckAssembled(const Shadow& s, const hsx::SampleTensors& sample) {
+  const size_t layers = s.expect.capture_ids.size();
+  Check(sample.tokens == s.expect.num_tokens && sample.hidden == s.hidden);
+  Check(sample.capture_ids == s.expect.capture_ids && sample.has_final_norm() == *s.expect.final_norm);
+  const std::string_view hidden(reinterpret_cast<const char*>(sample.tensors[0].pieces[0].data()),
+                                static_cast<size_t>(sample.layer_bytes()));
+  for (int64_t t = 0; t < s.expect.num_tokens; ++t) {
+    for (size_t l = 0; l < layers; ++l) {
+      Check(hidden.compare((t * layers + l) * s.row_bytes, s.row_bytes, s.received[l], t * s.row_bytes,
+                           s.row_bytes) == 0);
+    }
+  }
+  if (*s.expect.final_norm) Check(hsx::TensorString(sample.tensors.back()) == s.received.back());
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  Shadow s = MakeShadow(in);
   hsx::StreamAssembler assembler(s.expect);
   hsx::StreamAssembler verifier(s.expect, hsx::StreamAssembler::Mode::kVerifyOnly);
   hsx::StreamAssembler keeper(s.expect, hsx::StreamAssembler::Mode::kKeepReceived);
   const size_t cut = 1 + in.ConsumeIntegralInRange<size_t>(0, 12);
-
   while (in.remaining_bytes() > 0) {
     const uint8_t op = in.ConsumeIntegral<uint8_t>();
     const uint8_t which = in.ConsumeIntegral<uint8_t>();
     bool valid = true;
-    hsx::v1::ExtractResponse message;
     std::string sent;  // rows a valid chunk adds
-    switch (op % 5) {
-      case 0: {  // the correct next message
-        if (!s.header) {
-          message = Header(s);
-        } else if (!s.all_done()) {
-          const int64_t left = s.expect.num_tokens - s.rows;
-          const int64_t count = 1 + which % left;
-          sent = Bytes(in, static_cast<size_t>(count * s.row_bytes));
-          message = Chunk(s.tensors[s.current], s.rows, count, sent);
-        } else {
-          message = Trailer(s);
-        }
-        break;
-      }
-      case 1:  // a wrong header (or a second one)
-        message = s.header ? Header(s) : BadHeader(s, which);
-        valid = false;
-        break;
-      case 2: {  // a wrong chunk
-        valid = false;
-        if (!s.header || s.all_done()) {
-          message = Chunk(s.tensors[0], 0, 1, Bytes(in, static_cast<size_t>(s.row_bytes)));
-          break;
-        }
-        const int want = s.tensors[s.current];
-        const int64_t left = s.expect.num_tokens - s.rows;
-        switch (which % 5) {
-          case 0: message = Chunk(want < 0 ? 0 : want + 1, s.rows, 1, Bytes(in, static_cast<size_t>(s.row_bytes))); break;
-          case 1: message = Chunk(want, s.rows + 1, 1, Bytes(in, static_cast<size_t>(s.row_bytes))); break;  // a gap
-          case 2: message = Chunk(want, s.rows, 0, ""); break;
-          case 3: message = Chunk(want, s.rows, left + 1, Bytes(in, static_cast<size_t>((left + 1) * s.row_bytes))); break;
-          case 4: message = Chunk(want, s.rows, 1, Bytes(in, static_cast<size_t>(s.row_bytes + 1))); break;  // not whole rows
-        }
-        if (which % 5 == 1 && s.rows > 0 && which & 0x80) {
-          message = Chunk(want, s.rows - 1, 1, Bytes(in, static_cast<size_t>(s.row_bytes)));  // an overlap
-        }
-        break;
-      }
-      case 3: {  // a wrong trailer
-        valid = false;
-        message = Trailer(s);
-        hsx::v1::Trailer* t = message.mutable_trailer();
-        if (!s.all_done()) break;  // too early is wrong already
-        switch (which % 5) {
-          case 0: t->set_token_ids_xxh64(s.expect.token_ids_xxh64 + 1); break;
-          case 1: t->mutable_checksums()->RemoveLast(); break;
-          case 2: *t->add_checksums() = t->checksums(0); break;  // duplicate
-          case 3: {
-            hsx::v1::TensorChecksum* extra = t->add_checksums();
-            extra->set_capture_id(42);
-            extra->set_xxh64(0);
-            break;
-          }
-          case 4: {
-            hsx::v1::TensorChecksum* c = t->mutable_checksums(which % t->checksums_size());
-            if (s.wire() == hsx::ChecksumKind::kXxh3) {
-              c->set_xxh3_64(c->xxh3_64() ^ 0x10);
-            } else {
-              c->set_xxh64(c->xxh64() ^ 0x10);
-            }
-            break;
-          }
-        }
-        break;
-      }
-      case 4:  // not a stream message at all
-        if (which & 1) message.mutable_summary();
-        valid = false;
-        break;
-    }
+    const hsx::v1::ExtractResponse message = MakeMessage(in, s, op, which, &valid, &sent);
     if (assembler.complete()) valid = false;  // nothing may follow the trailer
     const absl::Status status = assembler.Consume(message);
     Check(status.ok() == valid);
     Check(verifier.Consume(Sliced(message, cut)) == status);
     Check(keeper.Consume(Sliced(message, cut + 1)) == status);
     if (!status.ok()) return 0;
-    if (message.has_header()) s.header = true;
-    if (message.has_chunk()) {
-      s.received[s.current] += sent;
-      s.rows += message.chunk().num_rows();
-      if (s.rows == s.expect.num_tokens) {
-        ++s.current;
-        s.rows = 0;
-      }
-    }
+    Advance(s, message, sent);
   }
   if (!assembler.complete()) return 0;
-  // A complete stream: the file bytes are the shadow's rows, interleaved [T, L, H].
-  Check(verifier.complete());
-  const hsx::EncodedSample sample = assembler.Take();
-  const hsx::EncodedSample verified = verifier.Take();
-  // The kept slices hold each tensor's rows, in order, the messages gone.
-  Check(keeper.complete());
-  const hsx::EncodedSample kept = keeper.Take();
-  Check(kept.received && kept.received->tensors.size() == s.tensors.size());
-  for (size_t i = 0; i < s.tensors.size(); ++i) {
-    std::string bytes;
-    for (const hsx::BytePiece& piece : kept.received->tensors[i]) bytes.append(piece.begin(), piece.end());
-    Check(bytes == s.received[i]);
-  }
-  Check(kept.values_checked->first_bad == sample.values_checked->first_bad);
-  Check(verified.dropped && verified.hidden_states.empty() && verified.final_norm.empty());
-  Check(verified.hidden_states_bytes() == static_cast<int64_t>(sample.hidden_states.size()) &&
-        verified.final_norm_bytes() == static_cast<int64_t>(sample.final_norm.size()));
-  // The same findings: the first bad value (NaN != NaN: its bits compared)
-  // and, for a tensor without one, whether any value is non-zero (after a
-  // bad value the rest of a tensor is not looked at: the error is decided).
-  const hsx::EncodedValueCheck& got = *verified.values_checked;
-  const hsx::EncodedValueCheck& want = *sample.values_checked;
-  Check(got.first_bad == want.first_bad);
-  for (size_t i = 0; i < want.first_bad.size(); ++i) {
-    Check(std::memcmp(&got.bad_value[i], &want.bad_value[i], sizeof(float)) == 0);
-    Check(want.first_bad[i] >= 0 || got.nonzero[i] == want.nonzero[i]);
-  }
-  const size_t layers = s.expect.capture_ids.size();
-  Check(sample.tokens == s.expect.num_tokens && sample.hidden == s.hidden);
-  Check(sample.capture_ids == s.expect.capture_ids && sample.has_final_norm == *s.expect.final_norm);
-  for (int64_t t = 0; t < s.expect.num_tokens; ++t) {
-    for (size_t l = 0; l < layers; ++l) {
-      Check(sample.hidden_states.view().compare((t * layers + l) * s.row_bytes, s.row_bytes, s.received[l],
-                                         t * s.row_bytes, s.row_bytes) == 0);
-    }
-    if (*s.expect.final_norm) {
-      Check(sample.final_norm.view().compare(t * s.row_bytes, s.row_bytes, s.received.back(), t * s.row_bytes,
-                                      s.row_bytes) == 0);
-    }
-  }
+  Check(verifier.complete() && keeper.complete());
+  const hsx::SampleTensors sample = assembler.Take();
+  CheckVerified(verifier.Take(), sample);
+  CheckKept(s, keeper.Take(), sample);
+  CheckAssembled(s, sample);
   return 0;
 }

@@ -21,16 +21,22 @@
 #include "kernels/device_lost.h"
 #include "kernels/forwarding_backend.h"
 #include "server/model/random_model.h"
-#include "server/model/sample_states.h"
+#include "server/model/capture_views.h"
+#include "server/runtime/capture_check.h"
 #include "server/runtime/batcher.h"
 #include "server/runtime/engine.h"
 #include "server/service/device_loss.h"
 #include "server/service/health.h"
 #include "server/service/metrics.h"
+#include "tests/unit/float_states.h"
 #include "tests/unit/test_util.h"
 
 namespace hsx {
 namespace {
+
+using ::hsx::testing::FloatStates;
+using ::hsx::testing::SplitBySample;
+using ::hsx::testing::Widen;
 
 using ::hsx::testing::TempDir;
 
@@ -163,11 +169,11 @@ class EngineTest : public ::testing::Test {
     batch.AddSample({9, 8, 7});
     return batch;
   }
-  static CaptureSpec AllLayers() { return *ParseCaptureSpec("all", checkpoint_->config(), true); }
+  static CaptureSpec AllLayers() { return CaptureSpec::All(static_cast<int>(checkpoint_->config().num_hidden_layers), true); }
 
   // Runs a batch on another thread; fails the test instead of hanging.
-  static absl::StatusOr<std::vector<SampleStates>> RunBounded(Engine& engine) {
-    auto result = std::async(std::launch::async, [&]() -> absl::StatusOr<std::vector<SampleStates>> {
+  static absl::StatusOr<std::vector<FloatStates>> RunBounded(Engine& engine) {
+    auto result = std::async(std::launch::async, [&]() -> absl::StatusOr<std::vector<FloatStates>> {
       const Batch batch = TestBatch();
       absl::StatusOr<Captures> captures = engine.Run(batch, AllLayers());
       if (!captures.ok()) return captures.status();
@@ -206,7 +212,7 @@ TEST_F(EngineTest, AFailingRankFailsTheBatchEverywhereAndTheNextBatchRuns) {
   absl::StatusOr<std::unique_ptr<Engine>> clean =
       Engine::Create(*checkpoint_, {.tp = 2, .precision = Precision::kBf16, .threads = 2});
   ASSERT_TRUE(clean.ok()) << clean.status();
-  const absl::StatusOr<std::vector<SampleStates>> expected = RunBounded(**clean);
+  const absl::StatusOr<std::vector<FloatStates>> expected = RunBounded(**clean);
   ASSERT_TRUE(expected.ok()) << expected.status();
 
   for (const int tp : {2, 4}) {
@@ -219,7 +225,7 @@ TEST_F(EngineTest, AFailingRankFailsTheBatchEverywhereAndTheNextBatchRuns) {
       ASSERT_TRUE(engine.ok()) << engine.status();
       // Mid-batch: the 5th Linear (layer 0's attention) or the 12th allocation.
       (in_allocate ? fault.allocate_call : fault.linear_call) = in_allocate ? 12 : 5;
-      const absl::StatusOr<std::vector<SampleStates>> failed = RunBounded(**engine);
+      const absl::StatusOr<std::vector<FloatStates>> failed = RunBounded(**engine);
       ASSERT_FALSE(failed.ok());
       EXPECT_EQ(failed.status().code(), in_allocate ? absl::StatusCode::kResourceExhausted
                                                     : absl::StatusCode::kDataLoss)
@@ -228,7 +234,7 @@ TEST_F(EngineTest, AFailingRankFailsTheBatchEverywhereAndTheNextBatchRuns) {
 
       fault.linear_call = 0;
       fault.allocate_call = 0;
-      const absl::StatusOr<std::vector<SampleStates>> next = RunBounded(**engine);
+      const absl::StatusOr<std::vector<FloatStates>> next = RunBounded(**engine);
       ASSERT_TRUE(next.ok()) << next.status();
       if (tp == 2) {
         ASSERT_EQ(next->size(), expected->size());
@@ -254,13 +260,13 @@ TEST_F(EngineTest, AnOpErrorOfARankThatLeftEarlyDoesNotFailTheNextBatch) {
   factory->faulty()->ResetCounts();
   fault.linear_call = 1;
   fault.allocate_call = 12;  // after the first Linear: layer 0 has allocated 6 scratch matrices by then
-  const absl::StatusOr<std::vector<SampleStates>> failed = RunBounded(**engine);
+  const absl::StatusOr<std::vector<FloatStates>> failed = RunBounded(**engine);
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted) << failed.status();
 
   fault.linear_call = 0;
   fault.allocate_call = 0;
-  const absl::StatusOr<std::vector<SampleStates>> next = RunBounded(**engine);
+  const absl::StatusOr<std::vector<FloatStates>> next = RunBounded(**engine);
   EXPECT_TRUE(next.ok()) << next.status();
 }
 
@@ -288,7 +294,7 @@ TEST_F(EngineTest, ALostDeviceFailsTheBatchEverywhereAndEveryLaterOne) {
     EXPECT_TRUE((*engine)->lost().ok());
 
     (in_allocate ? fault.allocate_call : fault.linear_call) = in_allocate ? 12 : 5;
-    const absl::StatusOr<std::vector<SampleStates>> failed = RunBounded(**engine);
+    const absl::StatusOr<std::vector<FloatStates>> failed = RunBounded(**engine);
     ASSERT_FALSE(failed.ok());
     const absl::Status& status = failed.status();
     EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
@@ -310,7 +316,7 @@ TEST_F(EngineTest, ALostDeviceFailsTheBatchEverywhereAndEveryLaterOne) {
     fault.allocate_call = 0;
     const int stages = fault.stages;
     for (int i = 0; i < 2; ++i) {
-      const absl::StatusOr<std::vector<SampleStates>> later = RunBounded(**engine);
+      const absl::StatusOr<std::vector<FloatStates>> later = RunBounded(**engine);
       ASSERT_FALSE(later.ok());
       EXPECT_EQ(later.status(), status);
     }
@@ -331,7 +337,7 @@ TEST_F(EngineTest, AGroupThatCannotBeReArmedStopsTheEngine) {
   ASSERT_TRUE(engine.ok()) << engine.status();
   fault.reset_fails = true;
   fault.allocate_call = 12;  // an ordinary error; the abort and the failed re-arming follow
-  const absl::StatusOr<std::vector<SampleStates>> failed = RunBounded(**engine);
+  const absl::StatusOr<std::vector<FloatStates>> failed = RunBounded(**engine);
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
   EXPECT_TRUE(IsDeviceLost(failed.status()));
@@ -375,7 +381,7 @@ class DeviceLossServingTest : public EngineTest {
       WorkItem item;
       item.tokens = {1, 2, 3, 4, 5, 6, 7};
       item.capture = AllLayers();
-      item.done = [&](absl::StatusOr<SampleStates> states) {
+      item.deliver = [&](absl::StatusOr<SampleTensors> states) {
         std::lock_guard<std::mutex> lock(mutex);
         statuses.push_back(states.status());
         done.notify_all();
@@ -420,7 +426,7 @@ TEST_F(DeviceLossServingTest, ALostDeviceTurnsTheServerNotServingAndFailsQueuedA
   WorkItem later;
   later.tokens = {1, 2, 3};
   later.capture = AllLayers();
-  later.done = [](absl::StatusOr<SampleStates>) { ADD_FAILURE() << "a refused sample was answered"; };
+  later.deliver = [](absl::StatusOr<SampleTensors>) { ADD_FAILURE() << "a refused sample was answered"; };
   EXPECT_EQ(batcher_->Submit(std::move(later)), statuses.front());
   EXPECT_EQ(batcher_->device_lost(), statuses.front());
 }
@@ -549,11 +555,11 @@ TEST_F(EngineTest, CapturesCopiedAfterRunReturnsAreWaitedForBeforeDelivery) {
   ASSERT_TRUE(plain.ok()) << plain.status();
   const std::vector<std::vector<int32_t>> samples = {{1, 2, 3, 4, 5}, {9, 8, 7}, {4, 4, 4, 4, 4, 4}, {2},
                                                      {5, 6, 7, 8}, {3, 1, 4, 1, 5, 9}, {7, 7}};
-  std::vector<absl::StatusOr<SampleStates>> got(samples.size(), absl::UnknownError("not delivered"));
+  std::vector<absl::StatusOr<FloatStates>> got(samples.size(), absl::UnknownError("not delivered"));
   {
     Batcher batcher(**late, BatcherOptions{.max_batch_tokens = 8});
     for (size_t i = 0; i < samples.size(); ++i) {
-      WorkItem item{samples[i], AllLayers(), [&got, i](absl::StatusOr<SampleStates> s) { got[i] = std::move(s); },
+      WorkItem item{samples[i], AllLayers(), [&got, i](absl::StatusOr<SampleTensors> s) { got[i] = Widen(s); },
                     nullptr};
       ASSERT_TRUE(batcher.Submit(std::move(item)).ok());
     }
@@ -564,7 +570,7 @@ TEST_F(EngineTest, CapturesCopiedAfterRunReturnsAreWaitedForBeforeDelivery) {
     solo.AddSample(samples[i]);
     absl::StatusOr<Captures> want = (*plain)->Run(solo, AllLayers());
     ASSERT_TRUE(want.ok()) << want.status();
-    const SampleStates expected = SplitBySample(*want, solo.cu_seqlens)[0];
+    const FloatStates expected = SplitBySample(*want, solo.cu_seqlens)[0];
     EXPECT_EQ(got[i]->hidden_states, expected.hidden_states) << "sample " << i;
     EXPECT_EQ(got[i]->final_norm, expected.final_norm) << "sample " << i;
   }
@@ -574,17 +580,18 @@ TEST_F(EngineTest, CapturesCopiedAfterRunReturnsAreWaitedForBeforeDelivery) {
   ASSERT_TRUE(waited.ok()) << waited.status();
   absl::StatusOr<Captures> reference = (*plain)->Run(batch, AllLayers());
   ASSERT_TRUE(reference.ok()) << reference.status();
-  const std::vector<SampleStates> a = SplitBySample(*waited, batch.cu_seqlens);
-  const std::vector<SampleStates> b = SplitBySample(*reference, batch.cu_seqlens);
+  const std::vector<FloatStates> a = SplitBySample(*waited, batch.cu_seqlens);
+  const std::vector<FloatStates> b = SplitBySample(*reference, batch.cu_seqlens);
   for (size_t s = 0; s < a.size(); ++s) EXPECT_EQ(a[s].hidden_states, b[s].hidden_states) << "sample " << s;
 }
 
-// Where copies land on return (the CPU backend), the capture copy checks and
-// hashes each sample's rows as their consumer asked (Batch::row_checks):
-// exactly what CheckTensor gives over the rows in the buffer, tensor by
-// tensor, for every sample that asked for a check of rows sent as they are,
-// and nothing for the others; rank 0 does it with tensor parallelism too. A
-// backend whose copies land later (LateCopyBackend) leaves it to the consumer.
+// Where copies land on return (the CPU backend), the engine tells the
+// batcher's capture check (CaptureCheck) of the rows it copies, and the check
+// finds in each sample's tensors what their consumer asked for: exactly what
+// CheckTensor gives over the rows in the buffer, tensor by tensor, for every
+// sample that asked for a check of rows sent as they are, and nothing for the
+// others; rank 0 does it with tensor parallelism too. A backend whose copies
+// land later (LateCopyBackend) leaves it to the consumer.
 TEST_F(EngineTest, TheCaptureCopyChecksTheRowsAsTheirConsumerAsked) {
   const int64_t hidden = checkpoint_->config().hidden_size;
   // Sample 3 is long enough that its copy is checked in several pieces and a partial one.
@@ -597,10 +604,12 @@ TEST_F(EngineTest, TheCaptureCopyChecksTheRowsAsTheirConsumerAsked) {
                                                          RowCheck{OutputDType::kFp16, ChecksumKind::kXxh64},
                                                          RowCheck{as_is, ChecksumKind::kXxh64}};
     Batch batch;
-    batch.AddSample({1, 2, 3, 4, 5, 6, 7}, checks[0]);
-    batch.AddSample({9, 8, 7}, checks[1]);
-    batch.AddSample({4, 4, 4}, checks[2]);
-    batch.AddSample(long_tokens, checks[3]);
+    for (const std::vector<int32_t>& tokens : {std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7}, std::vector<int32_t>{9, 8, 7},
+                                                std::vector<int32_t>{4, 4, 4}, long_tokens}) {
+      batch.AddSample(tokens);
+    }
+    std::vector<int64_t> values;
+    for (int64_t s = 0; s < 4; ++s) values.push_back((batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]) * hidden);
     for (const bool late : {false, true}) {
       for (const int tp : {1, 2}) {
         if (late && tp == 2) continue;
@@ -612,20 +621,23 @@ TEST_F(EngineTest, TheCaptureCopyChecksTheRowsAsTheirConsumerAsked) {
         absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);
         ASSERT_TRUE(engine.ok()) << engine.status();
         for (const CaptureSpec& spec : {AllLayers(), *CaptureSpec::Make({0}, false, 3)}) {
-          absl::StatusOr<Captures> captures = (*engine)->Run(batch, spec);
-          ASSERT_TRUE(captures.ok()) << captures.status();
-          ASSERT_EQ(captures->checked.size(), 4u);
           const size_t tensors = spec.ids().size() + (spec.final_norm() ? 1 : 0);
+          CaptureCheck check(checks, ActivationType(precision), tensors, values);
+          absl::StatusOr<Captures> captures = (*engine)->Run(batch, spec, Engine::Copies::kWait, &check);
+          ASSERT_TRUE(captures.ok()) << captures.status();
+          std::vector<SampleTensors> samples = ViewBySample(*std::move(captures));
+          ASSERT_EQ(samples.size(), 4u);
           for (int64_t s = 0; s < 4; ++s) {
+            check.AttachFindings(s, samples[s]);
             const bool want = !late && checks[s].has_value() && checks[s]->dtype == as_is;
-            ASSERT_EQ(captures->checked[s].has_value(), want) << "sample " << s;
-            if (!want) continue;
-            EXPECT_EQ(captures->checked[s]->check, *checks[s]);
-            ASSERT_EQ(captures->checked[s]->tensors.size(), tensors);
-            const int64_t count = (batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]) * hidden;
+            ASSERT_EQ(samples[s].tensors.size(), tensors);
             for (size_t k = 0; k < tensors; ++k) {
-              const TensorEncoding got = captures->checked[s]->tensors[k];
-              const TensorEncoding wanted = CheckTensor(captures->Tensor(s, k), count, as_is, checks[s]->checksum);
+              const SampleTensor& tensor = samples[s].tensors[k];
+              ASSERT_EQ(tensor.findings.has_value(), want) << "sample " << s << " tensor " << k;
+              if (!want) continue;
+              const TensorFindings got = *tensor.findings;
+              const TensorFindings wanted = CheckTensor(tensor.pieces[0].data(), values[s], as_is, checks[s]->checksum);
+              EXPECT_EQ(got.checksum_kind, checks[s]->checksum) << "sample " << s << " tensor " << k;
               EXPECT_EQ(got.checksum, wanted.checksum) << "sample " << s << " tensor " << k;
               EXPECT_EQ(got.bad_index, -1) << "sample " << s << " tensor " << k;
               EXPECT_TRUE(got.nonzero) << "sample " << s << " tensor " << k;
@@ -654,7 +666,7 @@ TEST_F(EngineTest, ACopyThatLosesItsDeviceStopsTheEngine) {
     Batcher batcher(**engine, BatcherOptions{.max_batch_tokens = 8});
     for (size_t i = 0; i < statuses.size(); ++i) {
       WorkItem item{{1, 2, 3, 4, 5, 6}, AllLayers(),
-                    [&statuses, i](absl::StatusOr<SampleStates> s) { statuses[i] = s.status(); }, nullptr};
+                    [&statuses, i](absl::StatusOr<SampleTensors> s) { statuses[i] = s.status(); }, nullptr};
       ASSERT_TRUE(batcher.Submit(std::move(item)).ok());
     }
   }

@@ -9,17 +9,20 @@
 
 #include "gtest/gtest.h"
 #include "server/model/random_model.h"
-#include "server/model/sample_states.h"
 #include "server/runtime/batcher.h"
 #include "server/runtime/engine.h"
+#include "tests/unit/float_states.h"
 #include "tests/unit/test_util.h"
 
 namespace hsx {
 namespace {
 
+using ::hsx::testing::FloatStates;
+using ::hsx::testing::SplitBySample;
 using ::hsx::testing::TempDir;
+using ::hsx::testing::Widen;
 
-std::vector<SampleStates> RunBatchFree(Engine& engine, const std::vector<std::vector<int32_t>>& samples,
+std::vector<FloatStates> RunBatchFree(Engine& engine, const std::vector<std::vector<int32_t>>& samples,
                                        const CaptureSpec& capture) {
   Batch batch;
   for (const auto& s : samples) batch.AddSample(s);
@@ -55,9 +58,9 @@ class InvarianceTest : public ::testing::Test {
     return *engine;
   }
 
-  static CaptureSpec AllLayers() { return *ParseCaptureSpec("all", checkpoint_->config(), true); }
+  static CaptureSpec AllLayers() { return CaptureSpec::All(static_cast<int>(checkpoint_->config().num_hidden_layers), true); }
 
-  static std::vector<SampleStates> RunBatch(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
+  static std::vector<FloatStates> RunBatch(Engine& engine, const std::vector<std::vector<int32_t>>& samples) {
     return RunBatchFree(engine, samples, AllLayers());
   }
 
@@ -74,7 +77,7 @@ std::vector<int32_t> RandomTokens(std::mt19937& random, int64_t length, int64_t 
   return tokens;
 }
 
-bool SameStates(const SampleStates& a, const SampleStates& b) {
+bool SameStates(const FloatStates& a, const FloatStates& b) {
   return a.tokens == b.tokens && a.capture_ids == b.capture_ids && a.hidden_states == b.hidden_states &&
          a.final_norm == b.final_norm;
 }
@@ -89,7 +92,7 @@ double RelativeError(const std::vector<float>& got, const std::vector<float>& wa
 }
 
 // Indices of the samples whose batched states differ from their solo runs.
-std::vector<size_t> Mismatches(const std::vector<SampleStates>& batched, const std::vector<SampleStates>& solo) {
+std::vector<size_t> Mismatches(const std::vector<FloatStates>& batched, const std::vector<FloatStates>& solo) {
   std::vector<size_t> bad;
   for (size_t i = 0; i < solo.size(); ++i) {
     if (i >= batched.size() || !SameStates(batched[i], solo[i])) bad.push_back(i);
@@ -99,18 +102,18 @@ std::vector<size_t> Mismatches(const std::vector<SampleStates>& batched, const s
 
 // Packs `samples` with random budgets through the batcher's packing rule and
 // returns each sample's states, in input order.
-std::vector<SampleStates> RunPacked(Engine& engine, const std::vector<std::vector<int32_t>>& samples,
+std::vector<FloatStates> RunPacked(Engine& engine, const std::vector<std::vector<int32_t>>& samples,
                                     int64_t budget, const CaptureSpec& capture) {
   std::vector<size_t> pending(samples.size());
   for (size_t i = 0; i < samples.size(); ++i) pending[i] = i;
-  std::vector<SampleStates> out(samples.size());
+  std::vector<FloatStates> out(samples.size());
   while (!pending.empty()) {
     std::vector<int64_t> lengths;
     for (size_t i : pending) lengths.push_back(static_cast<int64_t>(samples[i].size()));
     std::vector<size_t> chosen = PackNext(lengths, budget, 64);
     std::vector<std::vector<int32_t>> batch;
     for (size_t c : chosen) batch.push_back(samples[pending[c]]);
-    std::vector<SampleStates> states = RunBatchFree(engine, batch, capture);
+    std::vector<FloatStates> states = RunBatchFree(engine, batch, capture);
     for (size_t k = 0; k < chosen.size(); ++k) out[pending[chosen[k]]] = std::move(states[k]);
     for (auto it = chosen.rbegin(); it != chosen.rend(); ++it) pending.erase(pending.begin() + *it);
   }
@@ -127,15 +130,15 @@ TEST_F(InvarianceTest, BatchedEqualsSoloBitForBitOverManySeeds) {
         const int count = 2 + random() % 6;
         std::vector<std::vector<int32_t>> samples;
         for (int i = 0; i < count; ++i) samples.push_back(RandomTokens(random, 1 + random() % 48, vocab));
-        std::vector<SampleStates> solo;
+        std::vector<FloatStates> solo;
         for (const auto& s : samples) solo.push_back(RunBatch(engine, {s})[0]);
         const int64_t budget = 48 + random() % 160;
-        std::vector<SampleStates> packed = RunPacked(engine, samples, budget, AllLayers());
+        std::vector<FloatStates> packed = RunPacked(engine, samples, budget, AllLayers());
         EXPECT_TRUE(Mismatches(packed, solo).empty())
             << "seed " << seed << " tp " << tp << " budget " << budget;
         // Reversed order, all in one batch.
         std::vector<std::vector<int32_t>> reversed(samples.rbegin(), samples.rend());
-        std::vector<SampleStates> together = RunBatch(engine, reversed);
+        std::vector<FloatStates> together = RunBatch(engine, reversed);
         std::reverse(together.begin(), together.end());
         EXPECT_TRUE(Mismatches(together, solo).empty()) << "seed " << seed << " tp " << tp;
       }
@@ -156,7 +159,7 @@ TEST_F(InvarianceTest, LongSamplesBatchedEqualSoloBitForBit) {
         for (int64_t length : {int64_t{300}, 1 + static_cast<int64_t>(random() % 20), 65 + static_cast<int64_t>(random() % 100)}) {
           samples.push_back(RandomTokens(random, length, vocab));
         }
-        std::vector<SampleStates> solo;
+        std::vector<FloatStates> solo;
         for (const auto& s : samples) solo.push_back(RunBatch(engine, {s})[0]);
         EXPECT_TRUE(Mismatches(RunBatch(engine, samples), solo).empty()) << "seed " << seed << " tp " << tp;
       }
@@ -168,9 +171,9 @@ TEST_F(InvarianceTest, TensorParallelDegreesAgreeWithinFloat32Rounding) {
   std::mt19937 random(77);
   std::vector<std::vector<int32_t>> samples;
   for (int64_t length : {1, 7, 33, 64}) samples.push_back(RandomTokens(random, length, checkpoint_->config().vocab_size));
-  std::vector<SampleStates> reference = RunBatch(GetEngine(1, Precision::kFp32), samples);
+  std::vector<FloatStates> reference = RunBatch(GetEngine(1, Precision::kFp32), samples);
   for (int tp : {2, 4, 8}) {
-    std::vector<SampleStates> split = RunBatch(GetEngine(tp, Precision::kFp32), samples);
+    std::vector<FloatStates> split = RunBatch(GetEngine(tp, Precision::kFp32), samples);
     for (size_t i = 0; i < samples.size(); ++i) {
       EXPECT_LE(RelativeError(split[i].hidden_states, reference[i].hidden_states), 1e-5) << "tp " << tp;
       EXPECT_LE(RelativeError(split[i].final_norm, reference[i].final_norm), 1e-5) << "tp " << tp;
@@ -180,7 +183,7 @@ TEST_F(InvarianceTest, TensorParallelDegreesAgreeWithinFloat32Rounding) {
 
 // A split that puts one row of each sample into its neighbour: what a wrong
 // cu_seqlens would do. The invariance check must notice.
-std::vector<SampleStates> SplitOffByOne(const Captures& captures, std::vector<int64_t> cu_seqlens) {
+std::vector<FloatStates> SplitOffByOne(const Captures& captures, std::vector<int64_t> cu_seqlens) {
   for (size_t s = 1; s + 1 < cu_seqlens.size(); ++s) cu_seqlens[s] -= 1;
   return SplitBySample(captures, cu_seqlens);
 }
@@ -190,7 +193,7 @@ TEST_F(InvarianceTest, AnOffByOneSplitIsCaught) {
   std::mt19937 random(5);
   std::vector<std::vector<int32_t>> samples;
   for (int64_t length : {9, 4, 12}) samples.push_back(RandomTokens(random, length, checkpoint_->config().vocab_size));
-  std::vector<SampleStates> solo;
+  std::vector<FloatStates> solo;
   for (const auto& s : samples) solo.push_back(RunBatch(engine, {s})[0]);
   Batch batch;
   for (const auto& s : samples) batch.AddSample(s);
@@ -204,7 +207,7 @@ TEST_F(InvarianceTest, SamplesOf512And259TokensComeBackWhole) {
   Engine& engine = GetEngine(1, Precision::kBf16);
   std::mt19937 random(1);
   const std::vector<std::vector<int32_t>> samples = {RandomTokens(random, 512, 512), RandomTokens(random, 259, 512)};
-  std::vector<SampleStates> states = RunBatch(engine, samples);
+  std::vector<FloatStates> states = RunBatch(engine, samples);
   ASSERT_EQ(states.size(), 2u);
   const int64_t layers = checkpoint_->config().num_hidden_layers + 1;
   const int64_t hidden = checkpoint_->config().hidden_size;
@@ -226,23 +229,23 @@ TEST_F(InvarianceTest, BatcherDeliversEachSampleItsOwnCapture) {
   std::vector<CaptureSpec> wanted;
   for (int i = 0; i < 12; ++i) {
     samples.push_back(RandomTokens(random, 1 + random() % 40, c.vocab_size));
-    wanted.push_back(*ParseCaptureSpec(specs[i % specs.size()], c, i % 3 == 0));
+    wanted.push_back(*CaptureSpec::Parse(specs[i % specs.size()], static_cast<int>(c.num_hidden_layers), i % 3 == 0));
   }
-  std::vector<absl::StatusOr<SampleStates>> got(samples.size(), absl::UnknownError("not delivered"));
+  std::vector<absl::StatusOr<FloatStates>> got(samples.size(), absl::UnknownError("not delivered"));
   {
     BatcherOptions options;
     options.max_batch_tokens = 64;
     Batcher batcher(engine, options);
     for (size_t i = 0; i < samples.size(); ++i) {
       ASSERT_TRUE(batcher.Submit({samples[i], wanted[i],
-                                  [&got, i](absl::StatusOr<SampleStates> s) { got[i] = std::move(s); },
+                                  [&got, i](absl::StatusOr<SampleTensors> s) { got[i] = Widen(s); },
                                   /*abandoned=*/nullptr})
                       .ok());
     }
   }  // the destructor finishes every queued sample
   for (size_t i = 0; i < samples.size(); ++i) {
     ASSERT_TRUE(got[i].ok()) << got[i].status();
-    const SampleStates solo = RunBatchFree(engine, {samples[i]}, wanted[i])[0];
+    const FloatStates solo = RunBatchFree(engine, {samples[i]}, wanted[i])[0];
     EXPECT_TRUE(SameStates(*got[i], solo)) << "sample " << i;
     EXPECT_EQ(got[i]->capture_ids, wanted[i].ids());
     EXPECT_EQ(got[i]->final_norm.empty(), !wanted[i].final_norm());
@@ -269,10 +272,10 @@ TEST_F(InvarianceTest, TheNextBatchRunsWhileThePreviousIsDelivered) {
     Batcher batcher(engine, options);
     running = &batcher;
     auto record = [&order](int i) {
-      return [&order, i](absl::StatusOr<SampleStates> s) { order.push_back(s.ok() ? i : -i); };
+      return [&order, i](absl::StatusOr<SampleTensors> s) { order.push_back(s.ok() ? i : -i); };
     };
     WorkItem first{std::vector<int32_t>(8, 1), capture, nullptr, nullptr};
-    first.done = [&](absl::StatusOr<SampleStates> s) {
+    first.deliver = [&](absl::StatusOr<SampleTensors> s) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
       while (running.load()->batches_run() < 2 && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -300,11 +303,11 @@ TEST_F(InvarianceTest, AbandonedSamplesAreDroppedNotComputed) {
   {
     Batcher batcher(engine, BatcherOptions{});
     ASSERT_TRUE(batcher.Submit({std::vector<int32_t>(5, 3), capture,
-                                [&](absl::StatusOr<SampleStates> s) { dropped = s.status(); },
+                                [&](absl::StatusOr<SampleTensors> s) { dropped = s.status(); },
                                 [&] { return gone.load(); }})
                     .ok());
     ASSERT_TRUE(batcher.Submit({std::vector<int32_t>(4, 2), capture,
-                                [&](absl::StatusOr<SampleStates> s) { kept_ran = s.ok(); }, nullptr})
+                                [&](absl::StatusOr<SampleTensors> s) { kept_ran = s.ok(); }, nullptr})
                     .ok());
   }
   EXPECT_EQ(dropped.code(), absl::StatusCode::kCancelled);

@@ -3,6 +3,7 @@
 #include "client/dump/journal.h"
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -119,15 +120,27 @@ TEST(WrittenDigest, EqualsTheDigestOfTheFileReadBack) {
   const int64_t tokens = 300, hidden = 1000;  // > one 256 KiB hashing block
   for (int64_t t = 0; t < tokens; ++t) input.input_ids.push_back(static_cast<int32_t>(t * 7 + 1));
   input.loss_mask = std::vector<int64_t>(tokens, 1);
-  EncodedSample sample;
+  // hidden_states [T, 2, H] in one block, each layer's rows pieces of it; the final norm its own block.
+  auto blocks = std::make_shared<std::vector<std::string>>(2);
+  std::string& states = (*blocks)[0];
+  states.resize(static_cast<size_t>(tokens * 2 * hidden * 2));
+  for (size_t i = 0; i < states.size(); ++i) states[i] = static_cast<char>(i * 131 + 7);
+  (*blocks)[1] = std::string(static_cast<size_t>(tokens * hidden * 2), '\x3f');
+  SampleTensors sample;
   sample.capture_ids = {0, 2};
   sample.tokens = tokens;
   sample.hidden = hidden;
   sample.dtype = OutputDType::kBf16;
-  sample.hidden_states = StateBytes(static_cast<size_t>(tokens * 2 * hidden * 2));
-  for (size_t i = 0; i < sample.hidden_states.size(); ++i) sample.hidden_states.data()[i] = static_cast<char>(i * 131 + 7);
-  sample.has_final_norm = true;
-  sample.final_norm = StateBytes(std::string(static_cast<size_t>(tokens * hidden * 2), '\x3f'));
+  const auto* rows = reinterpret_cast<const uint8_t*>(states.data());
+  const size_t row = static_cast<size_t>(hidden * 2);
+  for (int l = 0; l < 2; ++l) {
+    SampleTensor& layer = sample.tensors.emplace_back();
+    layer.capture_id = sample.capture_ids[l];
+    for (int64_t t = 0; t < tokens; ++t) layer.pieces.emplace_back(rows + (t * 2 + l) * row, row);
+    layer.bytes = tokens * static_cast<int64_t>(row);
+  }
+  sample.AddTensor(-1, (*blocks)[1].data());
+  sample.owner = blocks;
   SampleFileInfo info;
   info.model_name = "m";
   info.num_layers = 2;

@@ -48,9 +48,13 @@ namespace py = pybind11;
 namespace hsx {
 namespace {
 
-// One tensor's bytes, owned here and lent to numpy through the buffer protocol.
+// One tensor's bytes in the assembler's block, lent to numpy through the
+// buffer protocol; `owner` keeps the block alive. Writable: the block is this
+// sample's alone.
 struct TensorBytes {
-  StateBytes bytes;
+  std::shared_ptr<const void> owner;
+  char* data = nullptr;
+  size_t size = 0;
 };
 
 // What became of one stream (see the file comment).
@@ -85,14 +89,22 @@ Outcome Judge(StreamAssembler& assembler, const absl::Status& error, const grpc:
     return o;
   }
   if (absl::Status end = assembler.EndOfStream(); !end.ok()) return DataLoss(std::string(end.message()));
-  EncodedSample sample = assembler.Take();
+  SampleTensors sample = assembler.Take();
   if (absl::Status s = CheckSampleValues(sample); !s.ok()) return DataLoss(std::string(s.message()));
   Outcome o;
   o.capture_ids = sample.capture_ids;
   o.tokens = sample.tokens;
   o.hidden = sample.hidden;
-  o.hidden_states = std::make_shared<TensorBytes>(TensorBytes{std::move(sample.hidden_states)});
-  if (sample.has_final_norm) o.final_norm = std::make_shared<TensorBytes>(TensorBytes{std::move(sample.final_norm)});
+  // kAssemble: layer 0's first row starts the [T, L, H] block, the final
+  // norm's one piece is its block.
+  auto block = [&sample](const SampleTensor* first, int64_t bytes) {
+    char* data = first != nullptr && !first->pieces.empty()
+                     ? const_cast<char*>(reinterpret_cast<const char*>(first->pieces[0].data()))
+                     : nullptr;
+    return std::make_shared<TensorBytes>(TensorBytes{sample.owner, data, static_cast<size_t>(bytes)});
+  };
+  o.hidden_states = block(sample.capture_ids.empty() ? nullptr : &sample.tensors[0], sample.layer_bytes());
+  if (sample.has_final_norm()) o.final_norm = block(&sample.tensors.back(), sample.tensors.back().bytes);
   return o;
 }
 
@@ -310,8 +322,8 @@ PYBIND11_MODULE(_native, m) {
   hsx::SkipMutexDeadlockDetection();
   py::class_<TensorBytes, std::shared_ptr<TensorBytes>>(m, "TensorBytes", py::buffer_protocol())
       .def_buffer([](TensorBytes& t) {
-        return py::buffer_info(t.bytes.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(t.bytes.size())}, {1}, /*readonly=*/false);
+        return py::buffer_info(t.data, 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(t.size)}, {1}, /*readonly=*/false);
       });
   py::class_<Outcome>(m, "Outcome")
       .def_readonly("kind", &Outcome::kind)

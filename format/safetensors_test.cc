@@ -18,7 +18,7 @@
 #include <xxhash.h>
 
 #include "format/safetensors_writer.h"
-#include "tests/unit/test_util.h"
+#include "format/test_files.h"
 
 namespace hsx {
 namespace {
