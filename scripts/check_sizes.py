@@ -15,7 +15,8 @@ Prints one line per violation:
     path:line: function NAME is N lines (limit 80)
     path: N lines (limit 700)
 
-and exits 1 if there is any, 0 otherwise, 2 when it cannot run (lizard not
+and exits 1 if there is any; otherwise prints how many files it checked and
+exits 0; exits 2 when it cannot run (lizard not
 importable, DIR not a git checkout). Needs the PyPI package lizard.
 """
 
@@ -82,7 +83,9 @@ def main() -> int:
               "(pip install lizard, see tests/python/requirements.txt)", file=sys.stderr)
         return 2
     try:
-        violations = check(args.root.resolve(), lizard)
+        root = args.root.resolve()
+        checked = len(tracked_sources(root))
+        violations = check(root, lizard)
     except subprocess.CalledProcessError as e:
         print(f"check_sizes: git ls-files failed in {args.root}: {e.stderr.decode().strip()}",
               file=sys.stderr)
@@ -93,6 +96,8 @@ def main() -> int:
         print(f"check_sizes: {len(violations)} violation(s) of the size limits "
               f"(files {MAX_FILE_LINES} lines, functions {MAX_FUNCTION_LINES})", file=sys.stderr)
         return 1
+    print(f"check_sizes: {checked} files under {', '.join(FOLDERS)} within the limits "
+          f"(files {MAX_FILE_LINES} lines, functions {MAX_FUNCTION_LINES})")
     return 0
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of hsx. Works on a fresh machine: installs what is missing first.
 #
+#   0. the size limits (scripts/check_sizes.py): no source file over 700 lines, no function over 80
 #   1. unit tests (GoogleTest, via ctest); CUDA tests skip, saying why, without a GPU
 #   2. the GEMM and batch-invariance tests once per CPU GEMM kernel (HSX_CPU_GEMM)
 #   3. under AddressSanitizer + UndefinedBehaviorSanitizer: the unit tests, then the
@@ -32,6 +33,9 @@ stage() { printf '\n== %s (at %d:%02d)\n' "$*" $((SECONDS / 60)) $((SECONDS % 60
 
 stage "setup and build"
 scripts/setup.sh --python
+
+stage "size limits: files 700 lines, functions 80 (scripts/check_sizes.py)"
+"$venv/bin/python" scripts/check_sizes.py
 
 # The network-bound preparations of two later stages (the trainers' environment, the image's
 # Debian base) run in the background while the CPU-bound stages run; each stage waits for its own.

@@ -11,7 +11,7 @@
 namespace hsx {
 namespace {
 
-// Mirrors kernels/cuda: the cuBLASLt workspace (cuda_backend.cc) and the rows
+// Mirrors kernels/cuda: the cuBLASLt workspace (cuda_device.cc) and the rows
 // a GEMM plan is checked with (gemm.h, LtGemm::kPlanRows).
 constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
 constexpr int64_t kPlanRows = 16384;

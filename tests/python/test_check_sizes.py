@@ -75,4 +75,5 @@ def test_a_tree_within_the_limits_passes(tmp_path):
     })
     proc = run_checker(root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout == ""
+    assert proc.stdout.startswith("check_sizes: 3 files under "), proc.stdout
+    assert "within the limits" in proc.stdout
