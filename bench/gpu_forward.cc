@@ -406,7 +406,7 @@ class Bench {
     if (!batch.ok()) return batch.status();
     a->batch = *std::move(batch);
     if (rope_ == nullptr || rope_->positions() < sample_length) {
-      const RopeValues values = Model::MakeRopeValues(c_, sample_length, Precision::kBf16);
+      const RopeValues values = Model::MakeRopeValues(c_, sample_length, ElementType::kBf16);
       absl::StatusOr<std::unique_ptr<RopeTable>> rope =
           backend_.PlaceRopeTable(values.cos, values.sin, values.half_dim);
       if (!rope.ok()) return rope.status();
@@ -587,7 +587,7 @@ int Main() {
   const ModelConfig config = *PresetConfig("kimi-k2");
   std::printf("gpu_forward: %s attention\n", attention.c_str());
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(
-      device, Precision::kBf16, attention == "cudnn" ? CudaAttention::kCudnn : CudaAttention::kReference);
+      device, ElementType::kBf16, attention == "cudnn" ? CudaAttention::kCudnn : CudaAttention::kReference);
   if (!backend.ok()) {
     std::fprintf(stderr, "gpu_forward: %s\n", std::string(backend.status().message()).c_str());
     return 1;

@@ -33,7 +33,7 @@
 //    LinearWeight and RouterParams are non-owning views.
 //
 //  * Element types. Activations are row-major matrices of the activation type:
-//    bf16 in Precision::kBf16, f32 in kFp32. In kBf16 every value an op writes
+//    bf16 in ElementType::kBf16, f32 in kF32. In kBf16 every value an op writes
 //    to an activation is rounded where the Hugging Face BF16 reference rounds
 //    (model-spec.md §4); in kFp32 nothing is rounded. Partial sums (a
 //    tensor-parallel rank's share of a split block, `partial` outputs) are
@@ -68,17 +68,12 @@
 
 namespace hsx {
 
-enum class Precision { kFp32, kBf16 };
-
-// The element type of a matrix in backend memory.
+// The element type of a matrix in backend memory, and a backend's precision:
+// the type its activations are stored in.
 enum class ElementType { kF32, kBf16 };
 
 inline size_t ElementSize(ElementType type) { return type == ElementType::kF32 ? 4 : 2; }
 const char* ElementTypeName(ElementType type);
-// The type activations are stored in: bf16 in kBf16, f32 in kFp32.
-inline ElementType ActivationType(Precision precision) {
-  return precision == Precision::kBf16 ? ElementType::kBf16 : ElementType::kF32;
-}
 
 // A non-owning view of a row-major matrix in backend memory, with row stride
 // `ld` in elements.
@@ -209,8 +204,8 @@ std::shared_ptr<CopyFence> CompletedCopyFence(absl::Status status = absl::OkStat
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual Precision precision() const = 0;
-  ElementType activation_type() const { return ActivationType(precision()); }
+  // The element type of the activations this backend computes in.
+  virtual ElementType precision() const = 0;
   // "cpu", "cuda:0", ...: for logs and errors.
   virtual std::string name() const = 0;
 
@@ -319,7 +314,7 @@ class Backend {
 };
 
 // A CPU backend (the reference): `threads` <= 0 uses every hardware thread.
-std::unique_ptr<Backend> MakeCpuBackend(Precision precision, int threads);
+std::unique_ptr<Backend> MakeCpuBackend(ElementType precision, int threads);
 
 }  // namespace hsx
 

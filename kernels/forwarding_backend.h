@@ -21,7 +21,7 @@ class ForwardingBackend : public Backend {
  public:
   explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
 
-  Precision precision() const override { return inner_->precision(); }
+  ElementType precision() const override { return inner_->precision(); }
   std::string name() const override { return inner_->name(); }
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t rows, int64_t cols, ElementType type) override {
     return inner_->Allocate(rows, cols, type);

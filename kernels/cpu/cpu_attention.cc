@@ -158,7 +158,7 @@ void CpuBackend::Attention(const Matrix& q, const Matrix& kv, const Matrix& k_ro
   const int64_t samples = batch.num_samples();
   const HeadDims dims{nope_dim, rope_dim, v_dim, nope_dim + rope_dim, nope_dim + v_dim};
   if (!Check(CheckAttention(q, kv, k_rope, heads, nope_dim, rope_dim, v_dim, batch, out))) return;
-  const bool bf16 = precision_ == Precision::kBf16;
+  const bool bf16 = precision_ == ElementType::kBf16;
   const std::vector<int64_t>& cu_seqlens = batch.cu_seqlens;
   pool_.ParallelFor(samples * heads, [&](int64_t task) {
     const int64_t s = task / heads;

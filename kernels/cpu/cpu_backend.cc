@@ -211,13 +211,13 @@ class FloatMatrix {
 
 }  // namespace
 
-CpuBackend::CpuBackend(Precision precision, int threads)
+CpuBackend::CpuBackend(ElementType precision, int threads)
     : precision_(precision), pool_(threads), blocks_(std::make_unique<BlockPool>()) {}
 
 CpuBackend::~CpuBackend() = default;
 
 float CpuBackend::R(float value) const {
-  return precision_ == Precision::kBf16 ? RoundToBf16(value) : value;
+  return precision_ == ElementType::kBf16 ? RoundToBf16(value) : value;
 }
 
 bool CpuBackend::Check(const absl::Status& status) {
@@ -347,16 +347,16 @@ void CpuBackend::Embed(const StagedBatch& staged, const uint16_t* table, int64_t
 }
 
 void CpuBackend::Linear(const Matrix& x, const LinearWeight& w, const Matrix& y, bool partial) {
-  if (!Check(CheckLinear(x, w, y, partial, activation_type()))) return;
+  if (!Check(CheckLinear(x, w, y, partial, precision()))) return;
   const FloatMatrix a(blocks_.get(), &pool_, x, /*load=*/true);
   const FloatMatrix c(blocks_.get(), &pool_, y, /*load=*/false);
-  Gemm(a.data(), a.ld(), x.rows, ToGemmB(w), c.data(), c.ld(), !partial && precision_ == Precision::kBf16,
+  Gemm(a.data(), a.ld(), x.rows, ToGemmB(w), c.data(), c.ld(), !partial && precision_ == ElementType::kBf16,
        &pool_);
   c.Store(&pool_);
 }
 
 void CpuBackend::Round(const Matrix& partial, const Matrix& out) {
-  if (!Check(CheckRound(partial, out, activation_type()))) return;
+  if (!Check(CheckRound(partial, out, precision()))) return;
   if (out.data == partial.data && out.ld == partial.ld) return;  // f32 in place: nothing rounds
   pool_.ParallelFor(out.rows, [&](int64_t r) {
     const float* in = static_cast<const float*>(partial.at(r, 0));
@@ -367,7 +367,7 @@ void CpuBackend::Round(const Matrix& partial, const Matrix& out) {
 }
 
 void CpuBackend::RmsNorm(const Matrix& x, const uint16_t* weight, float eps, const Matrix& y) {
-  if (!Check(CheckRmsNorm(x, y, activation_type()))) return;
+  if (!Check(CheckRmsNorm(x, y, precision()))) return;
   pool_.ParallelFor(x.rows, [&](int64_t r) {
     const float* in = ReadRow(x, r, ThreadRow(0, x.cols));
     float* out = WriteTarget(y, r, ThreadRow(1, y.cols));
@@ -381,7 +381,7 @@ void CpuBackend::RmsNorm(const Matrix& x, const uint16_t* weight, float eps, con
     const double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
     const float inv = 1.0f / std::sqrt(static_cast<float>(sum / x.cols) + eps);
     // HF: bf16(x * rsqrt(...)), then bf16(weight * that).
-    if (precision_ == Precision::kBf16) {
+    if (precision_ == ElementType::kBf16) {
       for (int64_t c = 0; c < x.cols; ++c) out[c] = RoundToBf16(Bf16ToFloat(weight[c]) * RoundToBf16(in[c] * inv));
     } else {
       for (int64_t c = 0; c < x.cols; ++c) out[c] = Bf16ToFloat(weight[c]) * (in[c] * inv);
@@ -392,7 +392,7 @@ void CpuBackend::RmsNorm(const Matrix& x, const uint16_t* weight, float eps, con
 
 void CpuBackend::Add(const Matrix& a, const Matrix& b, const Matrix& out) {
   if (!Check(CheckAdd(a, b, out))) return;
-  const bool bf16 = precision_ == Precision::kBf16;
+  const bool bf16 = precision_ == ElementType::kBf16;
   pool_.ParallelFor(a.rows, [&](int64_t r) {
     const float* x = ReadRow(a, r, ThreadRow(0, a.cols));
     const float* y = ReadRow(b, r, ThreadRow(1, b.cols));
@@ -450,7 +450,7 @@ void CpuBackend::Route(const Matrix& x, const RouterParams& router, Routing& rou
   auto& routing = static_cast<CpuRouting&>(routing_handle);
   const int64_t tokens = x.rows;
   const int64_t experts = router.num_experts;
-  if (!Check(CheckRoute(x, router, routing, activation_type()))) return;
+  if (!Check(CheckRoute(x, router, routing, precision()))) return;
   std::vector<float> logits(tokens * experts);
   // Router logits in float32 (HF keeps the gate in float32 in every mode).
   GemmB gate{GemmB::Kind::kBf16, router.weight, x.cols, nullptr, 0, experts, x.cols};
@@ -488,7 +488,7 @@ void CpuBackend::RunExpert(const Matrix& x, const std::vector<int64_t>& rows, co
   const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t hidden = x.cols;
   const int64_t inter = expert.gate.out;
-  const bool bf16 = precision_ == Precision::kBf16;
+  const bool bf16 = precision_ == ElementType::kBf16;
   std::vector<float> input(n * hidden), gate(n * inter), up(n * inter);
   for (int64_t i = 0; i < n; ++i) {
     const float* row = ReadRow(x, rows[i], &input[i * hidden]);
@@ -507,7 +507,7 @@ void CpuBackend::MoeExperts(const Matrix& x, const Routing& routing_handle, cons
   const auto& experts = static_cast<const CpuExpertTable&>(table);
   const int64_t tokens = x.rows;
   const int64_t top_k = routing.top_k();
-  if (!Check(CheckMoeExperts(x, routing, out, partial, activation_type()))) return;
+  if (!Check(CheckMoeExperts(x, routing, out, partial, precision()))) return;
   const int64_t num_experts = experts.num_experts();
   // Rows per expert, in ascending token order.
   std::vector<std::vector<int64_t>> rows(num_experts);
@@ -551,7 +551,7 @@ void CpuBackend::CopyRoutingToHost(const Routing& routing_handle, int32_t* exper
   std::copy(routing.weights.begin(), routing.weights.end(), weights);
 }
 
-std::unique_ptr<Backend> MakeCpuBackend(Precision precision, int threads) {
+std::unique_ptr<Backend> MakeCpuBackend(ElementType precision, int threads) {
   return std::make_unique<CpuBackend>(precision, threads);
 }
 

@@ -1,6 +1,6 @@
 // cpu_backend.h: the reference implementation of kernels/backend.h.
 //
-// Float32 arithmetic throughout; in Precision::kBf16 activations are stored as
+// Float32 arithmetic throughout; in ElementType::kBf16 activations are stored as
 // bfloat16 and every op rounds exactly where the Hugging Face BF16 reference
 // does (model-spec.md §4). Ops run synchronously on the calling thread and its
 // thread pool, so "enqueued" ops have finished when they return. All
@@ -20,11 +20,11 @@ namespace hsx {
 
 class CpuBackend : public Backend {
  public:
-  CpuBackend(Precision precision, int threads);
+  CpuBackend(ElementType precision, int threads);
   ~CpuBackend() override;
   class BlockPool;  // reusable activation memory (buffers must not outlive the backend)
 
-  Precision precision() const override { return precision_; }
+  ElementType precision() const override { return precision_; }
   std::string name() const override { return "cpu"; }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t rows, int64_t cols, ElementType type) override;
@@ -73,7 +73,7 @@ class CpuBackend : public Backend {
   void RunExpert(const Matrix& x, const std::vector<int64_t>& rows, const ExpertWeights& expert,
                  std::vector<float>& y);
 
-  Precision precision_;
+  ElementType precision_;
   ThreadPool pool_;
   std::unique_ptr<BlockPool> blocks_;
   int64_t placed_bytes_ = 0;

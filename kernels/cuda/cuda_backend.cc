@@ -195,20 +195,20 @@ void CudaBackend::Embed(const StagedBatch& staged, const uint16_t* table, int64_
 }
 
 void CudaBackend::Linear(const Matrix& x, const LinearWeight& w, const Matrix& y, bool partial) {
-  if (!Check(CheckLinear(x, w, y, partial, activation_type()))) return;
+  if (!Check(CheckLinear(x, w, y, partial, precision()))) return;
   // Dense weights only (routed INT4 experts go through PlaceExperts).
   if (!Check(w.kind == LinearWeight::Kind::kBf16, "Linear", "an INT4 weight outside an expert table")) return;
   Gemm(x, w.bf16, w.out, w.in, w.ld, y, "Linear");
 }
 
 void CudaBackend::Round(const Matrix& partial, const Matrix& out) {
-  if (!Check(CheckRound(partial, out, activation_type()))) return;
+  if (!Check(CheckRound(partial, out, precision()))) return;
   if (out.data == partial.data && out.ld == partial.ld) return;  // f32 in place: nothing rounds
   Cuda(cuda::LaunchConvert(Dev(partial), Dev(out), stream_), "Round", ShapeOf(out));
 }
 
 void CudaBackend::RmsNorm(const Matrix& x, const uint16_t* weight, float eps, const Matrix& y) {
-  if (!Check(CheckRmsNorm(x, y, activation_type()))) return;
+  if (!Check(CheckRmsNorm(x, y, precision()))) return;
   Cuda(cuda::LaunchRmsNorm(Dev(x), weight, eps, bf16(), Dev(y), stream_), "RmsNorm", ShapeOf(x));
 }
 
@@ -308,9 +308,9 @@ void CudaBackend::CudnnSdpa(const Matrix& q, const Matrix& kv, const Matrix& k_r
   Cuda(cuda::LaunchUnpackRows(o_packed, Dev(out), stream_), "Attention (cuDNN unpack)", what);
 }
 
-absl::StatusOr<std::string> ProbeCudnnAttention(int device, Precision precision, int64_t heads, int64_t qk_dim,
+absl::StatusOr<std::string> ProbeCudnnAttention(int device, ElementType precision, int64_t heads, int64_t qk_dim,
                                                 int64_t v_dim, int64_t longest) {
-  if (precision != Precision::kBf16) {
+  if (precision != ElementType::kBf16) {
     return absl::FailedPreconditionError("--attention=cudnn needs bf16 activations (cuDNN's SDPA is bf16 in and out)");
   }
   if (cudaError_t s = cudaSetDevice(device); s != cudaSuccess) {

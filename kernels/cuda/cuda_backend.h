@@ -27,7 +27,7 @@
 // waits for the stream once per call: the per-expert row counts are host
 // arguments of those GEMMs (a device-side grouped GEMM would remove the wait).
 //
-// Arithmetic. In Precision::kBf16 activations are bf16; GEMMs take bf16
+// Arithmetic. In ElementType::kBf16 activations are bf16; GEMMs take bf16
 // operands with float32 accumulation (gemm.h: one pinned algorithm per shape,
 // no split-K, so rows are batch-independent). In kFp32 activations are f32
 // and GEMMs run in true fp32 (bf16 weights are widened exactly to f32 first).
@@ -74,7 +74,7 @@ namespace hsx {
 // none or fewer than device + 1. With CudaAttention::kCudnn, FailedPrecondition with the reason
 // where cuDNN cannot serve (not built in, library missing, fp32 activations):
 // an explicit request is never silently replaced by the reference kernel.
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision precision,
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, ElementType precision,
                                                          CudaAttention attention = CudaAttention::kReference);
 
 // Start-up check of --attention=cudnn on device `device`: builds the SDPA
@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision p
 // head dims. Returns a line naming the cuDNN version, or the reason it cannot
 // serve (FailedPrecondition: not loadable; Unimplemented: no engine supports
 // the shape).
-absl::StatusOr<std::string> ProbeCudnnAttention(int device, Precision precision, int64_t heads, int64_t qk_dim,
+absl::StatusOr<std::string> ProbeCudnnAttention(int device, ElementType precision, int64_t heads, int64_t qk_dim,
                                                 int64_t v_dim, int64_t longest);
 
 // The number of CUDA devices, or FailedPrecondition "no CUDA device: <why>".

@@ -63,12 +63,12 @@ struct DeviceExpert;
 // device outranks it) and returns; Synchronize() reports it.
 class CudaBackend : public Backend {
  public:
-  CudaBackend(int device, Precision precision, CudaAttention attention)
+  CudaBackend(int device, ElementType precision, CudaAttention attention)
       : device_(device), precision_(precision), attention_(attention) {}
   ~CudaBackend() override;
   absl::Status Init();
 
-  Precision precision() const override { return precision_; }
+  ElementType precision() const override { return precision_; }
   std::string name() const override { return absl::StrCat("cuda:", device_); }
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
@@ -141,7 +141,7 @@ class CudaBackend : public Backend {
     void* data_ = nullptr;
   };
 
-  bool bf16() const { return precision_ == Precision::kBf16; }
+  bool bf16() const { return precision_ == ElementType::kBf16; }
   // Records an error a stream reported to a synchronization (`what` enqueued
   // on it failed on the device).
   void RecordStreamError(cudaError_t status, const char* what);
@@ -213,7 +213,7 @@ class CudaBackend : public Backend {
   bool RunExpertMlps(MoeCall& call);
 
   int device_;
-  Precision precision_;
+  ElementType precision_;
   CudaAttention attention_;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // set with CudaAttention::kCudnn
   cudaStream_t stream_ = nullptr;

@@ -315,7 +315,7 @@ absl::StatusOr<CudaMemory> CudaMemoryInfo(int device) {
   return CudaMemory{static_cast<int64_t>(free), static_cast<int64_t>(total)};
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, Precision precision, CudaAttention attention) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, ElementType precision, CudaAttention attention) {
   absl::StatusOr<CudaCaptureOptions> capture = CudaCaptureOptionsFromEnv();
   if (!capture.ok()) return capture.status();
   absl::StatusOr<int> count = CudaDeviceCount();

@@ -185,7 +185,7 @@ void CudaBackend::Route(const Matrix& x, const RouterParams& router, Routing& ro
   auto& routing = static_cast<CudaRouting&>(routing_handle);
   const int64_t tokens = x.rows;
   const int64_t experts = router.num_experts;
-  if (!Check(CheckRoute(x, router, routing, activation_type()))) return;
+  if (!Check(CheckRoute(x, router, routing, precision()))) return;
   if (!Check(experts >= 1 && experts <= cuda::kMaxExperts && router.top_k >= 1 && router.top_k <= experts &&
                  router.n_group >= 1 && router.n_group <= 64 && experts % router.n_group == 0 &&
                  router.topk_group >= 1 && router.topk_group <= router.n_group,
@@ -253,7 +253,7 @@ void CudaBackend::MoeExperts(const Matrix& x, const Routing& routing_handle, con
   const int64_t top_k = routing.top_k();
   const std::string what = absl::StrCat("x ", ShapeOf(x), ", out ", ShapeOf(out), ", routing for ", routing.tokens(),
                                         " tokens", partial ? " (partial: f32)" : "");
-  if (!Check(CheckMoeExperts(x, routing, out, partial, activation_type()))) return;
+  if (!Check(CheckMoeExperts(x, routing, out, partial, precision()))) return;
   if (!Check(table.hidden == 0 || table.hidden == x.cols, "MoeExperts", absl::StrCat(what, ", experts of hidden ",
                                                                                       table.hidden))) {
     return;
@@ -297,7 +297,7 @@ bool CudaBackend::PermuteRows(MoeCall& call) {
     call.active.push_back(e);
     call.rows += host_counts_[e];
   }
-  call.y_matrix = Matrix{nullptr, activation_type(), call.rows, call.hidden, call.hidden};
+  call.y_matrix = Matrix{nullptr, precision(), call.rows, call.hidden, call.hidden};
   const int64_t slots = call.tokens * call.top_k;
   const size_t index_bytes = static_cast<size_t>(num_experts + std::max<int64_t>(call.rows, 1) + slots) * 4;
   absl::StatusOr<Scratch> index = Take(index_bytes, "MoeExperts");
@@ -326,7 +326,7 @@ bool CudaBackend::PermuteRows(MoeCall& call) {
 
 // 3. Gather the rows, expert by expert.
 bool CudaBackend::GatherRows(MoeCall& call) {
-  const ElementType act = activation_type();
+  const ElementType act = precision();
   absl::StatusOr<Scratch> block =
       Take(static_cast<size_t>(call.rows * call.hidden) * ElementSize(act), "MoeExperts");
   if (!block.ok()) {
@@ -436,7 +436,7 @@ bool CudaBackend::LaunchDequantize(MoeCall& call, const std::vector<const void*>
 // 5. Per expert: [gate | up] = x_e · W_guᵀ (each rounded as the CPU's
 //    separate GEMMs), then silu(gate) * up in place, then y_e = h_e · W_dᵀ.
 bool CudaBackend::RunExpertMlps(MoeCall& call) {
-  const ElementType act = activation_type();
+  const ElementType act = precision();
   const size_t element = ElementSize(act);
   const int64_t rows = call.rows, inter = call.inter, hidden = call.hidden;
   absl::StatusOr<Scratch> gu_block = Take(static_cast<size_t>(rows * 2 * inter) * element, "MoeExperts");

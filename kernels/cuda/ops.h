@@ -10,7 +10,7 @@
 //  * Shapes were checked by the caller (CudaBackend); launchers only launch.
 //  * The return value is the launch status as an int (a cudaError_t; 0 is
 //    cudaSuccess). Errors while the kernel runs surface at the next sync.
-//  * `round` is true in Precision::kBf16: intermediate values are rounded to
+//  * `round` is true in ElementType::kBf16: intermediate values are rounded to
 //    bf16 exactly where the HF BF16 reference rounds (R() in the CPU code).
 //  * Every sum's order depends only on the op's non-row sizes, never on the
 //    row count or the launch geometry (backend.h, batch invariance (a)).

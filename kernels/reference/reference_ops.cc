@@ -10,7 +10,7 @@
 namespace hsx::reference {
 namespace {
 
-float R(Precision precision, float v) { return precision == Precision::kBf16 ? RoundToBf16(v) : v; }
+float R(ElementType precision, float v) { return precision == ElementType::kBf16 ? RoundToBf16(v) : v; }
 
 float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
@@ -65,11 +65,11 @@ void Linear(const HostMatrix& x, const LinearWeight& w, bool round_bf16, HostMat
   }
 }
 
-void Round(Precision precision, HostMatrix* x) {
+void Round(ElementType precision, HostMatrix* x) {
   for (float& v : x->values) v = R(precision, v);
 }
 
-void RmsNorm(Precision precision, const HostMatrix& x, const uint16_t* weight, float eps, HostMatrix* y) {
+void RmsNorm(ElementType precision, const HostMatrix& x, const uint16_t* weight, float eps, HostMatrix* y) {
   for (int64_t t = 0; t < x.rows; ++t) {
     double lanes[4] = {0.0, 0.0, 0.0, 0.0};
     for (int64_t c = 0; c < x.cols; ++c) {
@@ -85,17 +85,17 @@ void RmsNorm(Precision precision, const HostMatrix& x, const uint16_t* weight, f
   }
 }
 
-void Add(Precision precision, const HostMatrix& a, const HostMatrix& b, HostMatrix* out) {
+void Add(ElementType precision, const HostMatrix& a, const HostMatrix& b, HostMatrix* out) {
   for (size_t i = 0; i < a.values.size(); ++i) out->values[i] = R(precision, a.values[i] + b.values[i]);
 }
 
-void SiluMul(Precision precision, const HostMatrix& gate, const HostMatrix& up, HostMatrix* out) {
+void SiluMul(ElementType precision, const HostMatrix& gate, const HostMatrix& up, HostMatrix* out) {
   for (size_t i = 0; i < gate.values.size(); ++i) {
     out->values[i] = R(precision, R(precision, Silu(gate.values[i])) * up.values[i]);
   }
 }
 
-void Rope(Precision precision, HostMatrix* x, int64_t heads, int64_t stride, int64_t offset,
+void Rope(ElementType precision, HostMatrix* x, int64_t heads, int64_t stride, int64_t offset,
           std::span<const int32_t> positions, std::span<const float> cos, std::span<const float> sin,
           int64_t half_dim) {
   std::vector<float> rotated(2 * half_dim);
@@ -114,7 +114,7 @@ void Rope(Precision precision, HostMatrix* x, int64_t heads, int64_t stride, int
   }
 }
 
-void Attention(Precision precision, const HostMatrix& q, const HostMatrix& kv, const HostMatrix& k_rope,
+void Attention(ElementType precision, const HostMatrix& q, const HostMatrix& kv, const HostMatrix& k_rope,
                int64_t heads, int64_t nope_dim, int64_t rope_dim, int64_t v_dim,
                std::span<const int64_t> cu_seqlens, float scale, HostMatrix* out) {
   const int64_t qk_dim = nope_dim + rope_dim;
@@ -199,10 +199,10 @@ void Route(const HostMatrix& x, const RouterParams& router, std::vector<int32_t>
   }
 }
 
-void MoeExperts(Precision precision, const HostMatrix& x, std::span<const int32_t> experts,
+void MoeExperts(ElementType precision, const HostMatrix& x, std::span<const int32_t> experts,
                 std::span<const float> weights, int64_t top_k, std::span<const ExpertWeights> table,
                 std::span<const bool> held, bool partial, HostMatrix* out) {
-  const bool bf16 = precision == Precision::kBf16;
+  const bool bf16 = precision == ElementType::kBf16;
   for (int64_t t = 0; t < x.rows; ++t) {
     std::vector<float> acc(x.cols, 0.0f);
     for (int64_t i = 0; i < top_k; ++i) {

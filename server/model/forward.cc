@@ -95,7 +95,7 @@ float Model::SoftmaxScale(const ModelConfig& c) {
   return static_cast<float>(scale);
 }
 
-RopeValues Model::MakeRopeValues(const ModelConfig& config, int64_t positions, Precision precision) {
+RopeValues Model::MakeRopeValues(const ModelConfig& config, int64_t positions, ElementType precision) {
   double attention_factor;
   const std::vector<float> inv = InverseFrequencies(config, &attention_factor);
   RopeValues table;
@@ -108,7 +108,7 @@ RopeValues Model::MakeRopeValues(const ModelConfig& config, int64_t positions, P
       const float angle = static_cast<float>(p) * inv[i];
       float cos = std::cos(angle) * factor;
       float sin = std::sin(angle) * factor;
-      if (precision == Precision::kBf16) {  // HF casts cos/sin to the activation dtype
+      if (precision == ElementType::kBf16) {  // HF casts cos/sin to the activation dtype
         cos = RoundToBf16(cos);
         sin = RoundToBf16(sin);
       }
@@ -171,7 +171,7 @@ Model::Model(const ModelConfig& config, const ModelWeights& weights, Backend& ba
                                                   kIdleCaptureBytes)) {}
 
 absl::StatusOr<Matrix> Model::Scratch(int64_t rows, int64_t cols) {
-  return Scratch(rows, cols, backend_.activation_type());
+  return Scratch(rows, cols, backend_.precision());
 }
 
 absl::StatusOr<Matrix> Model::Scratch(int64_t rows, int64_t cols, ElementType type) {
@@ -336,7 +336,7 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   result.has_final_norm = capture.final_norm();
   result.tokens = tokens;
   result.hidden = hidden;
-  result.type = backend_.activation_type();
+  result.type = backend_.precision();
   result.cu_seqlens = batch.cu_seqlens;
   if (captures_here) {
     // A batch's captures are one buffer per sample: the pool keeps a whole

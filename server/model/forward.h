@@ -118,7 +118,7 @@ class Model {
   // The softmax scale: qk_head_dim^-0.5 times YaRN's mscale² (model-spec.md §4.2).
   static float SoftmaxScale(const ModelConfig& config);
   // cos/sin for positions [0, positions) exactly as HF computes them (§4.1).
-  static RopeValues MakeRopeValues(const ModelConfig& config, int64_t positions, Precision precision);
+  static RopeValues MakeRopeValues(const ModelConfig& config, int64_t positions, ElementType precision);
 
  private:
   absl::Status CheckBatch(const Batch& batch) const;

@@ -175,7 +175,7 @@ void Batcher::RunBatch(std::vector<WorkItem> items) {
   }
   const CaptureSpec capture = CaptureSpec::Union(specs);
   const size_t tensors = capture.ids().size() + (capture.final_norm() ? 1 : 0);
-  auto check = std::make_unique<CaptureCheck>(checks, ActivationType(engine_.options().precision), tensors,
+  auto check = std::make_unique<CaptureCheck>(checks, engine_.options().precision, tensors,
                                               std::move(values));
   // The copies of the last captures may still run: Deliver waits for them on
   // the delivery thread while the next batch starts here.

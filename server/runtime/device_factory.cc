@@ -21,7 +21,7 @@ namespace {
 
 class CpuFactory : public DeviceFactory {
  public:
-  CpuFactory(Precision precision, int tp, int threads_per_rank)
+  CpuFactory(ElementType precision, int tp, int threads_per_rank)
       : precision_(precision), tp_(tp), threads_per_rank_(threads_per_rank) {}
 
   absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(int rank) override {
@@ -33,7 +33,7 @@ class CpuFactory : public DeviceFactory {
   }
 
  private:
-  Precision precision_;
+  ElementType precision_;
   int tp_;
   int threads_per_rank_;
 };
@@ -44,7 +44,7 @@ class CpuFactory : public DeviceFactory {
 // (kernels/cuda/cuda_communicator.h).
 class CudaFactory : public DeviceFactory {
  public:
-  CudaFactory(Precision precision, RankLayout layout, CudaAttention attention)
+  CudaFactory(ElementType precision, RankLayout layout, CudaAttention attention)
       : precision_(precision), layout_(layout), attention_(attention) {}
 
   absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(int rank) override {
@@ -74,7 +74,7 @@ class CudaFactory : public DeviceFactory {
         return absl::Status(device.status().code(), absl::StrCat("--device cuda: ", device.status().message()));
       }
       std::fprintf(stderr, "hsx: --device cuda: %s; %s activations; %s attention\n", device->c_str(),
-                   precision_ == Precision::kBf16 ? "bf16" : "fp32", AttentionKernelName(attention_));
+                   precision_ == ElementType::kBf16 ? "bf16" : "fp32", AttentionKernelName(attention_));
       if (absl::Status s = ProbeAttention(config, d, max_batch_tokens); !s.ok()) return s;
       absl::StatusOr<CudaMemory> memory = CudaMemoryInfo(d);
       if (!memory.ok()) return absl::Status(memory.status().code(), absl::StrCat("--device cuda: ", memory.status().message()));
@@ -106,7 +106,7 @@ class CudaFactory : public DeviceFactory {
     return absl::OkStatus();
   }
 
-  Precision precision_;
+  ElementType precision_;
   RankLayout layout_;
   CudaAttention attention_;
 };
@@ -114,7 +114,7 @@ class CudaFactory : public DeviceFactory {
 // Checks for the devices the layout needs. The engine then calls PlanMemory,
 // which logs the start-up line of each GPU (name, memory, driver and runtime
 // versions) and the plan, before any weight is loaded.
-absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeCudaFactory(Precision precision, int tp, int ranks_per_device,
+absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeCudaFactory(ElementType precision, int tp, int ranks_per_device,
                                                                CudaAttention attention) {
   absl::StatusOr<int> count = CudaDeviceCount();
   if (!count.ok()) return absl::Status(count.status().code(), absl::StrCat("--device cuda: ", count.status().message()));
@@ -144,7 +144,7 @@ const char* AttentionKernelName(CudaAttention kernel) {
   return kernel == CudaAttention::kReference ? "reference" : "cudnn";
 }
 
-absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeDeviceFactory(Device device, Precision precision, int tp,
+absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeDeviceFactory(Device device, ElementType precision, int tp,
                                                                  int threads, int ranks_per_device,
                                                                  CudaAttention attention) {
   if (device == Device::kCuda) {

@@ -54,7 +54,7 @@ class DeviceFactory {
 // model's shape on each GPU and refuses start-up with cuDNN's reason when it
 // cannot serve (no silent fallback to the reference kernel).
 absl::StatusOr<std::unique_ptr<DeviceFactory>> MakeDeviceFactory(
-    Device device, Precision precision, int tp, int threads, int ranks_per_device = 1,
+    Device device, ElementType precision, int tp, int threads, int ranks_per_device = 1,
     CudaAttention attention = CudaAttention::kReference);
 
 }  // namespace hsx

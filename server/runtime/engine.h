@@ -40,7 +40,7 @@ namespace hsx {
 
 struct EngineOptions {
   int tp = 1;
-  Precision precision = Precision::kBf16;
+  ElementType precision = ElementType::kBf16;
   int threads = 0;  // CPU threads in all (0: every core), shared out among the ranks
   Device device = Device::kCpu;
   // CUDA: ranks per GPU, 1 (rank r on GPU r) or tp (all on GPU 0, for tests).

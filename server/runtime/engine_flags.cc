@@ -46,9 +46,9 @@ ABSL_FLAG(bool, final_norm, false,
 namespace hsx {
 namespace {
 
-absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
-  if (name == "bf16") return Precision::kBf16;
-  if (name == "fp32") return Precision::kFp32;
+absl::StatusOr<ElementType> ParsePrecision(const std::string& name) {
+  if (name == "bf16") return ElementType::kBf16;
+  if (name == "fp32") return ElementType::kF32;
   return absl::InvalidArgumentError(absl::StrCat("--precision '", name, "': expected bf16 or fp32"));
 }
 
@@ -64,14 +64,14 @@ absl::Status ReadDeviceFlags(EngineOptions* engine) {
   absl::StatusOr<CudaAttention> attention = ParseAttentionKernel(absl::GetFlag(FLAGS_attention));
   if (!attention.ok()) return attention.status();
   engine->attention = *attention;
-  return MakeDeviceFactory(engine->device, Precision::kBf16, engine->tp, 1, engine->ranks_per_device,
+  return MakeDeviceFactory(engine->device, ElementType::kBf16, engine->tp, 1, engine->ranks_per_device,
                            engine->attention)
       .status();
 }
 
-// Precision, threads and the batch budget.
+// ElementType, threads and the batch budget.
 absl::Status ReadComputeFlags(EngineOptions* engine) {
-  absl::StatusOr<Precision> precision = ParsePrecision(absl::GetFlag(FLAGS_precision));
+  absl::StatusOr<ElementType> precision = ParsePrecision(absl::GetFlag(FLAGS_precision));
   if (!precision.ok()) return precision.status();
   engine->precision = *precision;
   engine->threads = absl::GetFlag(FLAGS_threads);
@@ -127,6 +127,6 @@ void ListFlagsInHelp(absl::string_view binary_flag_files) {
   absl::SetFlagsUsageConfig(usage);
 }
 
-const char* PrecisionName(Precision precision) { return precision == Precision::kBf16 ? "bf16" : "fp32"; }
+const char* PrecisionName(ElementType precision) { return precision == ElementType::kBf16 ? "bf16" : "fp32"; }
 
 }  // namespace hsx

@@ -56,7 +56,7 @@ absl::Status ResolveMaxTokensPerSample(const ModelConfig& config, EngineFlags* f
 void ListFlagsInHelp(absl::string_view binary_flag_files);
 
 // "bf16" or "fp32", as --precision spells them.
-const char* PrecisionName(Precision precision);
+const char* PrecisionName(ElementType precision);
 
 }  // namespace hsx
 

@@ -18,7 +18,7 @@ constexpr int64_t kPlanRows = 16384;
 
 std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (int64_t{1} << 30)); }
 
-int64_t ActivationBytes(Precision precision) { return precision == Precision::kBf16 ? 2 : 4; }
+int64_t ActivationBytes(ElementType precision) { return precision == ElementType::kBf16 ? 2 : 4; }
 
 // Routed experts rank `rank` holds (ExpertOwner: contiguous blocks).
 int64_t HeldExperts(const ModelConfig& c, int tp, int rank) {
@@ -66,7 +66,7 @@ absl::StatusOr<RankLayout> MakeRankLayout(int tp, int ranks_per_device, int devi
   return layout;
 }
 
-int64_t ForwardBytesPerRank(const ModelConfig& c, int tp, int64_t tokens, Precision precision) {
+int64_t ForwardBytesPerRank(const ModelConfig& c, int tp, int64_t tokens, ElementType precision) {
   const int64_t a = ActivationBytes(precision);
   const int64_t h = c.hidden_size;
   const int64_t heads = c.num_attention_heads / tp;
@@ -91,7 +91,7 @@ int64_t ForwardBytesPerRank(const ModelConfig& c, int tp, int64_t tokens, Precis
   return per_token * tokens;
 }
 
-int64_t BackendScratchBytesPerRank(const ModelConfig& c, int tp, int64_t tokens, Precision precision) {
+int64_t BackendScratchBytesPerRank(const ModelConfig& c, int tp, int64_t tokens, ElementType precision) {
   const int64_t a = ActivationBytes(precision);
   const int64_t h = c.hidden_size;
   const int64_t heads = c.num_attention_heads / tp;
@@ -131,7 +131,7 @@ int64_t BackendScratchBytesPerRank(const ModelConfig& c, int tp, int64_t tokens,
   int64_t f32_weight_copy = 0;  // kFp32: a bf16 weight widened to f32 for one GEMM
   for (const auto& [n, k] : shapes) {
     plan_check = std::max(plan_check, (n * k + kPlanRows * k + kPlanRows * n) * 4);
-    if (precision == Precision::kFp32) f32_weight_copy = std::max(f32_weight_copy, n * k * 4);
+    if (precision == ElementType::kF32) f32_weight_copy = std::max(f32_weight_copy, n * k * 4);
   }
   // The capture staging ring (kernels/cuda/cuda_backend.h): only the rank
   // that captures allocates it; counted for every rank, an upper bound.
@@ -143,7 +143,7 @@ namespace {
 // PlanDeviceMemory with the weights per rank counted already (BytesPerRank
 // walks every tensor of the model: slow for Kimi-K2's 23k experts).
 std::vector<DevicePlan> Plan(const ModelConfig& c, const RankLayout& layout, int64_t max_batch_tokens,
-                             Precision precision, std::span<const int64_t> free_bytes,
+                             ElementType precision, std::span<const int64_t> free_bytes,
                              const std::vector<int64_t>& weights) {
   std::vector<DevicePlan> plans(layout.devices());
   for (int d = 0; d < layout.devices(); ++d) {
@@ -163,7 +163,7 @@ std::vector<DevicePlan> Plan(const ModelConfig& c, const RankLayout& layout, int
 }  // namespace
 
 std::vector<DevicePlan> PlanDeviceMemory(const ModelConfig& c, const RankLayout& layout, int64_t max_batch_tokens,
-                                         Precision precision, std::span<const int64_t> free_bytes) {
+                                         ElementType precision, std::span<const int64_t> free_bytes) {
   return Plan(c, layout, max_batch_tokens, precision, free_bytes, BytesPerRank(c, layout.tp));
 }
 
@@ -177,7 +177,7 @@ std::string DescribeDevicePlan(const DevicePlan& plan, int64_t max_batch_tokens)
 }
 
 int64_t LargestFittingBatch(const ModelConfig& c, const RankLayout& layout, int64_t max_batch_tokens,
-                            Precision precision, std::span<const int64_t> free_bytes) {
+                            ElementType precision, std::span<const int64_t> free_bytes) {
   const std::vector<int64_t> weights = BytesPerRank(c, layout.tp);
   auto fits = [&](int64_t tokens) {
     for (const DevicePlan& plan : Plan(c, layout, tokens, precision, free_bytes, weights)) {
@@ -200,7 +200,7 @@ int64_t LargestFittingBatch(const ModelConfig& c, const RankLayout& layout, int6
 }
 
 absl::Status CheckMemoryPlan(const ModelConfig& c, const RankLayout& layout, int64_t max_batch_tokens,
-                             Precision precision, std::span<const int64_t> free_bytes,
+                             ElementType precision, std::span<const int64_t> free_bytes,
                              std::vector<DevicePlan>* plans_out) {
   std::vector<DevicePlan> plans = PlanDeviceMemory(c, layout, max_batch_tokens, precision, free_bytes);
   if (plans_out != nullptr) *plans_out = plans;

@@ -51,7 +51,7 @@ absl::StatusOr<RankLayout> MakeRankLayout(int tp, int ranks_per_device, int devi
 // compressed kv, kv, output and f32 partial; the MLP's or MoE's gate, up and
 // partials; Model::Run releases each layer's scratch after the layer), plus
 // the residual stream, the final norm and the staged batch.
-int64_t ForwardBytesPerRank(const ModelConfig& config, int tp, int64_t tokens, Precision precision);
+int64_t ForwardBytesPerRank(const ModelConfig& config, int tp, int64_t tokens, ElementType precision);
 
 // Device bytes one rank's backend takes besides weights and the forward's
 // buffers: the cuBLASLt workspace, the largest GEMM plan check (kPlanRows
@@ -59,7 +59,7 @@ int64_t ForwardBytesPerRank(const ModelConfig& config, int tp, int64_t tokens, P
 // for a MoE model is MoeExperts at `tokens` (router logits, the expert
 // permutation, gathered rows, gate/up, outputs, and the rank's experts
 // dequantised to bf16), and the capture staging ring (kCaptureStagingBytes).
-int64_t BackendScratchBytesPerRank(const ModelConfig& config, int tp, int64_t tokens, Precision precision);
+int64_t BackendScratchBytesPerRank(const ModelConfig& config, int tp, int64_t tokens, ElementType precision);
 
 // The plan of one GPU.
 struct DevicePlan {
@@ -75,7 +75,7 @@ struct DevicePlan {
 
 // The plan of every GPU of `layout`; free_bytes[d] is GPU d's free memory.
 std::vector<DevicePlan> PlanDeviceMemory(const ModelConfig& config, const RankLayout& layout,
-                                         int64_t max_batch_tokens, Precision precision,
+                                         int64_t max_batch_tokens, ElementType precision,
                                          std::span<const int64_t> free_bytes);
 
 // "cuda:0 ranks 0-7: weights 71.3 GiB + scratch 6.2 GiB + batch (8192 tokens)
@@ -85,14 +85,14 @@ std::string DescribeDevicePlan(const DevicePlan& plan, int64_t max_batch_tokens)
 // The largest batch budget (tokens, at most max_batch_tokens) whose plan fits
 // on every GPU; 0 when not even the weights and fixed scratch fit.
 int64_t LargestFittingBatch(const ModelConfig& config, const RankLayout& layout, int64_t max_batch_tokens,
-                            Precision precision, std::span<const int64_t> free_bytes);
+                            ElementType precision, std::span<const int64_t> free_bytes);
 
 // Plans every GPU (into *plans when given) and checks the plans: OK when each
 // fits, else ResourceExhausted naming, for the first GPU that does not, each
 // term, the free memory, and the largest --max-batch-tokens that would fit (or
 // that the weights alone do not).
 absl::Status CheckMemoryPlan(const ModelConfig& config, const RankLayout& layout, int64_t max_batch_tokens,
-                             Precision precision, std::span<const int64_t> free_bytes,
+                             ElementType precision, std::span<const int64_t> free_bytes,
                              std::vector<DevicePlan>* plans = nullptr);
 
 }  // namespace hsx

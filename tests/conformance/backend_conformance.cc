@@ -45,11 +45,11 @@ std::string DtypeName(ElementType type) { return type == ElementType::kBf16 ? "b
 // Runs ops of one case on fresh random inputs.
 class Harness {
  public:
-  Harness(Backend& backend, Precision precision, uint32_t seed)
+  Harness(Backend& backend, ElementType precision, uint32_t seed)
       : backend_(backend), precision_(precision), random_(seed) {}
 
-  Precision precision() const { return precision_; }
-  ElementType activation() const { return ActivationType(precision_); }
+  ElementType precision() const { return precision_; }
+  ElementType activation() const { return precision_; }
 
   float Value(float scale = 1.0f) {
     std::normal_distribution<float> normal(0.0f, scale);
@@ -153,7 +153,7 @@ class Harness {
 
  private:
   Backend& backend_;
-  Precision precision_;
+  ElementType precision_;
   std::mt19937 random_;
   std::vector<std::unique_ptr<Buffer>> buffers_;
 };
@@ -249,7 +249,7 @@ TEST_P(BackendConformance, EmbedZeroesRowsOutsideTheVocabularyShare) {
 }
 
 TEST_P(BackendConformance, ElementwiseOpsMatchReference) {
-  const Precision p = h().precision();
+  const ElementType p = h().precision();
   const ElementType act = h().activation();
   const HostMatrix a = h().RandomActivation(9, 70);  // 70: not a multiple of RMSNorm's 4 lanes
   const HostMatrix c = h().RandomActivation(9, 70);

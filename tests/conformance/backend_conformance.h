@@ -37,7 +37,7 @@ struct Tolerances {
 
 struct ConformanceCase {
   std::string name;  // a gtest-safe identifier, e.g. "cpu_bf16"
-  Precision precision = Precision::kFp32;
+  ElementType precision = ElementType::kF32;
   std::function<absl::StatusOr<std::unique_ptr<Backend>>()> make;
   Tolerances tolerances;
   std::string reason;  // why the tolerances are what they are
@@ -65,7 +65,7 @@ class BackendConformance : public ::testing::TestWithParam<ConformanceCase> {
   Backend& b() { return *backend_; }
   Harness& h() { return *harness_; }
   const Tolerances& tol() const { return GetParam().tolerances; }
-  bool bf16() const { return GetParam().precision == Precision::kBf16; }
+  bool bf16() const { return GetParam().precision == ElementType::kBf16; }
 
  private:
   std::unique_ptr<Backend> backend_;

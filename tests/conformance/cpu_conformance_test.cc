@@ -8,9 +8,9 @@ namespace {
 
 std::vector<ConformanceCase> CpuCases() {
   std::vector<ConformanceCase> cases;
-  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+  for (const ElementType precision : {ElementType::kF32, ElementType::kBf16}) {
     ConformanceCase c;
-    c.name = precision == Precision::kFp32 ? "cpu_fp32" : "cpu_bf16";
+    c.name = precision == ElementType::kF32 ? "cpu_fp32" : "cpu_bf16";
     c.precision = precision;
     c.make = [precision]() -> absl::StatusOr<std::unique_ptr<Backend>> { return MakeCpuBackend(precision, 2); };
     c.reason = "bitwise: the CPU backend sums in the contract's order";

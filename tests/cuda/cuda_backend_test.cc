@@ -80,7 +80,7 @@ struct Side {
 using ::hsx::testing::ValuesMatch;
 using ::hsx::testing::ValuesWithinUlps;
 
-class CudaVsCpuTest : public ::testing::TestWithParam<Precision> {
+class CudaVsCpuTest : public ::testing::TestWithParam<ElementType> {
  protected:
   void SetUp() override {
     HSX_SKIP_WITHOUT_CUDA();
@@ -95,10 +95,10 @@ class CudaVsCpuTest : public ::testing::TestWithParam<Precision> {
     gpu_.buffers.clear();
     cpu_.buffers.clear();
   }
-  bool bf16() const { return GetParam() == Precision::kBf16; }
+  bool bf16() const { return GetParam() == ElementType::kBf16; }
   const char* Dtype() const { return bf16() ? "bf16" : "fp32"; }
   static const char* DtypeName(ElementType type) { return type == ElementType::kBf16 ? "bf16" : "fp32"; }
-  ElementType act() const { return ActivationType(GetParam()); }
+  ElementType act() const { return GetParam(); }
   std::vector<float> Random(size_t n, float scale = 1.0f) {
     std::vector<float> v(n);
     for (float& x : v) x = bf16() ? RoundToBf16(values_.Next(scale)) : values_.Next(scale);
@@ -362,22 +362,22 @@ TEST_P(CudaVsCpuTest, OutOfMemorySaysHowMuch) {
   EXPECT_EQ(gpu_.Download(m), (std::vector<float>{1.0f, 2.0f}));
 }
 
-std::string PrecisionName(const ::testing::TestParamInfo<Precision>& param) {
-  return param.param == Precision::kBf16 ? "bf16" : "fp32";
+std::string PrecisionName(const ::testing::TestParamInfo<ElementType>& param) {
+  return param.param == ElementType::kBf16 ? "bf16" : "fp32";
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, CudaVsCpuTest, ::testing::Values(Precision::kFp32, Precision::kBf16),
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaVsCpuTest, ::testing::Values(ElementType::kF32, ElementType::kBf16),
                          PrecisionName);
 
 // ---- No GPU needed ---------------------------------------------------------------
 
 TEST(CudaBackendNoDeviceTest, NoDeviceGivesAClearError) {
   if (::hsx::testing::NoCudaDeviceReason().empty()) GTEST_SKIP() << "a CUDA device exists here";
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0, Precision::kBf16);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0, ElementType::kBf16);
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(backend.status().message().rfind("no CUDA device: ", 0), 0u) << backend.status();
-  absl::StatusOr<std::unique_ptr<DeviceFactory>> factory = MakeDeviceFactory(Device::kCuda, Precision::kBf16, 1, 0);
+  absl::StatusOr<std::unique_ptr<DeviceFactory>> factory = MakeDeviceFactory(Device::kCuda, ElementType::kBf16, 1, 0);
   ASSERT_FALSE(factory.ok());
   EXPECT_EQ(factory.status().message().rfind("--device cuda: no CUDA device: ", 0), 0u) << factory.status();
 }
@@ -405,7 +405,7 @@ TEST(CudaBackendNoDeviceTest, TensorParallelismWithoutAGpuSaysSo) {
   if (::hsx::testing::NoCudaDeviceReason().empty()) GTEST_SKIP() << "a CUDA device exists here";
   for (const int ranks_per_device : {1, 2}) {
     absl::StatusOr<std::unique_ptr<DeviceFactory>> factory =
-        MakeDeviceFactory(Device::kCuda, Precision::kBf16, 2, 0, ranks_per_device);
+        MakeDeviceFactory(Device::kCuda, ElementType::kBf16, 2, 0, ranks_per_device);
     ASSERT_FALSE(factory.ok());
     EXPECT_EQ(factory.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ(factory.status().message().rfind("--device cuda: no CUDA device: ", 0), 0u) << factory.status();

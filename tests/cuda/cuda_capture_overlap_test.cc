@@ -91,13 +91,13 @@ TEST(CudaCaptureOptionsTest, BadEnvironmentValueIsRefusedBeforeAnyDevice) {
   EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(options.status().message().find("HSX_CUDA_CAPTURE_OVERLAP='yes'"), std::string::npos) << options.status();
   // MakeCudaBackend says so too, with or without a GPU.
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0, Precision::kBf16);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0, ElementType::kBf16);
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status(), options.status());
 }
 
 TEST(CudaCaptureOptionsTest, OnlyACudaBackendTakesOptions) {
-  std::unique_ptr<Backend> cpu = MakeCpuBackend(Precision::kFp32, 1);
+  std::unique_ptr<Backend> cpu = MakeCpuBackend(ElementType::kF32, 1);
   const absl::Status status = SetCudaCaptureOptions(*cpu, CudaCaptureOptions{});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("not a CUDA backend"), std::string::npos) << status;
@@ -119,7 +119,7 @@ struct Case {
   CudaCaptureOptions options;
 };
 
-class CudaCaptureOverlapTest : public ::testing::TestWithParam<Precision> {
+class CudaCaptureOverlapTest : public ::testing::TestWithParam<ElementType> {
  protected:
   void SetUp() override { HSX_SKIP_WITHOUT_CUDA(); }
 };
@@ -143,13 +143,13 @@ void CheckCaptures(const char* base, const std::vector<std::pair<size_t, std::ve
 // Runs the capture pattern on one backend with `options`; returns every
 // capture's bytes in order (empty, with a failure, on error) after checking
 // each against the values the source held when it was captured.
-std::vector<std::vector<char>> CaptureEverything(Precision precision, const CudaCaptureOptions& options) {
+std::vector<std::vector<char>> CaptureEverything(ElementType precision, const CudaCaptureOptions& options) {
   absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackend(0, precision);
   EXPECT_TRUE(made.ok()) << made.status();
   if (!made.ok()) return {};
   Backend& backend = **made;
   EXPECT_TRUE(SetCudaCaptureOptions(backend, options).ok());
-  const ElementType type = backend.activation_type();
+  const ElementType type = backend.precision();
   const size_t element = ElementSize(type);
   constexpr int64_t kCols = 40, kWide = 48, kOffset = 3, kLayers = 5;
   std::vector<std::vector<char>> captures;
@@ -222,7 +222,7 @@ std::vector<std::vector<char>> CaptureEverything(Precision precision, const Cuda
 }
 
 TEST_P(CudaCaptureOverlapTest, CapturesHoldTheSourceAsItWasWhenCopied) {
-  const size_t row = 40 * ElementSize(ActivationType(GetParam()));
+  const size_t row = 40 * ElementSize(GetParam());
   const std::vector<Case> cases = {
       {"overlap off", {false, kCaptureStagingBytes}},
       {"overlap on, default ring", {true, kCaptureStagingBytes}},
@@ -239,7 +239,7 @@ TEST_P(CudaCaptureOverlapTest, CapturesHoldTheSourceAsItWasWhenCopied) {
       continue;
     }
     ASSERT_EQ(got.size(), reference.size());
-    const ElementType type = ActivationType(GetParam());
+    const ElementType type = GetParam();
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_TRUE(::hsx::testing::ValuesMatch(
           {absl::StrCat(c.name, ": capture ", i, " vs overlap off"),
@@ -250,9 +250,9 @@ TEST_P(CudaCaptureOverlapTest, CapturesHoldTheSourceAsItWasWhenCopied) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, CudaCaptureOverlapTest, ::testing::Values(Precision::kFp32, Precision::kBf16),
-                         [](const ::testing::TestParamInfo<Precision>& param_info) {
-                           return param_info.param == Precision::kBf16 ? "bf16" : "fp32";
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaCaptureOverlapTest, ::testing::Values(ElementType::kF32, ElementType::kBf16),
+                         [](const ::testing::TestParamInfo<ElementType>& param_info) {
+                           return param_info.param == ElementType::kBf16 ? "bf16" : "fp32";
                          });
 
 // The whole tiny model, every layer and the final norm captured, a few
@@ -275,8 +275,8 @@ TEST(CudaCaptureOverlapModelTest, OverlapOnEqualsOverlapOffBitwise) {
     }
     batches.push_back(batch);
   }
-  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
-    SCOPED_TRACE(precision == Precision::kBf16 ? "bf16" : "fp32");
+  for (const ElementType precision : {ElementType::kF32, ElementType::kBf16}) {
+    SCOPED_TRACE(precision == ElementType::kBf16 ? "bf16" : "fp32");
     std::vector<std::vector<testing::FloatStates>> runs[2];
     for (int overlap = 0; overlap < 2; ++overlap) {
       ScopedEnv env("HSX_CUDA_CAPTURE_OVERLAP", overlap ? "1" : "0");
@@ -310,7 +310,7 @@ TEST(CudaCaptureOverlapModelTest, TheBatcherDeliversOnlyLandedRows) {
   ASSERT_NE(checkpoint, nullptr);
   ScopedEnv env("HSX_CUDA_CAPTURE_OVERLAP", "1");
   EngineOptions options;
-  options.precision = Precision::kBf16;
+  options.precision = ElementType::kBf16;
   options.device = Device::kCuda;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint, options);
   ASSERT_TRUE(engine.ok()) << engine.status();

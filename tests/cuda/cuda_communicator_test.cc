@@ -42,7 +42,7 @@ class CudaCommunicatorTest : public ::testing::TestWithParam<Transport> {
     backends_.clear();
     for (int r = 0; r < ranks; ++r) {
       absl::StatusOr<std::unique_ptr<Backend>> b =
-          MakeCudaBackend(GetParam() == Transport::kNccl ? r : 0, Precision::kFp32);
+          MakeCudaBackend(GetParam() == Transport::kNccl ? r : 0, ElementType::kF32);
       ASSERT_TRUE(b.ok()) << b.status();
       backends_.push_back(*std::move(b));
     }

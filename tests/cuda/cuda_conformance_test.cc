@@ -19,8 +19,8 @@ namespace {
 
 std::vector<ConformanceCase> CudaCases() {
   std::vector<ConformanceCase> cases;
-  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
-    const bool bf16 = precision == Precision::kBf16;
+  for (const ElementType precision : {ElementType::kF32, ElementType::kBf16}) {
+    const bool bf16 = precision == ElementType::kBf16;
     ConformanceCase c;
     c.name = bf16 ? "cuda_bf16" : "cuda_fp32";
     c.precision = precision;

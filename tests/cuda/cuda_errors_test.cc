@@ -49,7 +49,7 @@ TEST(CudaErrorsDeathTest, AnIllegalAddressInAnOpLosesTheDevice) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process, whose context the fault poisons
   EXPECT_EXIT(
       {
-        absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0, Precision::kFp32);
+        absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0, ElementType::kF32);
         if (!backend.ok()) {
           std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
           std::_Exit(2);

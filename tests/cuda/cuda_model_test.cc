@@ -37,7 +37,7 @@ class CudaModelTest : public ::testing::Test {
   }
   void SetUp() override { HSX_SKIP_WITHOUT_CUDA(); }
 
-  static std::unique_ptr<Engine> MakeEngine(Device device, Precision precision) {
+  static std::unique_ptr<Engine> MakeEngine(Device device, ElementType precision) {
     EngineOptions options;
     options.precision = precision;
     options.device = device;
@@ -65,9 +65,9 @@ TempDir* CudaModelTest::dir_ = nullptr;
 Checkpoint* CudaModelTest::checkpoint_ = nullptr;
 
 TEST_F(CudaModelTest, MatchesTheCpuBackend) {
-  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
-    SCOPED_TRACE(precision == Precision::kBf16 ? "bf16" : "fp32");
-    const double tolerance = precision == Precision::kBf16 ? 2e-2 : 1e-5;
+  for (const ElementType precision : {ElementType::kF32, ElementType::kBf16}) {
+    SCOPED_TRACE(precision == ElementType::kBf16 ? "bf16" : "fp32");
+    const double tolerance = precision == ElementType::kBf16 ? 2e-2 : 1e-5;
     std::unique_ptr<Engine> gpu = MakeEngine(Device::kCuda, precision);
     std::unique_ptr<Engine> cpu = MakeEngine(Device::kCpu, precision);
     ASSERT_TRUE(gpu && cpu);
@@ -80,7 +80,7 @@ TEST_F(CudaModelTest, MatchesTheCpuBackend) {
     ASSERT_EQ(want.size(), samples.size());
     for (size_t s = 0; s < samples.size(); ++s) {
       const double worst = ::hsx::testing::ExpectLayersWithinL2(
-          absl::StrCat(precision == Precision::kBf16 ? "bf16" : "fp32", " sample ", s, " (", samples[s].size(),
+          absl::StrCat(precision == ElementType::kBf16 ? "bf16" : "fp32", " sample ", s, " (", samples[s].size(),
                        " tokens), CUDA vs CPU"),
           got[s], want[s], tolerance);
       std::printf("sample %zu: worst layer error %.3g\n", s, worst);
@@ -89,8 +89,8 @@ TEST_F(CudaModelTest, MatchesTheCpuBackend) {
 }
 
 TEST_F(CudaModelTest, BatchedEqualsSoloBitForBit) {
-  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
-    SCOPED_TRACE(precision == Precision::kBf16 ? "bf16" : "fp32");
+  for (const ElementType precision : {ElementType::kF32, ElementType::kBf16}) {
+    SCOPED_TRACE(precision == ElementType::kBf16 ? "bf16" : "fp32");
     std::unique_ptr<Engine> engine = MakeEngine(Device::kCuda, precision);
     ASSERT_TRUE(engine);
     const int64_t seeds = ::hsx::testing::TestSize(20, 3);

@@ -49,7 +49,7 @@ class TensorParallelTest : public ::testing::TestWithParam<Device> {
   // TP `tp` on this test's device; on CUDA every rank on GPU 0 unless `spread`.
   static std::unique_ptr<Engine> MakeEngine(int tp, bool spread = false) {
     EngineOptions options;
-    options.precision = Precision::kFp32;
+    options.precision = ElementType::kF32;
     options.device = GetParam();
     options.tp = tp;
     options.threads = tp;

@@ -74,7 +74,7 @@ struct Gpu {
 };
 
 Gpu MakeGpu(CudaAttention attention) {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0, Precision::kBf16, attention);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0, ElementType::kBf16, attention);
   EXPECT_TRUE(backend.ok()) << backend.status();
   return Gpu{backend.ok() ? *std::move(backend) : nullptr, {}};
 }
@@ -215,7 +215,7 @@ TEST(CudnnAttentionFlagTest, ParsesAndRefusesWhatItCannotServe) {
   const absl::StatusOr<CudaAttention> bad = ParseAttentionKernel("flash");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("--attention 'flash'"), std::string::npos) << bad.status();
-  const auto cpu = MakeDeviceFactory(Device::kCpu, Precision::kBf16, 1, 1, 1, CudaAttention::kCudnn);
+  const auto cpu = MakeDeviceFactory(Device::kCpu, ElementType::kBf16, 1, 1, 1, CudaAttention::kCudnn);
   ASSERT_FALSE(cpu.ok());
   EXPECT_EQ(cpu.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(cpu.status().message().find("--device cuda only"), std::string::npos) << cpu.status();
@@ -233,7 +233,7 @@ TEST(CudnnAttentionFlagTest, CreationSaysWhyWithoutADevice) {
   ASSERT_FALSE(cudnn.ok());
   EXPECT_EQ(cudnn.status().code(), absl::StatusCode::kFailedPrecondition);
   std::printf("cuDNN without a device: %s\n", std::string(cudnn.status().message()).c_str());
-  const auto backend = MakeCudaBackend(0, Precision::kBf16, CudaAttention::kCudnn);
+  const auto backend = MakeCudaBackend(0, ElementType::kBf16, CudaAttention::kCudnn);
   ASSERT_FALSE(backend.ok());
   EXPECT_NE(backend.status().message().find("no CUDA device"), std::string::npos) << backend.status();
 }

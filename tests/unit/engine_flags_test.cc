@@ -33,7 +33,7 @@ TEST(EngineFlags, TheDefaultsAreAUsableEngine) {
   EXPECT_EQ(flags->engine.tp, 1);
   EXPECT_EQ(flags->engine.ranks_per_device, 1);
   EXPECT_EQ(flags->engine.attention, CudaAttention::kReference);
-  EXPECT_EQ(flags->engine.precision, Precision::kBf16);
+  EXPECT_EQ(flags->engine.precision, ElementType::kBf16);
   EXPECT_EQ(flags->engine.threads, 0);
   EXPECT_EQ(flags->engine.max_batch_tokens, 8192);
   EXPECT_EQ(flags->capture, "eagle3");
@@ -54,7 +54,7 @@ TEST(EngineFlags, ValuesGivenReachTheEngineOptions) {
   ASSERT_TRUE(flags.ok()) << flags.status();
   EXPECT_EQ(flags->engine.tp, 2);
   EXPECT_EQ(flags->engine.threads, 1024);
-  EXPECT_EQ(flags->engine.precision, Precision::kFp32);
+  EXPECT_EQ(flags->engine.precision, ElementType::kF32);
   EXPECT_EQ(flags->engine.max_batch_tokens, 16777216);
   EXPECT_EQ(flags->max_tokens_per_sample, 100);
   EXPECT_EQ(flags->capture, "1,2");
@@ -138,8 +138,8 @@ TEST(EngineFlags, ASampleLimitGivenMustFitTheBatchAndTheModel) {
 }
 
 TEST(EngineFlags, PrecisionNamesAreTheFlagsSpelling) {
-  EXPECT_STREQ(PrecisionName(Precision::kBf16), "bf16");
-  EXPECT_STREQ(PrecisionName(Precision::kFp32), "fp32");
+  EXPECT_STREQ(PrecisionName(ElementType::kBf16), "bf16");
+  EXPECT_STREQ(PrecisionName(ElementType::kF32), "fp32");
 }
 
 }  // namespace

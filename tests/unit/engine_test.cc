@@ -132,7 +132,7 @@ class FaultyFactory : public DeviceFactory {
  public:
   FaultyFactory(int faulty_rank, Fault* fault) : faulty_rank_(faulty_rank), fault_(fault) {}
   absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(int rank) override {
-    std::unique_ptr<Backend> cpu = MakeCpuBackend(Precision::kBf16, 1);
+    std::unique_ptr<Backend> cpu = MakeCpuBackend(ElementType::kBf16, 1);
     if (rank != faulty_rank_) return cpu;
     auto faulty = std::make_unique<FaultyBackend>(std::move(cpu), fault_);
     faulty_ = faulty.get();
@@ -197,7 +197,7 @@ Checkpoint* EngineTest::checkpoint_ = nullptr;
 // engine says which, and nothing is loaded.
 TEST_F(EngineTest, CudaIsRefusedClearlyWhereItCannotRun) {
   absl::StatusOr<std::unique_ptr<Engine>> engine =
-      Engine::Create(*checkpoint_, {.tp = 1, .precision = Precision::kBf16, .threads = 1, .device = Device::kCuda});
+      Engine::Create(*checkpoint_, {.tp = 1, .precision = ElementType::kBf16, .threads = 1, .device = Device::kCuda});
   if (engine.ok()) GTEST_SKIP() << "a CUDA device is present: the CUDA tests cover it";
   const std::string message(engine.status().message());
   const bool no_build = engine.status().code() == absl::StatusCode::kUnimplemented &&
@@ -210,7 +210,7 @@ TEST_F(EngineTest, CudaIsRefusedClearlyWhereItCannotRun) {
 
 TEST_F(EngineTest, AFailingRankFailsTheBatchEverywhereAndTheNextBatchRuns) {
   absl::StatusOr<std::unique_ptr<Engine>> clean =
-      Engine::Create(*checkpoint_, {.tp = 2, .precision = Precision::kBf16, .threads = 2});
+      Engine::Create(*checkpoint_, {.tp = 2, .precision = ElementType::kBf16, .threads = 2});
   ASSERT_TRUE(clean.ok()) << clean.status();
   const absl::StatusOr<std::vector<FloatStates>> expected = RunBounded(**clean);
   ASSERT_TRUE(expected.ok()) << expected.status();
@@ -221,7 +221,7 @@ TEST_F(EngineTest, AFailingRankFailsTheBatchEverywhereAndTheNextBatchRuns) {
       Fault fault;
       auto factory = std::make_shared<FaultyFactory>(1, &fault);
       absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(
-          *checkpoint_, {.tp = tp, .precision = Precision::kBf16, .threads = tp, .factory = factory});
+          *checkpoint_, {.tp = tp, .precision = ElementType::kBf16, .threads = tp, .factory = factory});
       ASSERT_TRUE(engine.ok()) << engine.status();
       // Mid-batch: the 5th Linear (layer 0's attention) or the 12th allocation.
       (in_allocate ? fault.allocate_call : fault.linear_call) = in_allocate ? 12 : 5;
@@ -254,7 +254,7 @@ TEST_F(EngineTest, AnOpErrorOfARankThatLeftEarlyDoesNotFailTheNextBatch) {
   Fault fault;
   auto factory = std::make_shared<FaultyFactory>(1, &fault);
   absl::StatusOr<std::unique_ptr<Engine>> engine =
-      Engine::Create(*checkpoint_, {.tp = 2, .precision = Precision::kBf16, .threads = 2, .factory = factory});
+      Engine::Create(*checkpoint_, {.tp = 2, .precision = ElementType::kBf16, .threads = 2, .factory = factory});
   ASSERT_TRUE(engine.ok()) << engine.status();
   ASSERT_TRUE(RunBounded(**engine).ok());  // places the rotary table: later batches do not synchronize early
   factory->faulty()->ResetCounts();
@@ -282,7 +282,7 @@ TEST_F(EngineTest, ALostDeviceFailsTheBatchEverywhereAndEveryLaterOne) {
     fault.device_lost = true;
     int heard = 0;
     absl::Status heard_status;
-    EngineOptions options{.tp = 2, .precision = Precision::kBf16, .threads = 2,
+    EngineOptions options{.tp = 2, .precision = ElementType::kBf16, .threads = 2,
                           .factory = std::make_shared<FaultyFactory>(1, &fault)};
     options.on_device_lost = [&](const absl::Status& status) {
       ++heard;
@@ -330,7 +330,7 @@ TEST_F(EngineTest, ALostDeviceFailsTheBatchEverywhereAndEveryLaterOne) {
 TEST_F(EngineTest, AGroupThatCannotBeReArmedStopsTheEngine) {
   Fault fault;
   int heard = 0;
-  EngineOptions options{.tp = 2, .precision = Precision::kBf16, .threads = 2,
+  EngineOptions options{.tp = 2, .precision = ElementType::kBf16, .threads = 2,
                         .factory = std::make_shared<FaultyFactory>(1, &fault)};
   options.on_device_lost = [&](const absl::Status&) { ++heard; };
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);
@@ -362,7 +362,7 @@ class DeviceLossServingTest : public EngineTest {
   // TP 2 (rank 1 faulty) behind a batcher whose budget holds one 7-token
   // sample per batch, and hsx-server's handler; health SERVING.
   void SetUp() override {
-    EngineOptions options{.tp = 2, .precision = Precision::kBf16, .threads = 2,
+    EngineOptions options{.tp = 2, .precision = ElementType::kBf16, .threads = 2,
                           .factory = std::make_shared<FaultyFactory>(1, &fault_)};
     options.on_device_lost = DeviceLossHandler(&health_, &metrics_);
     absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);
@@ -530,7 +530,7 @@ class LateCopyFactory : public DeviceFactory {
  public:
   explicit LateCopyFactory(LateCopies* how) : how_(how) {}
   absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(int rank) override {
-    return std::make_unique<LateCopyBackend>(MakeCpuBackend(Precision::kBf16, 1), how_);
+    return std::make_unique<LateCopyBackend>(MakeCpuBackend(ElementType::kBf16, 1), how_);
   }
   absl::StatusOr<std::unique_ptr<CommunicatorGroup>> MakeGroup(std::span<Backend* const> backends) override {
     return std::make_unique<InProcessGroup>(static_cast<int>(backends.size()));
@@ -546,12 +546,12 @@ class LateCopyFactory : public DeviceFactory {
 // through several batches, equals the same sample run alone by a plain engine.
 TEST_F(EngineTest, CapturesCopiedAfterRunReturnsAreWaitedForBeforeDelivery) {
   LateCopies how;
-  EngineOptions options{.tp = 2, .precision = Precision::kBf16, .threads = 2,
+  EngineOptions options{.tp = 2, .precision = ElementType::kBf16, .threads = 2,
                         .factory = std::make_shared<LateCopyFactory>(&how)};
   absl::StatusOr<std::unique_ptr<Engine>> late = Engine::Create(*checkpoint_, options);
   ASSERT_TRUE(late.ok()) << late.status();
   absl::StatusOr<std::unique_ptr<Engine>> plain =
-      Engine::Create(*checkpoint_, {.tp = 1, .precision = Precision::kBf16, .threads = 1});
+      Engine::Create(*checkpoint_, {.tp = 1, .precision = ElementType::kBf16, .threads = 1});
   ASSERT_TRUE(plain.ok()) << plain.status();
   const std::vector<std::vector<int32_t>> samples = {{1, 2, 3, 4, 5}, {9, 8, 7}, {4, 4, 4, 4, 4, 4}, {2},
                                                      {5, 6, 7, 8}, {3, 1, 4, 1, 5, 9}, {7, 7}};
@@ -598,8 +598,8 @@ TEST_F(EngineTest, TheCaptureCopyChecksTheRowsAsTheirConsumerAsked) {
   const int64_t long_sample = 5 * (int64_t{128} << 10) / (hidden * 2) / 2 + 3;
   std::vector<int32_t> long_tokens(long_sample);
   for (int64_t t = 0; t < long_sample; ++t) long_tokens[t] = static_cast<int32_t>(1 + t % 50);
-  for (const Precision precision : {Precision::kBf16, Precision::kFp32}) {
-    const OutputDType as_is = precision == Precision::kBf16 ? OutputDType::kBf16 : OutputDType::kFp32;
+  for (const ElementType precision : {ElementType::kBf16, ElementType::kF32}) {
+    const OutputDType as_is = precision == ElementType::kBf16 ? OutputDType::kBf16 : OutputDType::kFp32;
     const std::vector<std::optional<RowCheck>> checks = {RowCheck{as_is, ChecksumKind::kXxh3}, std::nullopt,
                                                          RowCheck{OutputDType::kFp16, ChecksumKind::kXxh64},
                                                          RowCheck{as_is, ChecksumKind::kXxh64}};
@@ -613,7 +613,7 @@ TEST_F(EngineTest, TheCaptureCopyChecksTheRowsAsTheirConsumerAsked) {
     for (const bool late : {false, true}) {
       for (const int tp : {1, 2}) {
         if (late && tp == 2) continue;
-        SCOPED_TRACE(::testing::Message() << (precision == Precision::kBf16 ? "bf16" : "fp32") << " tp " << tp
+        SCOPED_TRACE(::testing::Message() << (precision == ElementType::kBf16 ? "bf16" : "fp32") << " tp " << tp
                                         << (late ? " late copies" : ""));
         LateCopies how;
         EngineOptions options{.tp = tp, .precision = precision, .threads = tp};
@@ -622,7 +622,7 @@ TEST_F(EngineTest, TheCaptureCopyChecksTheRowsAsTheirConsumerAsked) {
         ASSERT_TRUE(engine.ok()) << engine.status();
         for (const CaptureSpec& spec : {AllLayers(), *CaptureSpec::Make({0}, false, 3)}) {
           const size_t tensors = spec.ids().size() + (spec.final_norm() ? 1 : 0);
-          CaptureCheck check(checks, ActivationType(precision), tensors, values);
+          CaptureCheck check(checks, precision, tensors, values);
           absl::StatusOr<Captures> captures = (*engine)->Run(batch, spec, Engine::Copies::kWait, &check);
           ASSERT_TRUE(captures.ok()) << captures.status();
           std::vector<SampleTensors> samples = ViewBySample(*std::move(captures));
@@ -656,7 +656,7 @@ TEST_F(EngineTest, ACopyThatLosesItsDeviceStopsTheEngine) {
   LateCopies how;
   how.lost = true;
   int heard = 0;
-  EngineOptions options{.tp = 1, .precision = Precision::kBf16, .threads = 1,
+  EngineOptions options{.tp = 1, .precision = ElementType::kBf16, .threads = 1,
                         .factory = std::make_shared<LateCopyFactory>(&how)};
   options.on_device_lost = [&heard](const absl::Status&) { ++heard; };
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*checkpoint_, options);

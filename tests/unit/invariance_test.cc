@@ -51,8 +51,8 @@ class InvarianceTest : public ::testing::Test {
     delete dir_;
   }
 
-  static Engine& GetEngine(int tp, Precision precision) {
-    static std::map<std::pair<int, Precision>, std::unique_ptr<Engine>> engines;
+  static Engine& GetEngine(int tp, ElementType precision) {
+    static std::map<std::pair<int, ElementType>, std::unique_ptr<Engine>> engines;
     auto& engine = engines[{tp, precision}];
     if (!engine) engine = *Engine::Create(*checkpoint_, {tp, precision, 2});
     return *engine;
@@ -122,7 +122,7 @@ std::vector<FloatStates> RunPacked(Engine& engine, const std::vector<std::vector
 
 TEST_F(InvarianceTest, BatchedEqualsSoloBitForBitOverManySeeds) {
   const int64_t vocab = checkpoint_->config().vocab_size;
-  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+  for (ElementType precision : {ElementType::kF32, ElementType::kBf16}) {
     for (int tp : {1, 2, 4}) {
       Engine& engine = GetEngine(tp, precision);
       for (int seed = 0; seed < 20; ++seed) {
@@ -150,7 +150,7 @@ TEST_F(InvarianceTest, BatchedEqualsSoloBitForBitOverManySeeds) {
 // tokens, packed with short ones: still bitwise equal to their solo runs.
 TEST_F(InvarianceTest, LongSamplesBatchedEqualSoloBitForBit) {
   const int64_t vocab = checkpoint_->config().vocab_size;
-  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+  for (ElementType precision : {ElementType::kF32, ElementType::kBf16}) {
     for (int tp : {1, 4}) {
       Engine& engine = GetEngine(tp, precision);
       for (int seed = 0; seed < 3; ++seed) {
@@ -171,9 +171,9 @@ TEST_F(InvarianceTest, TensorParallelDegreesAgreeWithinFloat32Rounding) {
   std::mt19937 random(77);
   std::vector<std::vector<int32_t>> samples;
   for (int64_t length : {1, 7, 33, 64}) samples.push_back(RandomTokens(random, length, checkpoint_->config().vocab_size));
-  std::vector<FloatStates> reference = RunBatch(GetEngine(1, Precision::kFp32), samples);
+  std::vector<FloatStates> reference = RunBatch(GetEngine(1, ElementType::kF32), samples);
   for (int tp : {2, 4, 8}) {
-    std::vector<FloatStates> split = RunBatch(GetEngine(tp, Precision::kFp32), samples);
+    std::vector<FloatStates> split = RunBatch(GetEngine(tp, ElementType::kF32), samples);
     for (size_t i = 0; i < samples.size(); ++i) {
       EXPECT_LE(RelativeError(split[i].hidden_states, reference[i].hidden_states), 1e-5) << "tp " << tp;
       EXPECT_LE(RelativeError(split[i].final_norm, reference[i].final_norm), 1e-5) << "tp " << tp;
@@ -189,7 +189,7 @@ std::vector<FloatStates> SplitOffByOne(const Captures& captures, std::vector<int
 }
 
 TEST_F(InvarianceTest, AnOffByOneSplitIsCaught) {
-  Engine& engine = GetEngine(1, Precision::kFp32);
+  Engine& engine = GetEngine(1, ElementType::kF32);
   std::mt19937 random(5);
   std::vector<std::vector<int32_t>> samples;
   for (int64_t length : {9, 4, 12}) samples.push_back(RandomTokens(random, length, checkpoint_->config().vocab_size));
@@ -204,7 +204,7 @@ TEST_F(InvarianceTest, AnOffByOneSplitIsCaught) {
 }
 
 TEST_F(InvarianceTest, SamplesOf512And259TokensComeBackWhole) {
-  Engine& engine = GetEngine(1, Precision::kBf16);
+  Engine& engine = GetEngine(1, ElementType::kBf16);
   std::mt19937 random(1);
   const std::vector<std::vector<int32_t>> samples = {RandomTokens(random, 512, 512), RandomTokens(random, 259, 512)};
   std::vector<FloatStates> states = RunBatch(engine, samples);
@@ -221,7 +221,7 @@ TEST_F(InvarianceTest, SamplesOf512And259TokensComeBackWhole) {
 }
 
 TEST_F(InvarianceTest, BatcherDeliversEachSampleItsOwnCapture) {
-  Engine& engine = GetEngine(2, Precision::kBf16);
+  Engine& engine = GetEngine(2, ElementType::kBf16);
   const ModelConfig& c = checkpoint_->config();
   std::mt19937 random(12);
   const std::vector<std::string> specs = {"0,2", "4", "eagle3", "all"};
@@ -260,7 +260,7 @@ TEST_F(InvarianceTest, BatcherDeliversEachSampleItsOwnCapture) {
 // batch's consumer holds its sample, the second batch runs, and the third
 // waits until the first is delivered (two batches' buffers at most).
 TEST_F(InvarianceTest, TheNextBatchRunsWhileThePreviousIsDelivered) {
-  Engine& engine = GetEngine(1, Precision::kFp32);
+  Engine& engine = GetEngine(1, ElementType::kF32);
   const CaptureSpec capture = AllLayers();
   BatcherOptions options;
   options.max_batch_tokens = 8;  // one 8-token sample per batch
@@ -295,7 +295,7 @@ TEST_F(InvarianceTest, TheNextBatchRunsWhileThePreviousIsDelivered) {
 }
 
 TEST_F(InvarianceTest, AbandonedSamplesAreDroppedNotComputed) {
-  Engine& engine = GetEngine(1, Precision::kFp32);
+  Engine& engine = GetEngine(1, ElementType::kF32);
   const CaptureSpec capture = AllLayers();
   std::atomic<bool> gone{true};
   absl::Status dropped = absl::OkStatus();

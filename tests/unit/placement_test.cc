@@ -33,7 +33,7 @@ TEST_P(PlacementTest, LoaderPlacesWhatTheInspectPlanCounts) {
   for (const int tp : {1, 2, 4, 8}) {
     SCOPED_TRACE(::testing::Message() << GetParam().preset << " at TP " << tp);
     absl::StatusOr<std::unique_ptr<Engine>> engine =
-        Engine::Create(**checkpoint, {.tp = tp, .precision = Precision::kBf16, .threads = tp});
+        Engine::Create(**checkpoint, {.tp = tp, .precision = ElementType::kBf16, .threads = tp});
     const absl::Status divisible = CheckTensorParallelDegree((*checkpoint)->config(), tp);
     if (!divisible.ok()) {  // the plan and the loader refuse alike
       EXPECT_EQ(engine.status(), divisible);
