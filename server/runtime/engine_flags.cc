@@ -69,7 +69,7 @@ absl::Status ReadDeviceFlags(EngineOptions* engine) {
       .status();
 }
 
-// ElementType, threads and the batch budget.
+// The precision, threads and the batch budget.
 absl::Status ReadComputeFlags(EngineOptions* engine) {
   absl::StatusOr<ElementType> precision = ParsePrecision(absl::GetFlag(FLAGS_precision));
   if (!precision.ok()) return precision.status();
