@@ -35,7 +35,7 @@
 //  * Element types. Activations are row-major matrices of the activation type:
 //    bf16 in ElementType::kBf16, f32 in kF32. In kBf16 every value an op writes
 //    to an activation is rounded where the Hugging Face BF16 reference rounds
-//    (model-spec.md §4); in kFp32 nothing is rounded. Partial sums (a
+//    (model-spec.md §4); in kF32 nothing is rounded. Partial sums (a
 //    tensor-parallel rank's share of a split block, `partial` outputs) are
 //    always f32 and stay unrounded until Round().
 //

@@ -65,7 +65,7 @@ class CpuBackend : public Backend {
   void CopyRoutingToHost(const Routing& routing, int32_t* experts, float* weights) override;
 
  private:
-  // Rounds to bfloat16 in kBf16 mode, identity in kFp32.
+  // Rounds to bfloat16 in kBf16 mode, identity in kF32.
   float R(float value) const;
   // Records `status` if it is the first error since the last Synchronize(); returns status.ok().
   bool Check(const absl::Status& status);

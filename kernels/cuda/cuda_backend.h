@@ -29,7 +29,7 @@
 //
 // Arithmetic. In ElementType::kBf16 activations are bf16; GEMMs take bf16
 // operands with float32 accumulation (gemm.h: one pinned algorithm per shape,
-// no split-K, so rows are batch-independent). In kFp32 activations are f32
+// no split-K, so rows are batch-independent). In kF32 activations are f32
 // and GEMMs run in true fp32 (bf16 weights are widened exactly to f32 first).
 // Everything else (ops.h) repeats the CPU reference's float32 operations in
 // the same order; see tests/cuda for what agrees bitwise and what within a

@@ -128,7 +128,7 @@ int64_t BackendScratchBytesPerRank(const ModelConfig& c, int tp, int64_t tokens,
     moe += tokens * c.num_experts_per_tok * 8;  // the routing itself
   }
   int64_t plan_check = 0;
-  int64_t f32_weight_copy = 0;  // kFp32: a bf16 weight widened to f32 for one GEMM
+  int64_t f32_weight_copy = 0;  // kF32: a bf16 weight widened to f32 for one GEMM
   for (const auto& [n, k] : shapes) {
     plan_check = std::max(plan_check, (n * k + kPlanRows * k + kPlanRows * n) * 4);
     if (precision == ElementType::kF32) f32_weight_copy = std::max(f32_weight_copy, n * k * 4);
