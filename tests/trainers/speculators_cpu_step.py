@@ -18,7 +18,9 @@ itself without CUDA, so the step runs in float32.
 
 RESULT.json receives: "losses" (the loss of each training forward), "changed" and
 "unchanged" (trainable parameter names), "d2t" and "t2d_ids" (the model's
-buffers after loading, t2d as the ids where it is true)."""
+buffers after loading, t2d as the ids where it is true; null when speculators
+found no mapping and trained on the full vocabulary, which it does with only a
+warning)."""
 
 import json
 import sys
@@ -58,9 +60,10 @@ def record_one_epoch(result):
         after = dict(model.named_parameters())
         result["changed"] = sorted(n for n in before if not torch.equal(before[n], after[n]))
         result["unchanged"] = sorted(n for n in before if torch.equal(before[n], after[n]))
-        result["d2t"] = model.d2t.tolist()
-        result["t2d_ids"] = model.t2d.nonzero().flatten().tolist()
-        result["t2d_size"] = int(model.t2d.shape[0])
+        loaded = model.d2t is not None and model.t2d is not None  # None: trained on the full vocabulary
+        result["d2t"] = model.d2t.tolist() if loaded else None
+        result["t2d_ids"] = model.t2d.nonzero().flatten().tolist() if loaded else None
+        result["t2d_size"] = int(model.t2d.shape[0]) if loaded else None
 
     trainer_module.Trainer.train_epoch = train_epoch
 

@@ -90,6 +90,7 @@ def speculators_one_step(server, model, tokens_jsonl, freq, work):
 def test_speculators_one_training_step_with_the_hsx_vocab(server, model, tokens, tmp_path):
     tokens_jsonl, freq = tokens
     step = speculators_one_step(server, model, tokens_jsonl, freq, tmp_path)
+    assert step["d2t"] is not None, "speculators found no vocab mapping in DATA (so it trained on the full vocabulary)"
     assert_mapping_is_intended(step["d2t"], step["t2d_ids"], step["t2d_size"], freq)
     assert len(step["losses"]) == 1 and math.isfinite(step["losses"][0]) and step["losses"][0] > 0
     assert step["unchanged"] == [] and "fc.weight" in step["changed"]
