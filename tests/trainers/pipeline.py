@@ -77,6 +77,6 @@ def intended_draft_ids(freq_path, draft_vocab_size):
     ids, ties to the lower id, then the lowest unseen ids; ascending."""
     data = json.loads(Path(freq_path).read_text())
     ranked = [t for t, _ in sorted(data["counts"], key=lambda pair: (-pair[1], pair[0]))]
-    ids = ranked[:draft_vocab_size]
-    ids += [t for t in range(data["vocab_size"]) if t not in set(ranked)][:draft_vocab_size - len(ids)]
+    ids, seen = ranked[:draft_vocab_size], set(ranked)
+    ids += [t for t in range(data["vocab_size"]) if t not in seen][:draft_vocab_size - len(ids)]
     return sorted(ids)
