@@ -6,16 +6,13 @@ OfflineSupervisedDataset + EagleOfflineDataCollator read what they produced;
 every tensor is compared with the hsx files.
 
 Environment: HSX_BIN_DIR (hsx binaries), and this interpreter must have the
-trainers and the hsx client installed."""
+trainers and the hsx client installed. Fixtures: conftest.py; shared helpers:
+pipeline.py."""
 
 import json
-import os
 import random
-import re
 import shutil
 import subprocess
-import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -23,63 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parents[2]
-DOCS = REPO / "docs" / "trainers.md"
-BIN = Path(os.environ.get("HSX_BIN_DIR", REPO / "build" / "bin")).resolve()
-N, HIDDEN, VOCAB = 8, 128, 2048
-AUX = [2, 4, 5]
-
-
-def doc_block(name):
-    """The bash block after <!-- run: NAME --> in docs/trainers.md."""
-    text = DOCS.read_text()
-    start = text.index(f"<!-- run: {name} -->")
-    match = re.search(r"```bash\n(.*?)```", text[start:], re.S)
-    return match.group(1)
-
-
-def rows(count, seed, max_len=50):
-    rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        n = rng.randrange(2, max_len)
-        out.append({"input_ids": [rng.randrange(VOCAB) for _ in range(n)],
-                    "loss_mask": [0] * (n // 3) + [1] * (n - n // 3)})
-    return out
-
-
-@pytest.fixture(scope="session")
-def model(tmp_path_factory):
-    out = tmp_path_factory.mktemp("model") / "tiny"
-    subprocess.run([BIN / "hsx-make-model", "--preset", "tiny", "--seed", "0", "--out", out], check=True,
-                   capture_output=True)
-    return out
-
-
-@pytest.fixture(scope="session")
-def server(model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen([BIN / "hsx-server", "--model", model, "--listen", "127.0.0.1:0"], stderr=sink)
-    try:
-        deadline = time.time() + 120
-        while "ready:" not in log.read_text():
-            assert proc.poll() is None and time.time() < deadline, log.read_text()
-            time.sleep(0.05)
-        yield re.search(r"listening on (\S+)", log.read_text()).group(1)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-
-
-def run_steps(name, env_vars):
-    """Runs docs/trainers.md's block `name` with bash -euo pipefail, this interpreter first on PATH."""
-    env = {**os.environ, **{k: str(v) for k, v in env_vars.items()},
-           "PATH": f"{Path(sys.executable).parent}:{BIN}:{os.environ['PATH']}"}
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", doc_block(name)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, f"docs/trainers.md block {name!r} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc
+from pipeline import BIN, HIDDEN, N, rows, run_steps
 
 
 # --------------------------------------------------------------------------- speculators

@@ -1,0 +1,82 @@
+"""What the trainers' tests share besides fixtures: the tiny model's sizes, the
+docs/trainers.md blocks run as written (`doc_block`, `run_steps`), generated
+token rows, and the stand-ins for what python -m hsx.prepare writes (a token
+JSONL and its token-frequency file), with hsx's intended draft vocabulary
+computed from that file independently of hsx.vocab (`intended_draft_ids`)."""
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs" / "trainers.md"
+BIN = Path(os.environ.get("HSX_BIN_DIR", REPO / "build" / "bin")).resolve()
+N, HIDDEN, VOCAB = 8, 128, 2048
+AUX = [2, 4, 5]
+
+
+def doc_block(name):
+    """The bash block after <!-- run: NAME --> in docs/trainers.md."""
+    text = DOCS.read_text()
+    start = text.index(f"<!-- run: {name} -->")
+    match = re.search(r"```bash\n(.*?)```", text[start:], re.S)
+    return match.group(1)
+
+
+def run_steps(name, env_vars):
+    """Runs docs/trainers.md's block `name` with bash -euo pipefail, this interpreter first on PATH."""
+    env = {**os.environ, **{k: str(v) for k, v in env_vars.items()},
+           "PATH": f"{Path(sys.executable).parent}:{BIN}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", doc_block(name)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, f"docs/trainers.md block {name!r} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def rows(count, seed, max_len=50):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        n = rng.randrange(2, max_len)
+        out.append({"input_ids": [rng.randrange(VOCAB) for _ in range(n)],
+                    "loss_mask": [0] * (n // 3) + [1] * (n - n // 3)})
+    return out
+
+
+def write_jsonl(path, lines):
+    Path(path).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def write_token_frequencies(tokens_jsonl, out, vocab_size=VOCAB):
+    """The token-frequency file (hsx-token-frequencies/1, scope "assistant": tokens whose loss_mask
+    is 1) of a token JSONL ({"input_ids", "loss_mask"} per line), as python -m hsx.prepare writes
+    <OUTPUT>.freq.json beside its output."""
+    counts, samples = Counter(), 0
+    for line in read_jsonl(tokens_jsonl):
+        samples += 1
+        counts.update(t for t, m in zip(line["input_ids"], line["loss_mask"]) if m)
+    Path(out).write_text(json.dumps({
+        "format": "hsx-token-frequencies/1", "vocab_size": vocab_size, "scope": "assistant",
+        "samples": samples, "tokens": sum(counts.values()),
+        "counts": [[t, counts[t]] for t in sorted(counts)]}))
+    return out
+
+
+def intended_draft_ids(freq_path, draft_vocab_size):
+    """hsx's intent for a draft vocabulary, from the frequency file alone: the most frequent
+    ids, ties to the lower id, then the lowest unseen ids; ascending."""
+    data = json.loads(Path(freq_path).read_text())
+    ranked = [t for t, _ in sorted(data["counts"], key=lambda pair: (-pair[1], pair[0]))]
+    ids, seen = ranked[:draft_vocab_size], set(ranked)
+    ids += [t for t in range(data["vocab_size"]) if t not in seen][:draft_vocab_size - len(ids)]
+    return sorted(ids)
