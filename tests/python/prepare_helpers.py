@@ -88,6 +88,8 @@ def corpus_texts():
                 walk(v)
     walk(CASES)
     texts += ["assistant\nHello", "user\nHi", "system\nYou", "## Return of functions.get_weather:0\n"]
+    # Newline-led texts, so that merges cross the newline that ends a ChatML header and begins a span.
+    texts += [f"\n{text[:6]}" for text in texts] * 8
     return texts * 4
 
 

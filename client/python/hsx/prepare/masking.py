@@ -112,6 +112,27 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+def overlap_mask(offsets, spans: list[tuple[int, int]]) -> list[int]:
+    """1 for each token whose characters [start, end) overlap a span, 0 elsewhere.
+
+    The vectorised form of transformers' loop (one pass, the span index only moving forward): a
+    token's span is the first one ending after the largest start seen so far, and the token is
+    masked when it ends after that span begins.
+    """
+    import numpy as np
+
+    if not spans or not len(offsets):
+        return [0] * len(offsets)
+    bounds = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    starts, ends = np.asarray(spans, dtype=np.int64).T
+    seen = np.maximum.accumulate(bounds[:, 0])
+    index = np.searchsorted(ends, seen, side="right")
+    inside = index < len(ends)
+    mask = np.zeros(len(bounds), dtype=np.int64)
+    mask[inside] = bounds[inside, 1] > starts[index[inside]]
+    return mask.tolist()
+
+
 class Masker:
     """Renders conversations with one tokenizer's template and returns (input_ids, loss_mask)."""
 
@@ -158,16 +179,7 @@ class Masker:
         if self.fast:
             encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
             ids = list(encoding["input_ids"])
-            mask = [0] * len(ids)
-            index = 0
-            for token, (start, end) in enumerate(encoding["offset_mapping"]):
-                while index < len(spans) and start >= spans[index][1]:
-                    index += 1
-                if index == len(spans):
-                    break
-                if end > spans[index][0]:
-                    mask[token] = 1
-            return ids, mask
+            return ids, overlap_mask(encoding["offset_mapping"], spans)
         return self._encode_by_prefixes(text, spans)
 
     def _encode_by_prefixes(self, text, spans):
