@@ -129,12 +129,33 @@ def read_jsonl(path: Path):
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def prepare(*args, expect_ok=True, timeout=120):
-    """Runs python -m hsx.prepare with `args` (no progress bar); returns the CompletedProcess."""
-    cmd = [sys.executable, "-m", "hsx.prepare", *map(str, args), "--no-progress"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+class Result:
+    def __init__(self, returncode, stderr):
+        self.returncode, self.stderr = returncode, stderr
+
+
+def prepare(*args, expect_ok=True, timeout=120, in_process=True):
+    """Runs hsx.prepare with `args` (no progress bar): in this process by default (its CLI's main, stderr
+    captured), or as `python -m hsx.prepare`. Returns an object with returncode and stderr."""
+    argv = [*map(str, args), "--no-progress"]
+    if in_process:
+        import contextlib
+        import io
+
+        from hsx.prepare.cli import main
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exit_:  # argparse's usage errors
+                code = exit_.code
+        proc = Result(code, err.getvalue())
+    else:
+        cmd = [sys.executable, "-m", "hsx.prepare", *argv]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
     if expect_ok is True:
-        assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stderr}"
+        assert proc.returncode == 0, f"hsx.prepare {argv} failed ({proc.returncode}):\n{proc.stderr}"
     elif expect_ok is False:
-        assert proc.returncode != 0, f"{cmd} unexpectedly succeeded:\n{proc.stderr}"
+        assert proc.returncode != 0, f"hsx.prepare {argv} unexpectedly succeeded:\n{proc.stderr}"
     return proc

@@ -44,7 +44,8 @@ def test_mask_equals_transformers_generation_mask(tokenizers, case):
 
 def test_cli_output_equals_transformers_for_every_fixture(models, tokenizers, tmp_path):
     source = write_jsonl(tmp_path / "chats.jsonl", CASES.values())
-    prepare("--model", models["chatml-generation"], "--input", source, "--output", tmp_path / "out.jsonl")
+    prepare("--model", models["chatml-generation"], "--input", source, "--output", tmp_path / "out.jsonl",
+            in_process=False)
     rows = read_jsonl(tmp_path / "out.jsonl")
     assert len(rows) == len(CASES)
     for row, case in zip(rows, CASES.values()):
