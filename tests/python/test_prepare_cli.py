@@ -216,3 +216,38 @@ def test_sigkill_then_rerun_gives_byte_identical_files(model, tmp_path):
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
     assert list(_outputs(out).values()) == list(_outputs(reference).values())
     assert read_jsonl(f"{out}.report.jsonl"), "the run should have truncated some samples"
+
+
+def test_custom_tokenizer_code_runs_only_with_trust_remote_code(model, tmp_path):
+    custom = tmp_path / "custom"
+    custom.mkdir()
+    for f in model.iterdir():
+        (custom / f.name).write_bytes(f.read_bytes())
+    config = json.loads((custom / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": [None, "tokenization_toy.ToyTokenizer"]}
+    (custom / "tokenizer_config.json").write_text(json.dumps(config))
+    marker = tmp_path / "ran"
+    (custom / "tokenization_toy.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "from transformers import PreTrainedTokenizerFast\n\n\n"
+        "class ToyTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+    source = write_jsonl(tmp_path / "chats.jsonl", [GOOD])
+    proc = prepare("--model", custom, "--input", source, "--output", tmp_path / "o.jsonl", expect_ok=False)
+    assert (f"{custom}: the tokenizer is custom code (tokenization_toy.py); pass --trust-remote-code"
+            in proc.stderr), proc.stderr
+    assert not marker.exists()
+    prepare("--model", custom, "--input", source, "--output", tmp_path / "o.jsonl", "--trust-remote-code")
+    assert marker.exists()
+    prepare("--model", model, "--input", source, "--output", tmp_path / "plain.jsonl")
+    assert (tmp_path / "o.jsonl").read_bytes() == (tmp_path / "plain.jsonl").read_bytes()
+
+
+def test_help_explains_every_flag():
+    from hsx.prepare.cli import parser
+
+    text = parser().format_help()
+    flags = [a.option_strings[-1] for a in parser()._actions if a.option_strings]
+    assert len(flags) == 14
+    for action in parser()._actions:
+        assert action.help and len(action.help) > 15, action.option_strings
+    assert all(flag in text for flag in flags)
