@@ -105,6 +105,9 @@ def test_existing_output_and_changed_settings_are_refused(model, tmp_path):
     prepare("--model", model, "--input", source, "--output", out, expect_ok=False)
     proc = prepare("--model", model, "--input", source, "--output", out, "--max-tokens", "9", expect_ok=False)
     assert "an interrupted run with other settings (max_tokens) is pending" in proc.stderr
+    write_jsonl(source, [CASES["plain"], '{"bad', GOOD])  # the line already read has changed
+    proc = prepare("--model", model, "--input", source, "--output", out, expect_ok=False)
+    assert "are not those the interrupted run read" in proc.stderr, proc.stderr
     done = tmp_path / "done.jsonl"
     done.write_text("")
     proc = prepare("--model", model, "--input", source, "--output", done, expect_ok=False)
@@ -192,30 +195,40 @@ def test_shards_partition_the_lines_exactly(model, tmp_path):
     assert proc.returncode == 2 and "--shard '3/3': needs N >= 1 and 0 <= I < N" in proc.stderr
 
 
+def _kill_after(cmd, state, line):
+    """Starts cmd, SIGKILLs it a moment after its journal passes `line`; True if it was killed."""
+    child = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and child.poll() is None:
+        if state.exists() and json.loads(state.read_text() or "{}").get("input_line", 0) >= line:
+            time.sleep(0.1)  # let it write past the journal: lines the rerun must cut away
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            return child.returncode == -signal.SIGKILL
+        time.sleep(0.01)
+    child.wait()
+    return False
+
+
 def test_sigkill_then_rerun_gives_byte_identical_files(model, tmp_path):
-    rows = [dict(case, id=f"{name}-{i}") for i in range(150) for name, case in CASES.items()]
+    rows = [dict(case, id=f"{name}-{i}") for i in range(300) for name, case in CASES.items()]
     source = write_jsonl(tmp_path / "chats.jsonl", rows)
     reference = tmp_path / "reference.jsonl"
-    args = ["--input", source, "--max-tokens", "60", "--checkpoint-every", "25", "--no-progress"]
+    args = ["--input", source, "--max-tokens", "60", "--checkpoint-every", "200", "--no-progress"]
     prepare("--model", model, *args[:-1], "--output", reference)
     out = tmp_path / "out.jsonl"
     cmd = [sys.executable, "-m", "hsx.prepare", "--model", str(model), *map(str, args), "--output", str(out)]
-    state, kills = tmp_path / "out.jsonl.prepare-state.json", 0
-    for stop_after in (100, 500):  # kill twice: once early, once later
-        child = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and child.poll() is None:
-            if state.exists() and json.loads(state.read_text() or "{}").get("input_line", 0) >= stop_after:
-                child.send_signal(signal.SIGKILL)
-                kills += 1
-                break
-            time.sleep(0.02)
-        child.wait()
-    assert kills == 2, "the run ended before it could be killed"
+    state, torn = tmp_path / "out.jsonl.prepare-state.json", []
+    for line in (200, 1000):  # killed twice: early, then during the resumed run
+        assert _kill_after(cmd, state, line), "the run ended before it could be killed"
+        journal = json.loads(state.read_text())
+        torn.append(os.path.getsize(f"{out}.partial") - journal["output_bytes"])
     assert not out.exists()
+    assert max(torn) > 0, f"no kill left unjournaled bytes to cut ({torn}): the test would not test resume"
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
     assert list(_outputs(out).values()) == list(_outputs(reference).values())
     assert read_jsonl(f"{out}.report.jsonl"), "the run should have truncated some samples"
+    assert not state.exists() and not os.path.exists(f"{out}.partial")
 
 
 def test_custom_tokenizer_code_runs_only_with_trust_remote_code(model, tmp_path):
