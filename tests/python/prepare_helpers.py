@@ -32,7 +32,8 @@ def _call(call_id, city):
             "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
 
 
-# name -> one input line (as a dict); every case the issue names, in the three layouts.
+# name -> one input line (as a dict): multi-turn, system prompt, tool calls and results, thinking, an empty
+# assistant turn, non-ASCII text, and the ShareGPT and prompt/response layouts.
 CASES = {
     "multi_turn": {"id": "multi", "messages": [
         {"role": "user", "content": "Hello there, how are you?"},
