@@ -145,12 +145,15 @@ def prepare(*args, expect_ok=True, timeout=120, in_process=True):
 
         from hsx.prepare.cli import main
 
-        err = io.StringIO()
+        err, environ = io.StringIO(), dict(os.environ)
         with contextlib.redirect_stderr(err):
             try:
                 code = main(argv)
             except SystemExit as exit_:  # argparse's usage errors
                 code = exit_.code
+            finally:  # hsx.prepare sets HF_HUB_OFFLINE and friends: keep them out of other tests
+                os.environ.clear()
+                os.environ.update(environ)
         proc = Result(code, err.getvalue())
     else:
         cmd = [sys.executable, "-m", "hsx.prepare", *argv]

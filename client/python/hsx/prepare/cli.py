@@ -85,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
                    help="allow a tokenizer implemented by Python files in MODEL_DIR (tokenization_*.py, e.g. "
                         "Kimi's tiktoken tokenizer); that code runs in this process")
     p.add_argument("--checkpoint-every", type=_positive, default=1000, metavar="N",
-                   help="write the resume journal every N input lines (default 1000)")
+                   help="write the resume journal every N samples read (lines of this shard; default 1000)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it is off anyway when stderr "
                    "is not a terminal)")
     return p
