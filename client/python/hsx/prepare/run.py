@@ -11,7 +11,7 @@ Owns the files a run writes beside OUTPUT and the rules that keep them whole:
                               both partial files at that point, the frequencies and counts so far
 
 The input is read line by line (constant memory whatever its size). Every
---checkpoint-every input lines, on an error and at the end, both partial files
+--checkpoint-every samples read, on an error and at the end, both partial files
 are flushed and fsynced and then the journal is replaced atomically (temporary
 file, fsync, rename). A rerun of the same command after a kill reads the
 journal, checks that the input still begins with the bytes it had read
