@@ -1,10 +1,8 @@
 """hsx.prepare streams: its peak memory does not grow with the input. The same measurement as
-bench/prepare_memory.py (ru_maxrss of the hsx.prepare process alone), at a size CI can afford:
+bench/prepare_memory.py (ru_maxrss of the hsx.prepare process, measured from a small wrapper process), at a size CI can afford:
 0.2 MB against 2 MB of conversations (the larger one's output holds about 1.6 million token ids,
 hundreds of MiB if a run kept its samples as Python lists)."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,16 +11,15 @@ from prepare_helpers import model_dir
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import prepare_memory  # noqa: E402  (bench/prepare_memory.py: the input generator)
 
-GROWTH_LIMIT_MIB = 12  # measured: 4 MiB flat; 24 MiB when every sample's lists are kept
+GROWTH_LIMIT_MIB = 12  # measured: 3 MiB flat; 24 MiB when every sample's lists are kept
 
 
 def _peak_rss_mib(model, source, out):
     cmd = [sys.executable, "-m", "hsx.prepare", "--model", str(model), "--input", str(source), "--output", str(out),
            "--no-progress"]
-    child = subprocess.Popen(cmd, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(child.pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, child.stderr.read().decode()
-    return usage.ru_maxrss / 1024
+    code, stderr, peak = prepare_memory.run_measured(cmd)  # not forked from pytest: its RSS would count
+    assert code == 0, stderr
+    return peak
 
 
 def test_peak_memory_is_flat_in_the_input_size(tmp_path):
