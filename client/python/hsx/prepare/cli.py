@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise PrepareError(f"{args.chat_template}: {error.strerror}") from None
         if not os.path.isfile(args.input):
             raise PrepareError(f"{args.input}: no such file")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+            raise PrepareError(f"{args.output}: its directory does not exist")
         tokenizer = load_tokenizer(args.model, args.trust_remote_code, template)
         options = Options(input=Path(args.input), output=Path(args.output), max_tokens=args.max_tokens,
                           on_long=args.on_long, shard=args.shard, strict=args.strict,

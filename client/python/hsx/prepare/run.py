@@ -199,7 +199,7 @@ class Run:
     @staticmethod
     def _report(report, line, sample_id, action, reason, **more) -> None:
         entry = {"line": line, "id": sample_id, "action": action, "reason": reason, **more}
-        report.write((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+        report.write((json.dumps(entry) + "\n").encode("ascii"))
 
     def _sample(self, raw: bytes, line: int, out, report) -> None:
         try:
