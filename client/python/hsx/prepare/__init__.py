@@ -1,0 +1,22 @@
+"""python -m hsx.prepare: chat conversations -> hsx-dump's input (token ids and an assistant-only loss mask).
+
+    python -m hsx.prepare --model MODEL_DIR --input CHATS.jsonl --output OUT.jsonl [--max-tokens N] ...
+
+The package's parts:
+
+  chats    the three input layouts (ShareGPT, OpenAI messages, prompt/response), sample ids and
+           what counts as bad input
+  masking  the model's tokenizer and chat template, and the mask rule (prefix rendering: the
+           characters each assistant message adds are its span; a token overlapping a span is 1)
+  run      the streaming, resumable run: shards, --max-tokens, the report and frequency files
+  cli      the command line
+
+The user documentation is docs/prepare.md.
+"""
+
+from .chats import Conversation, InputError, canonical_id, parse_line
+from .masking import Masker, NotPrefixStable, PrepareError, SampleError, TemplateRaised, load_tokenizer
+from .run import Options, Run, Stats
+
+__all__ = ["Conversation", "InputError", "Masker", "NotPrefixStable", "Options", "PrepareError", "Run",
+           "SampleError", "Stats", "TemplateRaised", "canonical_id", "load_tokenizer", "parse_line"]

@@ -1,0 +1,160 @@
+"""One chat JSONL line -> a checked conversation: messages, tools and a sample id.
+
+Owns the three input layouts hsx.prepare reads and what counts as bad input in
+them. Nothing here knows about tokenizers.
+
+  ShareGPT  {"conversations": [{"from": "human", "value": "..."}, ...]}
+            ("role"/"content" items are read too)
+  OpenAI    {"messages": [{"role": "user", "content": "..."}, ...], "tools": [...]?}
+            (assistant "tool_calls", "reasoning_content", tool "tool_call_id"/"name" kept)
+  plain     {"prompt": "...", "response": "...", "system": "..."?}
+
+A line may carry "id" (a string or an integer): it becomes the sample id.
+Without one, the id is "sha256:" + the first 16 hex digits of the SHA-256 of the
+line's canonical JSON (keys sorted, no spaces, UTF-8), so the same
+conversation gets the same id wherever it is in the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+# ShareGPT speaker names -> roles.
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
+                  "assistant": "assistant", "model": "assistant", "tool": "tool", "function": "tool",
+                  "observation": "tool"}
+
+
+class InputError(ValueError):
+    """A line that cannot be read as a conversation; the message says why (no FILE:LINE prefix)."""
+
+
+@dataclass
+class Conversation:
+    """A checked conversation: messages as a chat template reads them, tools, and the sample id."""
+
+    messages: list[dict[str, Any]]
+    sample_id: str | int
+    tools: list[Any] | None = None
+    layout: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def has_assistant(self) -> bool:
+        return any(m["role"] == "assistant" for m in self.messages)
+
+
+def canonical_id(obj: Any) -> str:
+    """The content-derived sample id: sha256 of the canonical JSON, 16 hex digits."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _sample_id(obj: dict[str, Any]) -> str | int:
+    value = obj.get("id")
+    if value is None:
+        return canonical_id(obj)
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InputError(f'"id" must be a string or an integer, not {type(value).__name__}')
+    return value
+
+
+def _check_message(message: dict[str, Any], index: int) -> dict[str, Any]:
+    """One message with a known role and content; assistant tool calls may come without content."""
+    role = message["role"]
+    if role not in ROLES:
+        raise InputError(f'message {index}: unknown role "{role}" (expected one of {", ".join(ROLES)})')
+    content = message.get("content")
+    if content is None:
+        if role == "assistant" and message.get("tool_calls"):
+            message["content"] = ""  # OpenAI writes null content beside tool calls
+        else:
+            raise InputError(f'message {index} (role {role}): no "content" field')
+    elif not isinstance(content, (str, list)):
+        raise InputError(f'message {index} (role {role}): "content" must be a string or a list of parts, '
+                         f"not {type(content).__name__}")
+    calls = message.get("tool_calls")
+    if calls is not None and (role != "assistant" or not isinstance(calls, list)):
+        raise InputError(f'message {index} (role {role}): "tool_calls" must be a list on an assistant message')
+    return message
+
+
+def _sharegpt(items: Any) -> list[dict[str, Any]]:
+    if not isinstance(items, list):
+        raise InputError('"conversations" must be a list of messages')
+    messages = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InputError(f"message {i}: not a JSON object")
+        if "from" in item:
+            speaker = item["from"]
+            if speaker not in SHAREGPT_ROLES:
+                raise InputError(f'message {i}: unknown role "{speaker}" (ShareGPT "from" must be one of '
+                                 f'{", ".join(sorted(SHAREGPT_ROLES))})')
+            if "value" not in item:
+                raise InputError(f'message {i} (from {speaker}): no "value" field')
+            rest = {k: v for k, v in item.items() if k not in ("from", "value")}
+            messages.append({"role": SHAREGPT_ROLES[speaker], "content": item["value"], **rest})
+        elif "role" in item:
+            messages.append(dict(item))
+        else:
+            raise InputError(f'message {i}: no "from" (ShareGPT) or "role" field')
+    return messages
+
+
+def _openai(items: Any) -> list[dict[str, Any]]:
+    if not isinstance(items, list):
+        raise InputError('"messages" must be a list of messages')
+    messages = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InputError(f"message {i}: not a JSON object")
+        if "role" not in item:
+            raise InputError(f'message {i}: no "role" field')
+        messages.append(dict(item))
+    return messages
+
+
+def _plain(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    for key in ("prompt", "response"):
+        if key not in obj:
+            raise InputError(f'"prompt"/"response" layout without a "{key}" field')
+        if not isinstance(obj[key], str):
+            raise InputError(f'"{key}" must be a string')
+    messages = []
+    if obj.get("system") is not None:
+        if not isinstance(obj["system"], str):
+            raise InputError('"system" must be a string')
+        messages.append({"role": "system", "content": obj["system"]})
+    messages.append({"role": "user", "content": obj["prompt"]})
+    messages.append({"role": "assistant", "content": obj["response"]})
+    return messages
+
+
+def parse_line(text: str) -> Conversation:
+    """Reads one non-blank JSONL line; raises InputError saying what is wrong with it."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(f"not valid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"not a JSON object (a {type(obj).__name__})")
+    sample_id = _sample_id(obj)
+    if "conversations" in obj:
+        layout, messages = "sharegpt", _sharegpt(obj["conversations"])
+    elif "messages" in obj:
+        layout, messages = "openai", _openai(obj["messages"])
+    elif "prompt" in obj or "response" in obj:
+        layout, messages = "plain", _plain(obj)
+    else:
+        raise InputError('no "conversations" (ShareGPT), "messages" (OpenAI) or "prompt"/"response" field')
+    if not messages:
+        raise InputError("the conversation has no messages")
+    messages = [_check_message(m, i) for i, m in enumerate(messages)]
+    tools = obj.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise InputError('"tools" must be a list')
+    return Conversation(messages=messages, sample_id=sample_id, tools=tools or None, layout=layout)

@@ -1,0 +1,322 @@
+"""The streaming run: chat JSONL in, hsx input JSONL out, resumable, with its report and frequencies.
+
+Owns the files a run writes beside OUTPUT and the rules that keep them whole:
+
+  OUTPUT                      hsx-dump's input: {"input_ids", "loss_mask", "id"} per line
+  OUTPUT.report.jsonl         every sample not written as it came: skipped, dropped or truncated
+  OUTPUT.freq.json            token frequencies ("hsx-token-frequencies/1")
+  OUTPUT.partial              the output while the run lasts
+  OUTPUT.report.jsonl.partial the report while the run lasts
+  OUTPUT.prepare-state.json   the resume journal: where the input was read up to, the lengths of
+                              both partial files at that point, the frequencies and counts so far
+
+The input is read line by line (constant memory whatever its size). Every
+--checkpoint-every samples read, on an error and at the end, both partial files
+are flushed and fsynced and then the journal is replaced atomically (temporary
+file, fsync, rename). A rerun of the same command after a kill reads the
+journal, checks that the input still begins with the bytes it had read
+(XXH64) and that the settings are the same, cuts both partial files back to the
+journaled lengths and goes on from the journaled line: the final files are byte
+for byte those of an uninterrupted run. At the end the frequencies and the
+report are put in place, then OUTPUT (renamed from OUTPUT.partial), then the
+journal is removed: OUTPUT exists only whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from .chats import InputError, parse_line
+from .masking import PrepareError, SampleError, TemplateRaised
+
+STATE_FORMAT = "hsx-prepare-state/1"
+FREQ_FORMAT = "hsx-token-frequencies/1"
+ON_LONG = ("truncate", "drop", "error")
+
+
+@dataclass
+class Options:
+    input: Path
+    output: Path
+    max_tokens: int | None = None
+    on_long: str = "truncate"
+    shard: tuple[int, int] = (0, 1)
+    strict: bool = False
+    count_all_tokens: bool = False
+    checkpoint_every: int = 1000
+    progress: bool = True
+
+
+@dataclass
+class Stats:
+    written: int = 0
+    tokens: int = 0
+    masked: int = 0
+    truncated: int = 0
+    dropped: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    lines: int = 0  # input lines of this shard that held a sample
+
+
+class Paths:
+    def __init__(self, output: Path):
+        self.output = output
+        self.partial = Path(f"{output}.partial")
+        self.report = Path(f"{output}.report.jsonl")
+        self.report_partial = Path(f"{output}.report.jsonl.partial")
+        self.freq = Path(f"{output}.freq.json")
+        self.state = Path(f"{output}.prepare-state.json")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path.parent if str(path.parent) else ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = Path(f"{path}.tmp.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path)
+
+
+class Run:
+    """One run over one input file (one shard of it), from start or from a journal."""
+
+    def __init__(self, options: Options, masker, settings: dict[str, Any], vocab_size: int):
+        self.o, self.masker, self.vocab_size = options, masker, vocab_size
+        self.settings = settings
+        self.paths = Paths(options.output)
+        self.stats = Stats()
+        self.counts: Counter = Counter()
+        self.offset = 0  # input bytes consumed
+        self.line = 0  # input lines consumed (1-based number of the last one)
+        self.hasher = xxhash.xxh64()
+        self.finished = False
+
+    # -- the journal -------------------------------------------------------------------------------
+
+    def _state(self, out_bytes: int, report_bytes: int) -> dict[str, Any]:
+        s = self.stats
+        return {"format": STATE_FORMAT, "settings": self.settings, "input_offset": self.offset,
+                "input_line": self.line, "input_xxh64": self.hasher.hexdigest(), "output_bytes": out_bytes,
+                "report_bytes": report_bytes, "finished": self.finished,
+                "stats": {"written": s.written, "tokens": s.tokens, "masked": s.masked, "truncated": s.truncated,
+                          "dropped": s.dropped, "skipped": s.skipped, "lines": s.lines},
+                "counts": sorted(self.counts.items())}
+
+    def _checkpoint(self, out, report) -> None:
+        for f in (out, report):
+            f.flush()
+            os.fsync(f.fileno())
+        _write_atomic(self.paths.state, json.dumps(self._state(out.tell(), report.tell())))
+
+    def _load(self) -> tuple[int, int]:
+        where = self.paths.state
+        try:
+            state = json.loads(where.read_text(encoding="utf-8"))
+            if state.get("format") != STATE_FORMAT:
+                raise ValueError(f"format {state.get('format')!r}")
+        except (OSError, ValueError) as error:
+            raise PrepareError(f"{where}: unreadable resume journal ({error}); remove it and "
+                               f"{self.paths.partial} to start over") from None
+        if state["settings"] != self.settings:
+            differ = sorted(k for k in set(state["settings"]) | set(self.settings)
+                            if state["settings"].get(k) != self.settings.get(k))
+            raise PrepareError(f"{where}: an interrupted run with other settings ({', '.join(differ)}) is "
+                               f"pending; rerun it with the same flags, or remove {where} and "
+                               f"{self.paths.partial} to start over")
+        self.offset, self.line = state["input_offset"], state["input_line"]
+        self.finished = state["finished"]
+        st = state["stats"]
+        self.stats = Stats(st["written"], st["tokens"], st["masked"], st["truncated"], st["dropped"],
+                           dict(st["skipped"]), st["lines"])
+        self.counts = Counter({int(t): n for t, n in state["counts"]})
+        self._check_input_prefix(state["input_xxh64"])
+        return state["output_bytes"], state["report_bytes"]
+
+    def _check_input_prefix(self, expected: str) -> None:
+        left = self.offset
+        with open(self.o.input, "rb") as f:
+            while left:
+                chunk = f.read(min(left, 1 << 20))
+                if not chunk:
+                    break
+                self.hasher.update(chunk)
+                left -= len(chunk)
+        if left or self.hasher.hexdigest() != expected:
+            raise PrepareError(f"{self.o.input}: its first {self.offset} bytes are not those the interrupted run "
+                               f"read (journal {self.paths.state}); remove the journal and "
+                               f"{self.paths.partial} to start over")
+
+    @staticmethod
+    def _cut(path: Path, size: int) -> None:
+        if not path.exists() or path.stat().st_size < size:
+            raise PrepareError(f"{path}: shorter than its resume journal says ({size} bytes); remove the "
+                               "journal and the .partial files to start over")
+        os.truncate(path, size)
+
+    def _open(self) -> tuple[int, int]:
+        p = self.paths
+        if p.state.exists():
+            out_bytes, report_bytes = self._load()
+            if not self.finished:
+                self._cut(p.partial, out_bytes)
+                self._cut(p.report_partial, report_bytes)
+            return out_bytes, report_bytes
+        if p.output.exists():
+            raise PrepareError(f"{p.output}: exists; remove it (and {p.report.name}, {p.freq.name}) to prepare "
+                               "it again")
+        for path in (p.partial, p.report_partial):
+            path.write_bytes(b"")
+        _write_atomic(p.state, json.dumps(self._state(0, 0)))
+        return 0, 0
+
+    # -- one sample --------------------------------------------------------------------------------
+
+    def _where(self, line: int) -> str:
+        return f"{self.o.input}:{line}"
+
+    def _skip(self, report, line, sample_id, reason, detail) -> None:
+        if self.o.strict:
+            raise PrepareError(f"{self._where(line)}: {detail} (--strict)")
+        self.stats.skipped[reason] = self.stats.skipped.get(reason, 0) + 1
+        self._report(report, line, sample_id, "skipped", reason, detail=detail)
+
+    @staticmethod
+    def _report(report, line, sample_id, action, reason, **more) -> None:
+        entry = {"line": line, "id": sample_id, "action": action, "reason": reason, **more}
+        report.write((json.dumps(entry) + "\n").encode("ascii"))
+
+    def _sample(self, raw: bytes, line: int, out, report) -> None:
+        try:
+            conversation = parse_line(raw.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise PrepareError(f"{self._where(line)}: not UTF-8 (byte {error.start})") from None
+        except InputError as error:
+            raise PrepareError(f"{self._where(line)}: {error}") from None
+        sid = conversation.sample_id
+        if not conversation.has_assistant():
+            return self._skip(report, line, sid, "no assistant turn", "the conversation has no assistant message")
+        try:
+            ids, mask = self.masker(conversation)
+        except TemplateRaised as error:
+            raise PrepareError(f"{self._where(line)}: the chat template raised: {error}") from None
+        except SampleError as error:
+            return self._skip(report, line, sid, error.reason, str(error))
+        ids, mask = self._fit(report, line, sid, ids, mask)
+        if ids is None:
+            return None
+        if not any(mask):
+            return self._skip(report, line, sid, "no assistant token",
+                              "the assistant messages render to no characters")
+        out.write((json.dumps({"input_ids": ids, "loss_mask": mask, "id": sid}, separators=(",", ":"))
+                   + "\n").encode("ascii"))
+        counted = ids if self.o.count_all_tokens else [t for t, m in zip(ids, mask) if m]
+        self.counts.update(counted)
+        self.stats.written += 1
+        self.stats.tokens += len(ids)
+        self.stats.masked += sum(mask)
+        return None
+
+    def _fit(self, report, line, sid, ids, mask):
+        """--max-tokens: the sample as written, or (None, None) when it is dropped (and reported)."""
+        limit = self.o.max_tokens
+        if limit is None or len(ids) <= limit:
+            return ids, mask
+        if self.o.on_long == "error":
+            raise PrepareError(f"{self._where(line)}: {len(ids)} tokens, over --max-tokens {limit} "
+                               "(--on-long error)")
+        if self.o.on_long == "drop":
+            self.stats.dropped += 1
+            self._report(report, line, sid, "dropped", "over --max-tokens", tokens=len(ids), max_tokens=limit)
+            return None, None
+        if not any(mask[:limit]):
+            self.stats.dropped += 1
+            self._report(report, line, sid, "dropped", "no assistant token within --max-tokens",
+                         tokens=len(ids), max_tokens=limit)
+            return None, None
+        self.stats.truncated += 1
+        self._report(report, line, sid, "truncated", "over --max-tokens", tokens=len(ids), max_tokens=limit,
+                     kept=limit)
+        return ids[:limit], mask[:limit]
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    def _progress(self, total: int):
+        if not self.o.progress:
+            return None
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            raise PrepareError("the progress bar needs tqdm: pip install 'hsx[prepare]', or pass "
+                               "--no-progress") from None
+        return tqdm(total=total, initial=self.offset, unit="B", unit_scale=True, desc="hsx.prepare",
+                    disable=None, dynamic_ncols=True)
+
+    def _loop(self, out, report) -> None:
+        index, count = self.o.shard
+        bar = self._progress(os.path.getsize(self.o.input))
+        since = 0
+        with open(self.o.input, "rb") as source:
+            source.seek(self.offset)
+            for raw in source:
+                line = self.line + 1
+                if (line - 1) % count == index and raw.strip():
+                    try:
+                        self._sample(raw, line, out, report)
+                    except (PrepareError, KeyboardInterrupt):
+                        self._checkpoint(out, report)  # everything before this line is kept for a rerun
+                        raise
+                    self.stats.lines += 1
+                    since += 1
+                self.line, self.offset = line, self.offset + len(raw)
+                self.hasher.update(raw)
+                if bar is not None:
+                    bar.update(len(raw))
+                if since >= self.o.checkpoint_every:
+                    self._checkpoint(out, report)
+                    since = 0
+        if bar is not None:
+            bar.close()
+        self.finished = True
+        self._checkpoint(out, report)
+
+    def frequencies(self) -> dict[str, Any]:
+        return {"format": FREQ_FORMAT, "vocab_size": self.vocab_size,
+                "scope": "all" if self.o.count_all_tokens else "assistant", "samples": self.stats.written,
+                "tokens": sum(self.counts.values()), "counts": [[t, n] for t, n in sorted(self.counts.items())]}
+
+    def _finish(self) -> None:
+        p = self.paths
+        _write_atomic(p.freq, json.dumps(self.frequencies(), separators=(",", ":")) + "\n")
+        if p.report_partial.exists():
+            os.replace(p.report_partial, p.report)
+        if p.partial.exists():
+            os.replace(p.partial, p.output)
+        _fsync_dir(p.output)
+        p.state.unlink()
+        _fsync_dir(p.output)
+
+    def run(self) -> Stats:
+        out_bytes, report_bytes = self._open()
+        if not self.finished:
+            with open(self.paths.partial, "r+b") as out, open(self.paths.report_partial, "r+b") as report:
+                out.seek(out_bytes)
+                report.seek(report_bytes)
+                self._loop(out, report)
+        self._finish()
+        return self.stats
