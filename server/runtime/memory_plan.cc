@@ -18,8 +18,6 @@ constexpr int64_t kPlanRows = 16384;
 
 std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (int64_t{1} << 30)); }
 
-int64_t ActivationBytes(ElementType precision) { return precision == ElementType::kBf16 ? 2 : 4; }
-
 // Routed experts rank `rank` holds (ExpertOwner: contiguous blocks).
 int64_t HeldExperts(const ModelConfig& c, int tp, int rank) {
   int64_t held = 0;
@@ -67,7 +65,7 @@ absl::StatusOr<RankLayout> MakeRankLayout(int tp, int ranks_per_device, int devi
 }
 
 int64_t ForwardBytesPerRank(const ModelConfig& c, int tp, int64_t tokens, ElementType precision) {
-  const int64_t a = ActivationBytes(precision);
+  const int64_t a = static_cast<int64_t>(ElementSize(precision));
   const int64_t h = c.hidden_size;
   const int64_t heads = c.num_attention_heads / tp;
   const bool split = tp > 1;
@@ -92,7 +90,7 @@ int64_t ForwardBytesPerRank(const ModelConfig& c, int tp, int64_t tokens, Elemen
 }
 
 int64_t BackendScratchBytesPerRank(const ModelConfig& c, int tp, int64_t tokens, ElementType precision) {
-  const int64_t a = ActivationBytes(precision);
+  const int64_t a = static_cast<int64_t>(ElementSize(precision));
   const int64_t h = c.hidden_size;
   const int64_t heads = c.num_attention_heads / tp;
   // The GEMM shapes (N, K) a rank multiplies; the plan check of each takes
