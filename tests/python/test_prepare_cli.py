@@ -166,6 +166,33 @@ def test_frequency_file_contract(model, tmp_path, scope):
     assert freq["samples"] == len(rows) and freq["tokens"] == sum(expected.values())
 
 
+@pytest.mark.parametrize("config,expected", [
+    ({"vocab_size": 2048}, 2048),                     # a checkpoint's flat config (padded embeddings)
+    ({"text_config": {"vocab_size": 4096}}, 4096),    # a nested one (K2.5)
+    ({"vocab_size": 100}, "vocab_size 100 is smaller than the tokenizer's"),
+    ({"vocab_size": "big"}, "no positive integer vocab_size"),
+    ({"hidden_size": 8}, "no positive integer vocab_size"),
+], ids=["flat", "nested", "smaller", "not-int", "missing"])
+def test_frequency_vocab_size_is_the_models_not_the_tokenizers(model, tmp_path, config, expected):
+    """The trainers check a mapping against the model's vocabulary (config.json), which may be larger
+    than the tokenizer: the frequency file says the model's size, and a config that cannot be right is
+    an error naming config.json, with nothing written."""
+    import shutil
+
+    directory = tmp_path / "model"
+    shutil.copytree(model, directory)
+    (directory / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    source = write_jsonl(tmp_path / "chats.jsonl", [CASES["multi_turn"]])
+    out = tmp_path / "out.jsonl"
+    if isinstance(expected, int):
+        prepare("--model", directory, "--input", source, "--output", out)
+        assert json.loads((tmp_path / "out.jsonl.freq.json").read_text())["vocab_size"] == expected
+    else:
+        proc = prepare("--model", directory, "--input", source, "--output", out, expect_ok=False)
+        assert f"{directory / 'config.json'}: " in proc.stderr and expected in proc.stderr, proc.stderr
+        assert list(tmp_path.glob("out.jsonl*")) == []
+
+
 def test_sample_ids_come_from_the_line_or_its_canonical_json(model, tmp_path):
     source = write_jsonl(tmp_path / "chats.jsonl", [CASES["system_prompt"], CASES["empty_assistant"],
                                                     CASES["non_ascii"]])

@@ -1,5 +1,6 @@
-"""The trainers' tests' shared fixtures: the tiny verifier checkpoint (`model`)
-and hsx-server serving it on loopback (`server`), once per session."""
+"""The trainers' tests' shared fixtures: the tiny verifier checkpoint with a
+tokenizer and chat template beside its weights (`model`) and hsx-server serving
+it on loopback (`server`), once per session."""
 
 import re
 import subprocess
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from pipeline import BIN
+from pipeline import BIN, add_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +16,7 @@ def model(tmp_path_factory):
     out = tmp_path_factory.mktemp("model") / "tiny"
     subprocess.run([BIN / "hsx-make-model", "--preset", "tiny", "--seed", "0", "--out", out], check=True,
                    capture_output=True)
+    add_tokenizer(out)
     return out
 
 

@@ -119,7 +119,7 @@ def test_specforge_offline_dataset_collator_and_target_head(server, model, tmp_p
     from specforge.modeling.target.target_head import TargetHead
 
     samples = rows(6, seed=2)
-    (tmp_path / "specforge.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
+    (tmp_path / "tokens.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
     run_steps("specforge", {"WORK": tmp_path, "HSX_SERVER": server, "MODEL": model})
     files = list_local_files(str(tmp_path / "specforge-data"))
     assert len(files) == len(samples)
@@ -155,7 +155,7 @@ def test_modelopt_offline_dataset_and_collator(server, model, tmp_path):
     from modelopt.torch.speculative.eagle.utils import EagleOfflineDataCollator, OfflineSupervisedDataset
 
     samples = rows(5, seed=3)
-    (tmp_path / "modelopt.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
+    (tmp_path / "tokens.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
     proc = run_steps("modelopt", {"WORK": tmp_path, "HSX_SERVER": server, "MODEL": model})
     assert "ModelOpt ignores loss_mask unless answer_only_loss" in proc.stdout
     files = sorted((tmp_path / "modelopt-data").glob("*.pt"), key=lambda p: int(p.stem.split("_")[1]))

@@ -20,10 +20,11 @@ Each asserts that the trainer's d2t/t2d are hsx's intent (the top-N ids of the
 frequency file, ties to the lower id, ascending; d2t as offsets), the loss is
 finite and every trainable parameter changed.
 
-Each pipeline is a function of a token JSONL ({"input_ids", "loss_mask"} per
-line) and its token-frequency file, so that both can come from
-python -m hsx.prepare; today they come from pipeline.rows and
-pipeline.write_token_frequencies."""
+End to end: each pipeline starts from conversations (pipeline.conversations:
+every layout, tool calls, thinking, non-ASCII), which docs/trainers.md's
+"prepare" block renders with python -m hsx.prepare and the tokenizer and chat
+template in the model directory into the token JSONL and the frequency file
+that the data and vocab blocks then use."""
 
 import json
 import math
@@ -34,18 +35,26 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import HIDDEN, VOCAB, intended_draft_ids, read_jsonl, rows, run_steps, write_jsonl, \
-    write_token_frequencies
+from pipeline import HIDDEN, VOCAB, conversations, intended_draft_ids, read_jsonl, run_steps, write_jsonl
 
 DRAFT_VOCAB = 64
 STEP_SCRIPT = Path(__file__).with_name("speculators_cpu_step.py")
 
 
 @pytest.fixture
-def tokens(tmp_path):
-    """(token JSONL, frequency file): the stand-ins for python -m hsx.prepare's output."""
-    jsonl = write_jsonl(tmp_path / "tokens.jsonl", rows(8, seed=11, max_len=40))
-    return jsonl, write_token_frequencies(jsonl, tmp_path / "tokens.freq.json")
+def tokens(model, tmp_path):
+    """(token JSONL, frequency file): docs/trainers.md's prepare block on pipeline.conversations,
+    rendered with the model directory's tokenizer and Kimi-K2-Instruct's chat template."""
+    chats = conversations()
+    run_steps("prepare", {"MODEL": model, "CHATS": write_jsonl(tmp_path / "chats.jsonl", chats), "WORK": tmp_path})
+    jsonl, freq = tmp_path / "tokens.jsonl", tmp_path / "tokens.jsonl.freq.json"
+    lines, report = read_jsonl(jsonl), read_jsonl(tmp_path / "tokens.jsonl.report.jsonl")
+    assert len(lines) == len(chats) and report == [], report  # Kimi-K2-Instruct renders every case prefix-stably
+    assert all(len(line["input_ids"]) == len(line["loss_mask"]) and 0 < sum(line["loss_mask"]) < len(line["loss_mask"])
+               and max(line["input_ids"]) < VOCAB for line in lines)
+    counted = json.loads(freq.read_text())
+    assert counted["tokens"] == sum(sum(line["loss_mask"]) for line in lines)
+    return jsonl, freq
 
 
 def assert_mapping_is_intended(d2t, t2d_ids, t2d_size, freq):
@@ -60,17 +69,11 @@ def assert_mapping_is_intended(d2t, t2d_ids, t2d_size, freq):
 
 def speculators_one_step(server, model, tokens_jsonl, freq, work):
     """hsx output in speculators' layout, the vocab step, then `speculators train` for one step."""
-    from datasets import Dataset
-
-    lines = read_jsonl(tokens_jsonl)
-    data = work / "prepared"  # what `speculators prepare-data` saves
-    prepared = Dataset.from_dict({"input_ids": [r["input_ids"] for r in lines],
-                                  "loss_mask": [r["loss_mask"] for r in lines],
-                                  "seq_len": [len(r["input_ids"]) for r in lines]})
-    prepared.set_format(type="torch")
-    prepared.save_to_disk(str(data))
+    data = work / "prepared"  # speculators' prepared dataset, from the token JSONL
     env = {"DATA": data, "WORK": work, "HSX_SERVER": server, "MODEL": model, "FREQ": freq,
            "DRAFT_VOCAB": DRAFT_VOCAB}
+    assert Path(tokens_jsonl) == work / "tokens.jsonl"  # the blocks read WORK/tokens.jsonl
+    run_steps("speculators-data", env)
     run_steps("speculators", env)
     run_steps("speculators-vocab", env)
     result = work / "step.json"
@@ -144,7 +147,7 @@ def specforge_one_step(server, model, tokens_jsonl, freq, work, monkeypatch):
     from specforge.runtime.contracts import TrainBatch
 
     env = {"WORK": work, "HSX_SERVER": server, "MODEL": model, "FREQ": freq, "DRAFT_VOCAB": DRAFT_VOCAB}
-    (work / "specforge.jsonl").write_text(Path(tokens_jsonl).read_text())
+    assert Path(tokens_jsonl) == work / "tokens.jsonl"  # the blocks read WORK/tokens.jsonl
     run_steps("specforge", env)
     run_steps("specforge-vocab", env)
     # SpecForge's loss is a Triton kernel (GPU only): its reference implementation of the same loss
@@ -206,7 +209,7 @@ def modelopt_one_step(server, model, tokens_jsonl, freq, work):
     from transformers import Trainer, TrainingArguments
 
     env = {"WORK": work, "HSX_SERVER": server, "MODEL": model, "FREQ": freq, "DRAFT_VOCAB": DRAFT_VOCAB}
-    (work / "modelopt.jsonl").write_text(Path(tokens_jsonl).read_text())
+    assert Path(tokens_jsonl) == work / "tokens.jsonl"  # the blocks read WORK/tokens.jsonl
     run_steps("modelopt", env)
     run_steps("modelopt-vocab", env)
     eagle = modelopt_model(model, work / "d2t.pt")

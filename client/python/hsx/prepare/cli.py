@@ -99,6 +99,26 @@ def summary(output: Path, stats: Stats, options: Options) -> str:
             f"{', '.join(parts)}{limit}; listed in {output}.report.jsonl")
 
 
+def verifier_vocab_size(model_dir: str, tokenizer) -> int:
+    """The vocabulary size the frequencies are counted against: the model's own (config.json's
+    `vocab_size`, or `text_config.vocab_size` for a nested config such as K2.5's), which is what
+    each trainer checks a draft mapping against and is often larger than the tokenizer (padded
+    embeddings); len(tokenizer) when the directory has no config.json."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return len(tokenizer)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise PrepareError(f"{path}: not readable as JSON ({error})") from None
+    size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise PrepareError(f"{path}: no positive integer vocab_size (or text_config.vocab_size)")
+    if size < len(tokenizer):
+        raise PrepareError(f"{path}: vocab_size {size} is smaller than the tokenizer's {len(tokenizer)} ids")
+    return size
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -113,16 +133,17 @@ def main(argv: list[str] | None = None) -> int:
         if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
             raise PrepareError(f"{args.output}: its directory does not exist")
         tokenizer = load_tokenizer(args.model, args.trust_remote_code, template)
+        vocab_size = verifier_vocab_size(args.model, tokenizer)
         options = Options(input=Path(args.input), output=Path(args.output), max_tokens=args.max_tokens,
                           on_long=args.on_long, shard=args.shard, strict=args.strict,
                           count_all_tokens=args.count_all_tokens, checkpoint_every=args.checkpoint_every,
                           progress=not args.no_progress)
         kwargs = dict(args.template_arg)
         settings = {"input": os.path.realpath(args.input), "model": os.path.realpath(args.model),
-                    "tokenizer": tokenizer_fingerprint(tokenizer), "max_tokens": args.max_tokens,
+                    "tokenizer": tokenizer_fingerprint(tokenizer), "vocab_size": vocab_size, "max_tokens": args.max_tokens,
                     "on_long": args.on_long, "shard": f"{args.shard[0]}/{args.shard[1]}", "strict": args.strict,
                     "count_all_tokens": args.count_all_tokens, "template_args": kwargs}
-        stats = Run(options, Masker(tokenizer, kwargs), settings, len(tokenizer)).run()
+        stats = Run(options, Masker(tokenizer, kwargs), settings, vocab_size).run()
     except PrepareError as error:
         print(f"hsx.prepare: error: {error}", file=sys.stderr)
         return 1
