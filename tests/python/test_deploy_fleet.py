@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy_helpers import K8S, KUSTOMIZE_MAJOR, NEEDS_KUSTOMIZE_4, OVERLAYS, Tree, render
+from deploy_helpers import K8S, KUSTOMIZE_MAJOR, NEEDS_KUSTOMIZE_4, OVERLAYS, Tree, render, shellcheck
 
 FLEET = K8S / "overlays" / "fleet"
 STAGE = FLEET / "stage-model.sh"
@@ -169,5 +169,4 @@ def test_stage_model_refuses_a_bad_copy(bin_dir, staged_env, damage):
 
 
 def test_stage_model_passes_shellcheck():
-    from test_deploy_slurm import shellcheck
     shellcheck(STAGE, shell="sh")

