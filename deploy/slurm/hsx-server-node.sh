@@ -15,10 +15,13 @@ sh "$HSX_STAGE_SCRIPT" "$HSX_MODEL_SRC" "$model"
 gpus=$(nvidia-smi --list-gpus | wc -l)
 (( gpus > 0 )) || { echo "hsx-server-node: $host: no GPU found by nvidia-smi" >&2; exit 1; }
 
-trap 'rm -f "$address_file"' EXIT
 # AFTER-MERGE(hsx-server --max-connection-age): add --max-connection-age=... here once
 # hsx-server has the flag.
-"${HSX_SERVER_BIN:-hsx-server}" \
+# exec: hsx-server gets SLURM's SIGTERM itself, once (a second signal would cut its drain short).
+# Its log goes through the reader below, which publishes the address on `ready` and removes it
+# when the log ends, i.e. when the server has exited; the reader ignores SIGTERM so that it
+# outlives the server.
+exec "${HSX_SERVER_BIN:-hsx-server}" \
   --model="$model" \
   --device=cuda \
   --tp="$gpus" \
@@ -29,18 +32,14 @@ trap 'rm -f "$address_file"' EXIT
   --max-tokens-per-sample=16384 \
   --max-concurrent-requests=288 \
   --drain-timeout=60s \
-  "$@" 2> >(while IFS= read -r line; do
-    printf '%s\n' "$line" >&2
-    if [[ $line == *"ready: serving"* ]]; then
-      printf '%s:%s\n' "$host" "$port" > "$HSX_SERVER_DIR/.$host.partial" && mv "$HSX_SERVER_DIR/.$host.partial" "$address_file"
-    fi
-  done) &
-server=$!
-# Pass SLURM's SIGTERM on to the server, which drains; then wait for it to exit.
-trap 'kill -TERM "$server" 2>/dev/null || true' TERM INT
-status=0
-wait "$server" || status=$?
-if (( status > 128 )) && kill -0 "$server" 2>/dev/null; then
-  wait "$server" || status=$?
-fi
-exit "$status"
+  "$@" 2> >(
+    trap '' TERM INT
+    while IFS= read -r line; do
+      printf '%s\n' "$line" >&2
+      if [[ $line == *"ready: serving"* ]]; then
+        printf '%s:%s\n' "$host" "$port" > "$HSX_SERVER_DIR/.$host.partial"
+        mv "$HSX_SERVER_DIR/.$host.partial" "$address_file"
+      fi
+    done
+    rm -f "$address_file"
+  )
