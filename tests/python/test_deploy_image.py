@@ -8,7 +8,7 @@
   makes its absence a failure instead of a skip): every flag of the Dockerfile and the manifests
   is accepted by the binaries inside the image, the cpu-demo overlay deploys that image, its
   user/entrypoint/command are the Dockerfile's, the derived runtime libraries are installed and
-  no compiler or -dev package is.
+  no compiler or -dev package is; the fleet overlay's stage-model.sh runs in it.
 """
 
 import fnmatch
@@ -211,3 +211,19 @@ def test_image_has_its_runtime_libraries_and_no_compiler(image_bins):
     for b in HSX_BINARIES:
         proc = image_bins.run("ldd", f"/usr/local/bin/{b}")
         assert proc.returncode == 0 and "not found" not in proc.stdout, f"{b} in the image:\n{proc.stdout}"
+
+
+def test_image_runs_the_fleet_staging_script(image_bins):
+    """overlays/fleet/stage-model.sh, run inside the image as its user (as the fleet's init
+    container runs it): every tool it calls (find, xargs, cp --parents, cut, du, hsx-inspect) is in
+    the runtime image, and it stages and verifies a generated checkpoint there."""
+    script = (K8S / "overlays" / "fleet" / "stage-model.sh").read_text()
+    setup = ("rm -rf /tmp/stage && hsx-make-model --preset tiny --out /tmp/stage/src >/dev/null && "
+             "hsx-inspect --model /tmp/stage/src --full-digest > /tmp/stage/src/hsx-full-digest.txt")
+    proc = image_bins.run("sh", "-c", setup)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = image_bins.run("sh", "-c", script, "stage-model.sh", "/tmp/stage/src", "/tmp/stage/local/tiny")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "/tmp/stage/local/tiny holds checkpoint" in proc.stdout, proc.stdout
+    proc = image_bins.run("cmp", "/tmp/stage/src/model.safetensors", "/tmp/stage/local/tiny/model.safetensors")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
