@@ -47,8 +47,22 @@ CaptureSpec CaptureSpec::All(int num_layers, bool final_norm) {
   return CaptureSpec(std::move(ids), final_norm);
 }
 
+absl::StatusOr<CaptureSpec> CaptureSpec::Trainer(const std::string& name, int num_layers, bool final_norm) {
+  const CaptureSpec eagle3 = Eagle3(num_layers, final_norm);
+  if (name == "speculators") return eagle3;
+  if (name != "specforge" && name != "modelopt") {
+    return absl::NotFoundError(absl::StrCat("'", name, "' is not a trainer preset (speculators, specforge, modelopt)"));
+  }
+  std::vector<int> aux;
+  for (int id : eagle3.ids()) {
+    if (id < num_layers) aux.push_back(id);
+  }
+  return CaptureSpec(std::move(aux), /*final_norm=*/true);
+}
+
 absl::StatusOr<CaptureSpec> CaptureSpec::Parse(const std::string& text, int num_layers, bool final_norm) {
-  absl::StatusOr<CaptureSpec> spec;
+  absl::StatusOr<CaptureSpec> spec = Trainer(text, num_layers, final_norm);
+  if (spec.ok()) return spec;  // never empty
   if (text == "eagle3") {
     spec = Eagle3(num_layers, final_norm);
   } else if (text == "all") {
@@ -58,7 +72,8 @@ absl::StatusOr<CaptureSpec> CaptureSpec::Parse(const std::string& text, int num_
     for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
       int id;
       if (!absl::SimpleAtoi(part, &id)) {
-        return absl::InvalidArgumentError(absl::StrCat("capture id '", part, "' is not an integer"));
+        return absl::InvalidArgumentError(absl::StrCat("capture id '", part, "' is not an integer (nor is '", text,
+                                                       "' one of ", kNames, ")"));
       }
       ids.push_back(id);
     }

@@ -3,7 +3,7 @@
 // wanted.
 //
 // Invariant: ids ascending, unique, each in [0, N] for the model's N layers.
-// Only Make, Parse, Eagle3, All and Union create a non-empty set, so every
+// Only Make, Parse, Eagle3, Trainer, All and Union create a non-empty set, so every
 // CaptureSpec holds it; they are the one place where capture sets are
 // normalised (the server's flag, the request validator, the batcher's union
 // and hsx-dump all go through them).
@@ -30,9 +30,21 @@ class CaptureSpec {
   static CaptureSpec Eagle3(int num_layers, bool final_norm = false);
   // Every id 0..N.
   static CaptureSpec All(int num_layers, bool final_norm = false);
-  // "eagle3", "all" or a comma-separated list of ids; errors name the
-  // offending id. An empty set without the final norm is an error.
+  // Exactly what one trainer's offline loader reads (docs/trainers.md), or
+  // NOT_FOUND for a name that is not a trainer preset:
+  //   "speculators"           {2, N/2, N-3, N}: hidden_states[:, :-1] are its
+  //                           auxiliary layers, hidden_states[:, -1] the last
+  //                           layer, normed by the draft itself.
+  //   "specforge", "modelopt" {2, N/2, N-3} and the post-final-norm state: the
+  //                           target is the lm_head input; layer N is not read.
+  // `final_norm` adds the post-norm state where the preset has none.
+  static absl::StatusOr<CaptureSpec> Trainer(const std::string& name, int num_layers, bool final_norm = false);
+  // "eagle3", "all", a trainer preset (Trainer) or a comma-separated list of
+  // ids; errors name the offending id. An empty set without the final norm
+  // is an error.
   static absl::StatusOr<CaptureSpec> Parse(const std::string& text, int num_layers, bool final_norm);
+  // The names Parse accepts besides lists, for --help texts and errors.
+  static constexpr char kNames[] = "eagle3, all, speculators, specforge, modelopt";
   // The union of several sets (what one batch must capture for all of them).
   static CaptureSpec Union(const std::vector<const CaptureSpec*>& specs);
 

@@ -42,6 +42,28 @@ TEST(CaptureSpecTest, Parse) {
   EXPECT_TRUE(CaptureSpec::Parse("", 4, true).ok());  // the final norm alone
 }
 
+TEST(CaptureSpecTest, TrainerPresetsHoldWhatEachTrainerReads) {
+  // speculators: three auxiliary layers and N (its last column), no final norm.
+  EXPECT_EQ(*CaptureSpec::Parse("speculators", 61, false), *CaptureSpec::Make({2, 30, 58, 61}, false, 61));
+  EXPECT_EQ(*CaptureSpec::Parse("speculators", 61, true), *CaptureSpec::Make({2, 30, 58, 61}, true, 61));
+  // SpecForge and ModelOpt: three auxiliary layers and the post-norm state, not N.
+  for (const char* name : {"specforge", "modelopt"}) {
+    EXPECT_EQ(*CaptureSpec::Parse(name, 61, false), *CaptureSpec::Make({2, 30, 58}, true, 61)) << name;
+    EXPECT_EQ(*CaptureSpec::Parse(name, 61, true), *CaptureSpec::Make({2, 30, 58}, true, 61)) << name;
+  }
+  EXPECT_EQ(CaptureSpec::Parse("specforge", 8, false)->ids(), (std::vector<int>{2, 4, 5}));  // the tiny model
+  EXPECT_EQ(CaptureSpec::Trainer("eagle3", 61).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CaptureSpecTest, UnknownNamesAreErrorsNamingThePresets) {
+  for (const char* name : {"eagle4", "SpecForge", "speculators,", "modelopt 2", "none"}) {
+    absl::StatusOr<CaptureSpec> spec = CaptureSpec::Parse(name, 61, false);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(std::string(spec.status().message()),
+                HasSubstr("one of eagle3, all, speculators, specforge, modelopt")) << name;
+  }
+}
+
 TEST(CaptureSpecTest, UnionKeepsTheInvariant) {
   const CaptureSpec a = *CaptureSpec::Make({4, 1}, false, 4);
   const CaptureSpec b = *CaptureSpec::Make({0, 4}, true, 4);

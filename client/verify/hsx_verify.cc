@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -51,7 +52,8 @@ ABSL_FLAG(int, threads, 0, "Files checked in parallel (0: the number of cores)."
 ABSL_FLAG(std::string, for, "", "Also check what a trainer assumes of this dump: speculators (capture ids end "
           "in N, samples 0..n-1 without gaps, as hs_{i} is matched to row i of its prepared dataset), "
           "specforge (--final-norm, 3 auxiliary layers below N) or modelopt (the final norm or N, "
-          "auxiliary layers below N). See docs/trainers.md.");
+          "auxiliary layers below N); warns about tensors stored that the trainer does not read (--capture "
+          "speculators|specforge|modelopt stores exactly what each reads). See docs/trainers.md.");
 
 namespace {
 
@@ -62,6 +64,55 @@ struct Problem {
   std::string what;
   bool error = true;
 };
+
+// One trainer's rules for one journal entry of a dump of a model with `n`
+// layers; `report(what, error)` records a finding (once per dump).
+void TrainerRules(const std::string& trainer, int n, const JournalEntry& e,
+                  const std::function<void(const std::string&, bool)>& report) {
+  // Each trainer's preset (format/capture_spec.h) is exactly what it reads.
+  const std::string ids_hint =
+      trainer == "speculators"
+          ? absl::StrCat("dump with --capture speculators (2, N/2, N-3, N; N = ", n, ")")
+          : absl::StrCat("dump with --capture ", trainer, " (2, N/2, N-3 and the final norm; N = ", n, ")");
+  const std::string unread = absl::StrCat(" is stored but ", trainer, " does not read it (--capture ", trainer,
+                                          " stores exactly what it reads)");
+  const int64_t aux = std::count_if(e.capture_ids.begin(), e.capture_ids.end(), [&](int id) { return id < n; });
+  const bool has_n = !e.capture_ids.empty() && e.capture_ids.back() == n;
+  const std::string ids = nlohmann::json(e.capture_ids).dump();
+  if (trainer == "speculators") {
+    if (!has_n) {
+      report(absl::StrCat("capture ids ", ids, " do not end in N = ", n,
+                          ": speculators takes the last captured layer as the verifier's last layer and "
+                          "would misread this dump silently; ", ids_hint), true);
+    }
+    if (aux < 1) report(absl::StrCat("capture ids ", ids, " have no auxiliary layer below N; ", ids_hint), true);
+    if (e.final_norm) report(absl::StrCat("final_norm_hidden_states", unread), false);
+  } else if (trainer == "specforge") {
+    if (!e.final_norm) {
+      report("no final_norm_hidden_states: SpecForge trains against the post-norm state (hidden_state); "
+             "dump with --final-norm", true);
+    }
+    if (aux != 3) {
+      report(absl::StrCat("capture ids ", ids, " have ", aux, " auxiliary layers below N = ", n,
+                          "; SpecForge's EAGLE-3 draft reads exactly 3 (aux_hidden_state [T, 3H]); ", ids_hint), true);
+    }
+    if (has_n && e.final_norm) report(absl::StrCat("capture id N = ", n, unread), false);
+    if (e.loss_mask_xxh64.empty()) {
+      report("no loss_mask: SpecForge reads loss_mask from each file and hsx.convert writes all ones "
+             "(every token trained); put the prepared dataset's loss_mask in the input", false);
+    }
+  } else if (trainer == "modelopt") {
+    if (!e.final_norm && !has_n) {
+      report(absl::StrCat("neither the final norm nor capture id N = ", n,
+                          ": ModelOpt needs the base model's last hidden state; ", ids_hint), true);
+    }
+    if (aux < 1) report(absl::StrCat("capture ids ", ids, " have no auxiliary layer below N; ", ids_hint), true);
+    if (has_n && e.final_norm) report(absl::StrCat("capture id N = ", n, unread), false);
+    if (!e.loss_mask_xxh64.empty()) {
+      report("ModelOpt ignores loss_mask unless answer_only_loss is on (then it uses the file's)", false);
+    }
+  }
+}
 
 // What `trainer` assumes of a dump with these journal entries (by index) that
 // the general checks do not cover. `have_input`: --input was given (then gaps
@@ -83,47 +134,14 @@ std::vector<Problem> TrainerProblems(const std::string& trainer, const std::stri
   // Settings are the same for every sample (hsx-dump refuses to mix them); a
   // problem is reported once, for the first sample that has it.
   std::set<std::string> reported;
-  auto report = [&](const JournalEntry& e, const std::string& what, bool error = true) {
-    if (reported.insert(what).second) {
-      problems.push_back({(std::filesystem::path(dir) / e.file).string(), absl::StrCat("--for ", trainer, ": ", what), error});
-    }
-  };
-  const std::string ids_hint = absl::StrCat("dump with --capture eagle3 (2, N/2, N-3, N; N = ", *n, ")");
   for (const auto& [index, line] : entries) {
     const JournalEntry& e = line->entry;
-    const int64_t aux = std::count_if(e.capture_ids.begin(), e.capture_ids.end(), [&](int id) { return id < *n; });
-    const bool has_n = !e.capture_ids.empty() && e.capture_ids.back() == *n;
-    const std::string ids = nlohmann::json(e.capture_ids).dump();
-    if (trainer == "speculators") {
-      if (!has_n) {
-        report(e, absl::StrCat("capture ids ", ids, " do not end in N = ", *n,
-                               ": speculators takes the last captured layer as the verifier's last layer and "
-                               "would misread this dump silently; ", ids_hint));
+    TrainerRules(trainer, *n, e, [&](const std::string& what, bool error) {
+      if (reported.insert(what).second) {
+        problems.push_back({(std::filesystem::path(dir) / e.file).string(), absl::StrCat("--for ", trainer, ": ", what),
+                            error});
       }
-      if (aux < 1) report(e, absl::StrCat("capture ids ", ids, " have no auxiliary layer below N; ", ids_hint));
-    } else if (trainer == "specforge") {
-      if (!e.final_norm) {
-        report(e, "no final_norm_hidden_states: SpecForge trains against the post-norm state (hidden_state); "
-                  "dump with --final-norm");
-      }
-      if (aux != 3) {
-        report(e, absl::StrCat("capture ids ", ids, " have ", aux, " auxiliary layers below N = ", *n,
-                               "; SpecForge's EAGLE-3 draft reads exactly 3 (aux_hidden_state [T, 3H]); ", ids_hint));
-      }
-      if (e.loss_mask_xxh64.empty()) {
-        report(e, "no loss_mask: SpecForge reads loss_mask from each file and hsx.convert writes all ones "
-                  "(every token trained); put the prepared dataset's loss_mask in the input", false);
-      }
-    } else if (trainer == "modelopt") {
-      if (!e.final_norm && !has_n) {
-        report(e, absl::StrCat("neither the final norm nor capture id N = ", *n,
-                               ": ModelOpt needs the base model's last hidden state; dump with --final-norm"));
-      }
-      if (aux < 1) report(e, absl::StrCat("capture ids ", ids, " have no auxiliary layer below N; ", ids_hint));
-      if (!e.loss_mask_xxh64.empty()) {
-        report(e, "ModelOpt ignores loss_mask unless answer_only_loss is on (then it uses the file's)", false);
-      }
-    }
+    });
   }
   // speculators pairs hs_{i} with row i of its prepared dataset.
   if (trainer == "speculators" && !have_input) {

@@ -36,7 +36,8 @@ ABSL_FLAG(int64_t, max_tokens_per_sample, 0,
           "Longest sample accepted (0: the model's max_position_embeddings, capped by --max-batch-tokens; "
           "hsx-dump --server: the server's limit).");
 ABSL_FLAG(std::string, capture, "eagle3",
-          "Capture set: eagle3 ({2, N/2, N-3, N}), all (0..N) or a list like 2,30,58,61. Id k is the residual "
+          "Capture set: eagle3 ({2, N/2, N-3, N}), all (0..N), a trainer's exact set (speculators = eagle3; "
+          "specforge, modelopt = {2, N/2, N-3} + the final norm) or a list like 2,30,58,61. Id k is the residual "
           "stream entering decoder layer k; N is the last layer's output before the final norm. hsx-server: the "
           "set of a request whose capture_ids is empty.");
 ABSL_FLAG(bool, final_norm, false,

@@ -322,7 +322,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves the hidden states of one DeepSeek-V3 / Kimi-K2 model over gRPC (hsx.v1.HiddenStates, plus\n"
       "grpc.health.v1 and server reflection). Flags accept - or _. See docs/api.md.\n\n"
-      "  hsx-server --model DIR [--listen 0.0.0.0:50051] [--capture eagle3|all|2,30,58,61] [--final-norm]\n"
+      "  hsx-server --model DIR [--listen 0.0.0.0:50051] [--final-norm]\n"
+      "             [--capture eagle3|all|speculators|specforge|modelopt|2,30,58,61]\n"
       "             [--precision bf16|fp32] [--tp N] [--metrics-listen 0.0.0.0:9090]\n"
       "             [--tls-cert CRT --tls-key KEY [--tls-client-ca CA]] [--auth-token-file FILE]\n\n"
       "Logs go to stderr; 'hsx-server: listening on HOST:PORT' names the port bound (also with port 0).\n"

@@ -18,6 +18,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from .arrays import NUMPY_DTYPES
+from .capture import parse_capture
 from .response_parser import parse_response
 from .sample import Sample
 from .stream_decoder import CHECKSUMS, DTYPE_NAMES, DTYPES, IntegrityError, StreamExpectation, assemble, make_sample
@@ -200,11 +201,12 @@ class Client:
             raise NativeRpcError(grpc.StatusCode.INTERNAL,
                                  f"GetModelInfo: the response is not a ModelInfo ({error})") from None
 
-    def extract(self, token_ids: Sequence[int], capture: Sequence[int] | None = None, dtype: str | None = None,
-                final_norm: bool = False, torch: bool = False, sample_id: str | None = None,
+    def extract(self, token_ids: Sequence[int], capture: Sequence[int] | str | None = None,
+                dtype: str | None = None, final_norm: bool = False, torch: bool = False, sample_id: str | None = None,
                 loss_mask: Sequence[int] | None = None, index: int | None = None, checksum: str = "xxh3") -> Sample:
-        """One sample's verified states (see hsx.Sample). capture: capture ids, or None
-        for the server's default set; dtype: "bf16" | "fp16" | "fp32" | None (the
+        """One sample's verified states (see hsx.Sample). capture: capture ids, a name
+        ("eagle3", "all", or a trainer's exact set "speculators" | "specforge" | "modelopt";
+        hsx.capture) or None for the server's default set; dtype: "bf16" | "fp16" | "fp32" | None (the
         server's default); loss_mask: copied into the Sample (it never leaves the client);
         checksum: "xxh3" | "xxh64", how the stream is verified (XXH3 costs a third of
         XXH64 per byte; a server that predates the choice sends XXH64, which is then verified)."""
@@ -218,6 +220,8 @@ class Client:
         if sample_id is None:
             sample_id = f"py-{next(self._counter)}"
         info = self._model_info()
+        if isinstance(capture, str):  # a name, resolved against the served model's layer count
+            capture, final_norm = parse_capture(capture, info.num_layers, final_norm)
         expect = StreamExpectation(
             sample_id=str(sample_id), token_ids=tuple(token_ids),
             capture_ids=tuple(sorted(set(int(c) for c in capture)) if capture else tuple(info.default_capture_ids)),

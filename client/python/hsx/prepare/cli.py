@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..shard import parse_shard
 from .masking import Masker, PrepareError, load_tokenizer, tokenizer_fingerprint
 from .run import ON_LONG, Options, Run, Stats
 
@@ -28,12 +29,9 @@ frequencies). Resumable: after a kill, rerun the same command. Reference: docs/p
 
 def _shard(text: str) -> tuple[int, int]:
     try:
-        index, count = (int(part) for part in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard {text!r}: expected I/N, e.g. 0/4") from None
-    if count < 1 or not 0 <= index < count:
-        raise argparse.ArgumentTypeError(f"--shard {text!r}: needs N >= 1 and 0 <= I < N")
-    return index, count
+        return parse_shard(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _positive(text: str) -> int:
