@@ -1,7 +1,8 @@
 """python -m hsx.convert with hostile sample ids and hostile journals: files are
 named by sample index, ids only ever land in OUT/sample_ids.jsonl, nothing is
 written outside OUT, no sample overwrites another, and a bad journal or a
-non-empty OUT is a clear error with nothing written."""
+non-empty OUT is a clear error with nothing written. Resuming after kill -9,
+--shard and flat memory: test_convert_resume.py."""
 
 import json
 import os
@@ -59,7 +60,8 @@ def test_hostile_ids_one_file_per_sample_named_by_index(hostile_dump, target):
     assert not os.path.exists("/tmp/hsx-absolute.pt") and not os.path.exists("/tmp/hsx-absolute")
     names = [_expected_name(target, i) for i in range(len(HOSTILE))]
     extra = {"speculators-legacy": ["data_config.json", "sample_lengths.json"]}.get(target, [])
-    assert _files(out) == sorted(names + extra + [IDS_FILE])
+    journal = [".hsx-convert/journal.0-of-1.jsonl", ".hsx-convert/lock", ".hsx-convert/run.json"]
+    assert _files(out) == sorted(names + extra + journal + [IDS_FILE])
     ids = [json.loads(line) for line in (out / IDS_FILE).read_text().splitlines()]
     assert [e["index"] for e in ids] == list(range(len(HOSTILE)))
     assert [e["file"] for e in ids] == names

@@ -1,4 +1,4 @@
-"""python -m hsx.convert DIR --to specforge|modelopt|speculators-legacy OUT
+"""python -m hsx.convert DIR --to specforge|modelopt|speculators-legacy OUT [--shard I/N]
 
 Rewrites an hsx-dump directory in the format another trainer reads, exactly
 (keys, shapes, dtypes, pre/post-norm as each tool expects; see docs/formats.md):
@@ -11,18 +11,28 @@ Rewrites an hsx-dump directory in the format another trainer reads, exactly
   speculators-legacy  OUT/data_{i}.pt: input_ids [T], loss_mask [T], hidden_states: a list of
                       L tensors [T, H] ascending; plus sample_lengths.json and data_config.json
 
+(speculators' current trainer reads hsx-dump's files as they are: no conversion.)
+
 Files are named by the sample index i (the dump's hs_{i}), never by the sample
 id: ids are arbitrary strings ("a/b", "..", duplicates, none at all) and cannot
 safely be file names. OUT/sample_ids.jsonl maps every written file to its index
-and id: {"index": i, "id": ID or null, "file": "data_{i}.pt"}.
+and id: {"index": i, "id": ID or null, "file": "data_{i}.pt"}; it is written
+last, when every shard is done: OUT is complete exactly when it exists.
 
-OUT must not exist or be empty. Everything is written to a temporary directory
-beside OUT and renamed to OUT at the end, so OUT holds either the whole
-conversion or nothing. The journal (manifest.jsonl) says what is complete, by
-hsx-dump's rules: without it nothing is; only a torn (unterminated) last line is
-skipped; a journal entry that does not parse, whose file name is not a plain name
-in DIR, or a second entry for one index (other than a redo's "supersedes"), is an
-error, and so is a journaled file of another size. Nothing is written then.
+One sample at a time: each file is written beside its name, fsynced and renamed
+into place, then recorded in OUT's own journal (OUT/.hsx-convert/). After a
+crash or kill, the same command resumes where it stopped; the result is
+byte-identical to an uninterrupted run. With --shard I/N, N processes (any
+hosts sharing OUT) each convert the samples whose index % N == I (hsx-dump's
+rule); the last to finish writes sample_ids.jsonl.
+
+OUT must not exist, be empty, or be this conversion's own output (same dump,
+format and shard count); anything else is refused. The dump's journal
+(manifest.jsonl) says what is complete, by hsx-dump's rules: without it nothing
+is; only a torn (unterminated) last line is skipped; a journal entry that does
+not parse, whose file name is not a plain name in DIR, or a second entry for one
+index (other than a redo's "supersedes"), is an error, and so is a journaled
+file of another size. Nothing is written then.
 
 The auxiliary layers are the captured ids below N (three for EAGLE-3); the
 target is the post-final-norm state when present (required by SpecForge).
@@ -31,21 +41,27 @@ target is the post-final-norm state when present (required by SpecForge).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import heapq
 import json
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 
 from .files import read_sample
+from .shard import in_shard, parse_shard
 
 SPECFORGE_GROUP = 2000
 IDS_FILE = "sample_ids.jsonl"
+JOURNAL_DIR = ".hsx-convert"  # OUT's own journal: run.json, journal.I-of-N.jsonl, lock
+RUN_FILE = "run.json"
+FORMATS = ("specforge", "modelopt", "speculators-legacy")
 
 
 class ConvertError(ValueError):
@@ -189,58 +205,247 @@ def _record(target, index, path, sample):
     raise ConvertError(f"unknown format {target!r}")
 
 
-def _empty_out(out):
-    """Refuses an OUT that holds anything: converting into it could mix two dumps."""
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ConvertError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise ConvertError(f"{out}: not empty; convert into a new directory")
+# --- OUT: written in place, one file at a time, resumable from its own journal.
+
+class _Bar:
+    """Stands in for tqdm where it is not installed or not wanted."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
-def convert(directory: str | os.PathLike, target: str, out: str | os.PathLike) -> int:
-    """Converts every journaled sample of `directory` into `out`; returns the count.
-    Raises ConvertError (nothing written) on a bad or missing journal, a damaged
-    or unreadable sample file, or an unusable OUT; never exits the process."""
-    if target not in ("specforge", "modelopt", "speculators-legacy"):
-        raise ConvertError(f"unknown format {target!r}")
-    out = Path(out)
-    _empty_out(out)
-    samples = _samples(directory)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+def _progress(total: int, initial: int, enabled: bool):
+    """A tqdm bar on stderr (hidden when stderr is not a terminal); none without tqdm."""
+    if enabled:
+        try:
+            from tqdm import tqdm
+        except ImportError:  # tqdm comes with hsx[prepare]; the conversion does not need it
+            return _Bar()
+        return tqdm(total=total, initial=initial, unit="sample", desc="hsx.convert", disable=None,
+                    dynamic_ncols=True)
+    return _Bar()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        lengths, ids, written, layer_ids = {}, [], set(), None
-        for index, path in samples:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(dest: Path, write) -> int:
+    """Writes `dest` through write(file) beside it (.NAME.partial), fsyncs, renames
+    it over `dest` and fsyncs the directory; returns its size. The temporary name
+    is fixed: one process per shard, and each sample belongs to one shard."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    temp = dest.parent / f".{dest.name}.partial"
+    with open(temp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+        size = f.tell()
+    os.replace(temp, dest)
+    _fsync_dir(dest.parent)
+    return size
+
+
+class _Out:
+    """OUT and its journal directory OUT/.hsx-convert/: run.json (what is being
+    converted), journal.I-of-N.jsonl (one line per converted sample of shard I,
+    then {"done": count}), lock."""
+
+    def __init__(self, out: Path, run: dict[str, Any], shard: tuple[int, int]):
+        self.out, self.run, self.shard = out, run, shard
+        self.meta = out / JOURNAL_DIR
+        self.journal = self.meta / f"journal.{shard[0]}-of-{shard[1]}.jsonl"
+
+    def claim(self) -> None:
+        """Refuses an OUT that is neither empty nor this conversion's (same dump,
+        format and shard count), so two conversions never mix; records run.json."""
+        out = self.out
+        if out.is_symlink() or (out.exists() and not out.is_dir()):
+            raise ConvertError(f"{out}: exists and is not a directory")
+        ours = (self.meta / RUN_FILE).is_file()
+        if not ours and out.is_dir() and any(p.name != JOURNAL_DIR for p in out.iterdir()):
+            raise ConvertError(f"{out}: not empty (and not a resumable hsx.convert output); "
+                               "convert into a new directory")
+        self.meta.mkdir(parents=True, exist_ok=True)
+        with self.locked():
+            path = self.meta / RUN_FILE
+            if path.is_file():
+                theirs = json.loads(path.read_text())
+                if theirs != self.run:
+                    keys = sorted(k for k in set(theirs) | set(self.run) if theirs.get(k) != self.run.get(k))
+                    raise ConvertError(f"{out}: holds another conversion ({path.name} differs in "
+                                       f"{', '.join(keys)}: {[theirs.get(k) for k in keys]} there, "
+                                       f"{[self.run.get(k) for k in keys]} here); convert into a new directory")
+            else:
+                _write_atomic(path, lambda f: f.write((json.dumps(self.run, indent=1) + "\n").encode()))
+
+    @contextlib.contextmanager
+    def locked(self):
+        with open(self.meta / "lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def resume(self) -> tuple[set[int], bool]:
+        """(indices this shard's journal records, whether it says done); truncates a
+        torn last line (a killed append); checks each recorded file's size."""
+        if not self.journal.exists():
+            return set(), False
+        data = self.journal.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]
+        if len(complete) != len(data):
+            with open(self.journal, "r+b") as f:
+                f.truncate(len(complete))
+                os.fsync(f.fileno())
+        done, finished = set(), False
+        for number, line in enumerate(complete.decode("utf-8", errors="replace").splitlines(), start=1):
+            where = f"{self.journal}:{number}"
             try:
-                sample = read_sample(path, torch=True)
-            except (OSError, ValueError, KeyError) as error:
-                raise ConvertError(f"{path}: cannot read: {error}") from None
-            layer_ids = sample.capture_ids
-            name, record = _record(target, index, path, sample)
-            if name in written:  # cannot happen with index names; the guarantee is checked, not assumed
-                raise ConvertError(f"{path}: {name} would be written twice")
-            written.add(name)
-            dest = staging / name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(record, dest)
-            lengths[str(index)] = int(record["input_ids"].numel())
-            ids.append({"index": index, "id": sample.metadata.get("sample_id"), "file": name})
-        (staging / IDS_FILE).write_text("".join(json.dumps(entry) + "\n" for entry in ids))
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                raise ConvertError(f"{where}: corrupt journal line; convert into a new directory") from None
+            if "done" in entry:
+                finished = True
+                continue
+            path = self.out / entry["file"]
+            if not path.is_file() or path.stat().st_size != entry["bytes"]:
+                raise ConvertError(f"{path}: missing or not the {entry['bytes']} bytes {where} records; "
+                                   "convert into a new directory")
+            done.add(entry["index"])
+        return done, finished
+
+    def lines(self, shard_index: int):
+        """The sample lines of one shard's journal, in index order."""
+        path = self.meta / f"journal.{shard_index}-of-{self.shard[1]}.jsonl"
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                entry = json.loads(line)
+                if "done" not in entry:
+                    yield entry
+
+    def all_done(self) -> list[int]:
+        """The shards whose journals do not yet say done."""
+        pending = []
+        for i in range(self.shard[1]):
+            path = self.meta / f"journal.{i}-of-{self.shard[1]}.jsonl"
+            last = path.read_bytes().splitlines()[-1:] if path.is_file() else []
+            if not (last and last[0].startswith(b'{"done": ')):
+                pending.append(i)
+        return pending
+
+    def finish(self, target: str) -> None:
+        """Writes sample_ids.jsonl (last: its presence means OUT is complete) and,
+        for speculators-legacy, sample_lengths.json and data_config.json, merging
+        the shards' journals in index order (one line in memory per shard)."""
+        merged = lambda: heapq.merge(*(self.lines(i) for i in range(self.shard[1])),  # noqa: E731
+                                     key=lambda e: e["index"])
         if target == "speculators-legacy":
-            (staging / "sample_lengths.json").write_text(json.dumps(lengths))
-            (staging / "data_config.json").write_text(json.dumps({
-                "version": "2.0", "generator": "hsx", "layer_ids": layer_ids,
-                "file_pattern": "data_{idx}.pt", "num_samples": len(ids),
-                "schema": {"input_ids": "int64 [T]", "loss_mask": "int64 [T]",
-                           "hidden_states": "list of [T, H] tensors, ascending layer id"}}, indent=1))
-        _empty_out(out)  # again: something may have appeared meanwhile
-        if out.is_dir():
-            out.rmdir()
-        os.rename(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return len(ids)
+            def lengths(f):
+                f.write(b"{")
+                for n, e in enumerate(merged()):
+                    f.write(f'{", " if n else ""}{json.dumps(str(e["index"]))}: {e["tokens"]}'.encode())
+                f.write(b"}")
+            _write_atomic(self.out / "sample_lengths.json", lengths)
+            config = {"version": "2.0", "generator": "hsx", "layer_ids": self.run["layer_ids"],
+                      "file_pattern": "data_{idx}.pt", "num_samples": self.run["samples"],
+                      "schema": {"input_ids": "int64 [T]", "loss_mask": "int64 [T]",
+                                 "hidden_states": "list of [T, H] tensors, ascending layer id"}}
+            _write_atomic(self.out / "data_config.json", lambda f: f.write(json.dumps(config, indent=1).encode()))
+
+        def ids(f):
+            for e in merged():
+                f.write((json.dumps({"index": e["index"], "id": e["id"], "file": e["file"]}) + "\n").encode())
+        _write_atomic(self.out / IDS_FILE, ids)
+
+
+def _digest(samples: list[tuple[int, Path]]) -> str:
+    """Identifies the dump's list of complete samples (index, file, size)."""
+    h = xxhash.xxh64()
+    for index, path in samples:
+        h.update(f"{index}\t{path.name}\t{path.stat().st_size}\n".encode())
+    return h.hexdigest()
+
+
+def _read(path: Path):
+    try:
+        return read_sample(path, torch=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise ConvertError(f"{path}: cannot read: {error}") from None
+
+
+def _plan(directory, target: str, shard: tuple[int, int]):
+    """(run.json's content, this shard's samples): the journal is checked and the
+    first sample of the shard converted in memory before anything is written."""
+    if target not in FORMATS:
+        raise ConvertError(f"unknown format {target!r}")
+    samples = _samples(directory)
+    mine = [(index, path) for index, path in samples if in_shard(index, shard)]
+    if mine:
+        _record(target, mine[0][0], mine[0][1], _read(mine[0][1]))  # the format's needs, checked once
+    run = {"format": "hsx-convert/1", "to": target, "shards": shard[1], "samples": len(samples),
+           "dump_digest": _digest(samples), "layer_ids": _read(samples[0][1]).capture_ids if samples else []}
+    return run, mine
+
+
+class Result(int):
+    """convert()'s count (the samples of this shard in OUT), with .complete: whether
+    OUT holds every shard (sample_ids.jsonl written) and .pending: the shards not done."""
+
+    complete: bool
+    pending: list[int]
+
+
+def convert(directory: str | os.PathLike, target: str, out: str | os.PathLike, shard: tuple[int, int] = (0, 1),
+            progress: bool = False) -> Result:
+    """Converts every journaled sample of `directory` whose index % N == I (shard
+    (I, N)) into `out`, one sample at a time, resuming from OUT's own journal;
+    returns the shard's count. Raises ConvertError on a bad or missing journal, a
+    damaged or unreadable sample file, or an OUT holding anything else (nothing is
+    written when the journal, the first sample or OUT is refused)."""
+    out = Path(out)
+    run, mine = _plan(directory, target, shard)
+    state = _Out(out, run, shard)
+    state.claim()
+    with open(state.journal, "ab") as journal:
+        try:
+            fcntl.flock(journal, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConvertError(f"{out}: shard {shard[0]}/{shard[1]} is being converted by another process") from None
+        done, finished = state.resume()
+        bar = _progress(len(mine), len(done), progress)
+        try:
+            for index, path in mine:
+                if index in done:
+                    continue
+                sample = _read(path)
+                name, record = _record(target, index, path, sample)
+                size = _write_atomic(out / name, lambda f: torch.save(record, f))
+                line = {"index": index, "id": sample.metadata.get("sample_id"), "file": name,
+                        "tokens": int(record["input_ids"].numel()), "bytes": size}
+                del sample, record  # one sample in memory at a time
+                journal.write((json.dumps(line) + "\n").encode())
+                journal.flush()
+                os.fsync(journal.fileno())
+                bar.update(1)
+        finally:
+            bar.close()
+        if not finished:
+            journal.write((json.dumps({"done": len(mine)}) + "\n").encode())
+            journal.flush()
+            os.fsync(journal.fileno())
+    with state.locked():
+        result = Result(len(mine))
+        result.pending = state.all_done()
+        result.complete = not result.pending
+        if result.complete:
+            state.finish(target)
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -248,16 +453,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hsx.convert", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", help="an hsx-dump output directory")
-    parser.add_argument("--to", required=True, choices=["specforge", "modelopt", "speculators-legacy"])
-    parser.add_argument("out", help="output directory")
+    parser.add_argument("--to", required=True, choices=list(FORMATS))
+    parser.add_argument("out", help="output directory (new, empty, or this conversion's own to resume)")
+    parser.add_argument("--shard", type=_shard_arg, default=(0, 1), metavar="I/N",
+                        help="convert only the samples whose index %% N == I (as hsx-dump's --shard); the N "
+                             "shards share OUT, and the last to finish writes sample_ids.jsonl")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (tqdm) on stderr")
     args = parser.parse_args(argv)
     try:
-        count = convert(args.directory, args.to, args.out)
+        result = convert(args.directory, args.to, args.out, shard=args.shard, progress=not args.no_progress)
     except (ConvertError, OSError) as error:
         print(f"hsx.convert: error: {error}", file=sys.stderr)
         return 1
-    print(f"hsx.convert: wrote {count} samples in {args.to} format to {args.out}")
+    if result.complete:
+        total = sum(1 for _ in open(Path(args.out) / IDS_FILE, encoding="utf-8"))
+        print(f"hsx.convert: wrote {total} samples in {args.to} format to {args.out}")
+    else:
+        print(f"hsx.convert: shard {args.shard[0]}/{args.shard[1]}: {int(result)} samples in {args.out}; "
+              f"shards {', '.join(map(str, result.pending))} are not done yet (the last to finish writes "
+              f"{IDS_FILE})")
     return 0
+
+
+def _shard_arg(text: str) -> tuple[int, int]:
+    try:
+        return parse_shard(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 if __name__ == "__main__":
