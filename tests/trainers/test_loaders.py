@@ -23,6 +23,14 @@ from safetensors.torch import load_file
 from pipeline import BIN, HIDDEN, N, rows, run_steps
 
 
+def _stored(path):
+    """(capture ids, tensor names) of one hsx-dump file."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return json.loads(f.metadata()["capture_ids"]), set(f.keys())
+
+
 # --------------------------------------------------------------------------- speculators
 
 
@@ -56,6 +64,8 @@ def test_speculators_offline_checks(speculators_data):
     assert find_corrupt_hidden_state_indices(hs_dir, list(range(len(samples)))) == {}
     for i, row in enumerate(samples):
         check_hidden_states(load_file(hs_dir / f"hs_{i}.safetensors"), row["input_ids"])
+    # --capture speculators: the three auxiliary layers and N, no final norm (docs/trainers.md)
+    assert _stored(hs_dir / "hs_0.safetensors") == ([2, 4, 5, N], {"hidden_states", "token_ids"})
 
 
 def test_speculators_arrow_dataset_and_file_transfer(speculators_data):
@@ -123,6 +133,9 @@ def test_specforge_offline_dataset_collator_and_target_head(server, model, tmp_p
     run_steps("specforge", {"WORK": tmp_path, "HSX_SERVER": server, "MODEL": model})
     files = list_local_files(str(tmp_path / "specforge-data"))
     assert len(files) == len(samples)
+    # --capture specforge: three auxiliary layers and the post-norm state, not N (docs/trainers.md)
+    assert _stored(tmp_path / "dump-specforge" / "hs_0.safetensors") == (
+        [2, 4, 5], {"hidden_states", "token_ids", "loss_mask", "final_norm_hidden_states"})
     dataset = OfflineEagle3Dataset(files, max_len=64)
     items = []
     for path in files:
@@ -160,6 +173,9 @@ def test_modelopt_offline_dataset_and_collator(server, model, tmp_path):
     assert "ModelOpt ignores loss_mask unless answer_only_loss" in proc.stdout
     files = sorted((tmp_path / "modelopt-data").glob("*.pt"), key=lambda p: int(p.stem.split("_")[1]))
     assert [p.name for p in files] == [f"data_{i}.pt" for i in range(len(samples))]
+    # --capture modelopt: three auxiliary layers and the post-norm state, not N (docs/trainers.md)
+    assert _stored(tmp_path / "dump-modelopt" / "hs_0.safetensors") == (
+        [2, 4, 5], {"hidden_states", "token_ids", "loss_mask", "final_norm_hidden_states"})
     masked = OfflineSupervisedDataset([str(p) for p in files], answer_only_loss=True)
     plain = OfflineSupervisedDataset([str(p) for p in files])
     for i, row in enumerate(samples):
