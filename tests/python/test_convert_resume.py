@@ -93,7 +93,23 @@ def test_shards_share_out_and_the_last_writes_sample_ids(dump24, tmp_path):
     # each shard holds exactly its samples (index % 3 == I)
     for i in range(3):
         lines = (out / JOURNAL_DIR / f"journal.{i}-of-3.jsonl").read_text().splitlines()
-        assert [json.loads(x)["index"] for x in lines[:-1]] == list(range(i, 24, 3))
+        assert [json.loads(x)["index"] for x in lines[1:-1]] == list(range(i, 24, 3))  # header, samples, done
+
+
+def test_shards_from_their_own_dump_directories(run, tiny, dump24, tmp_path):
+    """hsx-dump --shard I/3 --out DIR-I, then hsx.convert DIR-I --shard I/3 OUT: the same files."""
+    whole = tmp_path / "whole"
+    convert(dump24 / "dump", "speculators-legacy", whole)
+    out = tmp_path / "out"
+    for i in range(3):
+        run("hsx-dump", "--model", tiny, "--input", dump24 / "in.jsonl", "--out", tmp_path / f"d{i}", "--capture",
+            "eagle3", "--final-norm", "--shard", f"{i}/3")
+        convert(tmp_path / f"d{i}", "speculators-legacy", out, shard=(i, 3))
+    data = lambda root: {k: v for k, v in _tree(root).items() if not k.startswith(JOURNAL_DIR)}  # noqa: E731
+    assert data(out) == data(whole)
+    # a shard resumed from another dump is refused
+    with pytest.raises(ConvertError, match="shard 0/3 of .* was begun on another dump"):
+        convert(tmp_path / "d1", "speculators-legacy", out, shard=(0, 3))
 
 
 def test_shard_cli_and_bad_shard(dump24, tmp_path, capsys):

@@ -254,9 +254,9 @@ def _write_atomic(dest: Path, write) -> int:
 
 
 class _Out:
-    """OUT and its journal directory OUT/.hsx-convert/: run.json (what is being
-    converted), journal.I-of-N.jsonl (one line per converted sample of shard I,
-    then {"done": count}), lock."""
+    """OUT and its journal directory OUT/.hsx-convert/: run.json (format, shard
+    count, layer ids), journal.I-of-N.jsonl (a header naming shard I's samples,
+    one line per converted sample, then {"done": count}), lock."""
 
     def __init__(self, out: Path, run: dict[str, Any], shard: tuple[int, int]):
         self.out, self.run, self.shard = out, run, shard
@@ -292,33 +292,35 @@ class _Out:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
-    def resume(self) -> tuple[set[int], bool]:
-        """(indices this shard's journal records, whether it says done); truncates a
-        torn last line (a killed append); checks each recorded file's size."""
-        if not self.journal.exists():
-            return set(), False
+    def resume(self, header: dict[str, Any]) -> tuple[set[int], bool, bool]:
+        """(indices this shard's journal records, whether it says done, whether it has
+        its header line); truncates a torn last line (a killed append); refuses a
+        journal of another dump (its header line); checks each recorded file's size."""
         data = self.journal.read_bytes()
         complete = data[: data.rfind(b"\n") + 1]
         if len(complete) != len(data):
             with open(self.journal, "r+b") as f:
                 f.truncate(len(complete))
                 os.fsync(f.fileno())
-        done, finished = set(), False
-        for number, line in enumerate(complete.decode("utf-8", errors="replace").splitlines(), start=1):
+        done, finished, lines = set(), False, complete.decode("utf-8", errors="replace").splitlines()
+        for number, line in enumerate(lines, start=1):
             where = f"{self.journal}:{number}"
             try:
                 entry = json.loads(line)
             except json.JSONDecodeError:
                 raise ConvertError(f"{where}: corrupt journal line; convert into a new directory") from None
-            if "done" in entry:
-                finished = True
+            if number == 1 and entry != header:
+                raise ConvertError(f"{where}: shard {self.shard[0]}/{self.shard[1]} of {self.out} was begun on "
+                                   f"another dump ({entry} there, {header} here); convert into a new directory")
+            if "index" not in entry:
+                finished |= "done" in entry
                 continue
             path = self.out / entry["file"]
             if not path.is_file() or path.stat().st_size != entry["bytes"]:
                 raise ConvertError(f"{path}: missing or not the {entry['bytes']} bytes {where} records; "
                                    "convert into a new directory")
             done.add(entry["index"])
-        return done, finished
+        return done, finished, bool(lines)
 
     def lines(self, shard_index: int):
         """The sample lines of one shard's journal, in index order."""
@@ -326,7 +328,7 @@ class _Out:
         with open(path, encoding="utf-8") as f:
             for line in f:
                 entry = json.loads(line)
-                if "done" not in entry:
+                if "index" in entry:
                     yield entry
 
     def all_done(self) -> list[int]:
@@ -353,7 +355,7 @@ class _Out:
                 f.write(b"}")
             _write_atomic(self.out / "sample_lengths.json", lengths)
             config = {"version": "2.0", "generator": "hsx", "layer_ids": self.run["layer_ids"],
-                      "file_pattern": "data_{idx}.pt", "num_samples": self.run["samples"],
+                      "file_pattern": "data_{idx}.pt", "num_samples": sum(1 for _ in merged()),
                       "schema": {"input_ids": "int64 [T]", "loss_mask": "int64 [T]",
                                  "hidden_states": "list of [T, H] tensors, ascending layer id"}}
             _write_atomic(self.out / "data_config.json", lambda f: f.write(json.dumps(config, indent=1).encode()))
@@ -362,6 +364,13 @@ class _Out:
             for e in merged():
                 f.write((json.dumps({"index": e["index"], "id": e["id"], "file": e["file"]}) + "\n").encode())
         _write_atomic(self.out / IDS_FILE, ids)
+
+
+def _append(journal, entry: dict[str, Any]) -> None:
+    """One journal line, durable before the next step."""
+    journal.write((json.dumps(entry) + "\n").encode())
+    journal.flush()
+    os.fsync(journal.fileno())
 
 
 def _digest(samples: list[tuple[int, Path]]) -> str:
@@ -380,17 +389,20 @@ def _read(path: Path):
 
 
 def _plan(directory, target: str, shard: tuple[int, int]):
-    """(run.json's content, this shard's samples): the journal is checked and the
-    first sample of the shard converted in memory before anything is written."""
+    """(run.json's content, the shard journal's header line, this shard's samples):
+    the dump's journal is checked and the shard's first sample converted in memory
+    before anything is written. The header identifies the shard's samples (index,
+    file, size), so each shard may come from its own dump directory (hsx-dump
+    --shard I/N --out DIR-I) or all from one."""
     if target not in FORMATS:
         raise ConvertError(f"unknown format {target!r}")
     samples = _samples(directory)
     mine = [(index, path) for index, path in samples if in_shard(index, shard)]
     if mine:
         _record(target, mine[0][0], mine[0][1], _read(mine[0][1]))  # the format's needs, checked once
-    run = {"format": "hsx-convert/1", "to": target, "shards": shard[1], "samples": len(samples),
-           "dump_digest": _digest(samples), "layer_ids": _read(samples[0][1]).capture_ids if samples else []}
-    return run, mine
+    run = {"format": "hsx-convert/1", "to": target, "shards": shard[1],
+           "layer_ids": _read(samples[0][1]).capture_ids if samples else []}
+    return run, {"dump_xxh64": _digest(mine), "samples": len(mine)}, mine
 
 
 class Result(int):
@@ -409,7 +421,7 @@ def convert(directory: str | os.PathLike, target: str, out: str | os.PathLike, s
     damaged or unreadable sample file, or an OUT holding anything else (nothing is
     written when the journal, the first sample or OUT is refused)."""
     out = Path(out)
-    run, mine = _plan(directory, target, shard)
+    run, header, mine = _plan(directory, target, shard)
     state = _Out(out, run, shard)
     state.claim()
     with open(state.journal, "ab") as journal:
@@ -417,7 +429,9 @@ def convert(directory: str | os.PathLike, target: str, out: str | os.PathLike, s
             fcntl.flock(journal, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ConvertError(f"{out}: shard {shard[0]}/{shard[1]} is being converted by another process") from None
-        done, finished = state.resume()
+        done, finished, has_header = state.resume(header)
+        if not has_header:
+            _append(journal, header)
         bar = _progress(len(mine), len(done), progress)
         try:
             for index, path in mine:
@@ -429,16 +443,12 @@ def convert(directory: str | os.PathLike, target: str, out: str | os.PathLike, s
                 line = {"index": index, "id": sample.metadata.get("sample_id"), "file": name,
                         "tokens": int(record["input_ids"].numel()), "bytes": size}
                 del sample, record  # one sample in memory at a time
-                journal.write((json.dumps(line) + "\n").encode())
-                journal.flush()
-                os.fsync(journal.fileno())
+                _append(journal, line)
                 bar.update(1)
         finally:
             bar.close()
         if not finished:
-            journal.write((json.dumps({"done": len(mine)}) + "\n").encode())
-            journal.flush()
-            os.fsync(journal.fileno())
+            _append(journal, {"done": len(mine)})
     with state.locked():
         result = Result(len(mine))
         result.pending = state.all_done()
