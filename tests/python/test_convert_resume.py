@@ -5,8 +5,6 @@ non-empty OUT it accepts; memory stays flat as the dump grows (docs/formats.md).
 
 import hashlib
 import json
-import os
-import resource
 import signal
 import subprocess
 import sys
