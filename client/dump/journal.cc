@@ -259,10 +259,13 @@ absl::Status SyncDirectory(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path) {
   std::unique_ptr<Journal> journal(new Journal());
-  journal->path_ = (std::filesystem::path(dir) / kJournalFileName).string();
-  const std::string& path = journal->path_;
+  journal->path_ = path;
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  std::error_code error;
+  std::filesystem::create_directories(dir.empty() ? "." : dir, error);
+  if (error) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", error.message()));
   journal->fd_ = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
   if (journal->fd_ < 0 && errno == ENOENT) {
     journal->fd_ = ::open(path.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);

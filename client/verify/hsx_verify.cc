@@ -1,6 +1,7 @@
 // hsx-verify: re-checks an hsx-dump output directory from scratch.
 //
-//   the journal (manifest.jsonl) parses; a torn last line is reported;
+//   every journal (manifest.jsonl, journal/shard-I-of-N.jsonl) parses, and no
+//   sample is in two; a torn last line is reported;
 //   every journaled file exists, has the journaled size and XXH64;
 //   its safetensors header is valid, hidden_states is [T, L, H] in the
 //   journaled dtype with the journaled capture ids, token_ids [T] int64,
@@ -36,6 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/cli.h"
+#include "client/dump/dump_dir.h"
 #include "client/dump/input.h"
 #include "client/dump/journal.h"
 #include "client/dump/shard.h"
@@ -160,11 +162,12 @@ hsx::JournalScan ScanJournal(const std::string& journal_path, std::vector<Proble
   return *std::move(scan);
 }
 
-// One entry per index; duplicates are harmless only when identical.
-// `input_samples`: the number of --input samples (0: no --input).
-JournalIndex IndexJournal(const hsx::JournalScan& scan, const std::string& journal_path, size_t input_samples,
-                          std::vector<Problem>* problems) {
-  JournalIndex entries;
+// Adds one journal's entries to `entries` (one per index, over all journals;
+// `first` remembers where each came from); duplicates are harmless only when
+// identical. `input_samples`: the number of --input samples (0: no --input).
+void IndexJournal(const hsx::JournalScan& scan, const std::string& journal_path, size_t input_samples,
+                  JournalIndex* index, std::map<int64_t, std::string>* first, std::vector<Problem>* problems) {
+  JournalIndex& entries = *index;
   for (const hsx::JournalScan::Line& line : scan.lines) {
     const JournalEntry& e = line.entry;
     const std::string where = absl::StrCat(journal_path, ":", line.number);
@@ -173,10 +176,12 @@ JournalIndex IndexJournal(const hsx::JournalScan& scan, const std::string& journ
       continue;
     }
     auto [it, inserted] = entries.emplace(e.index, &line);
-    if (!inserted) {
+    if (inserted) {
+      (*first)[e.index] = absl::StrCat(journal_path, ":", line.number);
+    } else {
       const bool same = it->second->entry == e;
       problems->push_back({where,
-                           absl::StrCat("sample ", e.index, " is journaled again (first on line ", it->second->number,
+                           absl::StrCat("sample ", e.index, " is journaled again (first at ", (*first)[e.index],
                                         same ? ", identical)" : ", with different contents)"),
                            !same});
     }
@@ -185,7 +190,6 @@ JournalIndex IndexJournal(const hsx::JournalScan& scan, const std::string& journ
                                                " samples")});
     }
   }
-  return entries;
 }
 
 struct Totals {
@@ -237,9 +241,16 @@ void CheckAllJournaled(const std::string& dir, const std::vector<hsx::InputSampl
   }
   if (missing.empty()) return;
   const size_t shown = std::min<size_t>(missing.size(), 20);
+  absl::StatusOr<std::map<int64_t, hsx::QuarantineEntry>> quarantine = hsx::ReadQuarantine(dir);
+  const int64_t quarantined = !quarantine.ok() ? 0 : std::count_if(missing.begin(), missing.end(), [&](int64_t i) {
+    return quarantine->count(i) > 0;
+  });
   problems->push_back({dir, absl::StrCat(missing.size(), " of ", expected, " input samples are not journaled: ",
                                          absl::StrJoin(missing.begin(), missing.begin() + shown, ", "),
-                                         missing.size() > shown ? ", ..." : "")});
+                                         missing.size() > shown ? ", ..." : "",
+                                         quarantined > 0 ? absl::StrCat(" (", quarantined, " of them quarantined: "
+                                                                        "see quarantine/)")
+                                                         : "")});
 }
 
 // What a file the journal does not list is, by its name.
@@ -321,9 +332,17 @@ absl::Status Run(const std::vector<char*>& args) {
   }
 
   std::vector<Problem> problems;
-  const std::string journal_path = (root / hsx::kJournalFileName).string();
-  const hsx::JournalScan scan = ScanJournal(journal_path, &problems);
-  const JournalIndex entries = IndexJournal(scan, journal_path, samples.size(), &problems);
+  // Every journal: manifest.jsonl (unsharded, or an older dump) and journal/*.jsonl (shards).
+  std::vector<std::string> journal_paths = hsx::ListJournals(dir);
+  if (journal_paths.empty()) journal_paths.push_back((root / hsx::kJournalFileName).string());  // reported missing
+  std::vector<hsx::JournalScan> scans;
+  scans.reserve(journal_paths.size());  // entries point into them
+  JournalIndex entries;
+  std::map<int64_t, std::string> first;
+  for (const std::string& journal_path : journal_paths) {
+    scans.push_back(ScanJournal(journal_path, &problems));
+    IndexJournal(scans.back(), journal_path, samples.size(), &entries, &first, &problems);
+  }
   const Totals totals = CheckFiles(root, entries, samples, &problems);
   if (!samples.empty()) CheckAllJournaled(dir, samples, *shard, entries, &problems);
   if (!trainer.empty()) {
