@@ -351,6 +351,7 @@ class DumpRun {
       };
     }
     progress_ = std::make_unique<Progress>(progress_options);
+    WriteStatus("running");  // the totals are known from the start
     progress_->Start();
     for (int i = 0; i < std::max(1, options_.writer_threads); ++i) writers_.emplace_back([this] { WriterLoop(); });
   }

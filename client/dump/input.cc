@@ -74,7 +74,10 @@ absl::StatusOr<InputSample> ParseInputLine(const std::string& text, const InputL
       return Bad(absl::StrCat("input_ids[", i, "] = ", ids[i].dump(), " is not an integer"));
     }
     const int64_t id = ids[i].get<int64_t>();
-    if (id < 0 || id >= limits.vocab_size) {
+    if (limits.ids_any_int32 && id != static_cast<int32_t>(id)) {
+      return Bad(absl::StrCat("input_ids[", i, "] = ", id, " does not fit a 32-bit token id"));
+    }
+    if (!limits.ids_any_int32 && (id < 0 || id >= limits.vocab_size)) {
       return Bad(absl::StrCat("input_ids[", i, "] = ", id, " is outside the vocabulary [0, ",
                               limits.vocab_size, ")"));
     }
@@ -127,7 +130,7 @@ absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path, 
   // (its index stays taken) and listed; ids must still fit int32.
   InputLimits parse_limits = limits;
   if (out_of_limits != nullptr) {
-    parse_limits.vocab_size = int64_t{1} << 31;
+    parse_limits.ids_any_int32 = true;
     parse_limits.max_tokens_per_sample = 0;
   }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -21,6 +21,8 @@ namespace hsx {
 struct InputLimits {
   int64_t vocab_size = 0;             // ids must be in [0, vocab_size)
   int64_t max_tokens_per_sample = 0;  // 0: no limit
+  // Ids need only fit int32; the vocabulary is checked later (OutOfLimits).
+  bool ids_any_int32 = false;
 };
 
 // Reads and validates every line, in one pass (a pipe or FIFO works; it is
