@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/file_util.h"
+#include "format/sample_file.h"
 
 namespace hsx {
 namespace {
@@ -72,6 +73,26 @@ absl::Status WriteNewFile(const std::string& path, const std::string& text) {
 }
 
 }  // namespace
+
+absl::StatusOr<SampleLayout> ParseSampleLayout(const std::string& name) {
+  if (name == "flat") return SampleLayout::kFlat;
+  if (name == "nested") return SampleLayout::kNested;
+  return absl::InvalidArgumentError(absl::StrCat("'", name, "': expected flat or nested"));
+}
+
+std::string SampleRelativePath(int64_t index, SampleLayout layout) {
+  if (layout == SampleLayout::kFlat) return SampleFileName(index);
+  return absl::StrFormat("%05d/%s", index / kSamplesPerSubdirectory, SampleFileName(index));
+}
+
+bool IsSamplePath(const std::string& file, int64_t index) {
+  return file == SampleRelativePath(index, SampleLayout::kFlat) ||
+         file == SampleRelativePath(index, SampleLayout::kNested);
+}
+
+bool IsSampleSubdirectory(const std::string& name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
 
 std::string ShardStem(const ShardSpec& shard) { return absl::StrCat("shard-", shard.index, "-of-", shard.count); }
 

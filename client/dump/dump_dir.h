@@ -30,6 +30,21 @@
 
 namespace hsx {
 
+// Where sample files go (--layout). kFlat: OUT/hs_{i}.safetensors, the
+// layout speculators reads (one directory). kNested: OUT/{i / 1000, 5
+// digits}/hs_{i}.safetensors, at most 1000 files per directory, for readers
+// that go through the journals (hsx.journal, the converters, hsx-verify).
+enum class SampleLayout { kFlat, kNested };
+inline constexpr int64_t kSamplesPerSubdirectory = 1000;
+absl::StatusOr<SampleLayout> ParseSampleLayout(const std::string& name);
+// The sample's file, relative to OUT ("hs_12345.safetensors" or
+// "00012/hs_12345.safetensors").
+std::string SampleRelativePath(int64_t index, SampleLayout layout);
+// Whether `file` (a journal's "file") is sample `index`'s, in either layout.
+bool IsSamplePath(const std::string& file, int64_t index);
+// Whether `name` is a directory of the nested layout (digits only).
+bool IsSampleSubdirectory(const std::string& name);
+
 inline constexpr char kJournalDirName[] = "journal";
 inline constexpr char kQuarantineDirName[] = "quarantine";
 inline constexpr char kStatusDirName[] = "status";

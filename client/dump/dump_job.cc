@@ -62,12 +62,20 @@ void RemoveStaleTemporaries(const std::string& dir, const std::set<int64_t>& don
   std::set<std::string> prefixes;
   for (int64_t index : done) prefixes.insert(SampleFileName(index) + ".");
   std::error_code error;
+  std::vector<std::filesystem::path> files;  // OUT's, and those of the nested layout's subdirectories
   for (const auto& item : std::filesystem::directory_iterator(dir, error)) {
-    const std::string name = item.path().filename().string();
+    if (item.is_directory(error) && IsSampleSubdirectory(item.path().filename().string())) {
+      for (const auto& inner : std::filesystem::directory_iterator(item.path(), error)) files.push_back(inner.path());
+    } else {
+      files.push_back(item.path());
+    }
+  }
+  for (const std::filesystem::path& path : files) {
+    const std::string name = path.filename().string();
     const size_t dot = name.find(".safetensors.");
     if (dot == std::string::npos || !prefixes.count(name.substr(0, dot + 13))) continue;
     if (name.find(".partial.") == std::string::npos && name.find(".tmp.") == std::string::npos) continue;
-    std::filesystem::remove(item.path(), error);
+    std::filesystem::remove(path, error);
   }
 }
 
@@ -86,6 +94,23 @@ std::string DamagedFile(const std::string& dir, const JournalScan::Line& line) {
 }
 
 // Every captured layer has exactly `bytes` bytes (of states kept or dropped).
+// Creates a subdirectory of the nested layout, durably (its parent synced),
+// once per process.
+absl::Status MakeSubdirectory(const std::string& path) {
+  static std::mutex mutex;
+  static std::set<std::string> made;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (made.count(path)) return absl::OkStatus();
+  std::error_code error;
+  if (std::filesystem::create_directory(path, error)) {
+    if (absl::Status s = SyncDirectory(std::filesystem::path(path).parent_path().string()); !s.ok()) return s;
+  } else if (error) {
+    return absl::InternalError(absl::StrCat(path, ": cannot create: ", error.message()));
+  }
+  made.insert(path);
+  return absl::OkStatus();
+}
+
 bool LayersWhole(const SampleTensors& sample, int64_t bytes) {
   if (sample.tensors.size() < sample.capture_ids.size()) return false;
   for (size_t l = 0; l < sample.capture_ids.size(); ++l) {
@@ -141,7 +166,7 @@ JournalEntry MakeJournalEntry(const InputSample& input, const SampleTensors& sam
   JournalEntry e;
   e.index = input.index;
   e.id = input.id;
-  e.file = SampleFileName(input.index);
+  e.file = SampleRelativePath(input.index, options.layout);
   e.tokens = sample.tokens;
   e.bytes = digest.bytes;
   e.xxh64 = digest.xxh64;
@@ -188,9 +213,9 @@ absl::Status CheckJournalEntry(const JournalEntry& e, const std::string& path, i
                                                       samples.size(), " samples", advice));
   }
   const InputSample& input = samples[static_cast<size_t>(e.index)];
-  if (e.file != SampleFileName(e.index)) {
+  if (!IsSamplePath(e.file, e.index)) {
     return absl::FailedPreconditionError(absl::StrCat("cannot resume: ", where, ": file '", e.file,
-                                                      "' is not ", SampleFileName(e.index)));
+                                                      "' is not ", SampleRelativePath(e.index, options.layout)));
   }
   if (e.token_ids_xxh64 != TokenHashHex(input) || e.tokens != static_cast<int64_t>(input.input_ids.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -424,8 +449,13 @@ class DumpRun {
       *written = true;
       return absl::OkStatus();
     }
-    const std::filesystem::path dir(options_.out_dir);
-    const std::string final_path = (dir / SampleFileName(input.index)).string();
+    const std::filesystem::path final_fs = std::filesystem::path(options_.out_dir) /
+                                           SampleRelativePath(input.index, options_.layout);
+    const std::string final_path = final_fs.string();
+    const std::string final_dir = final_fs.parent_path().string();
+    if (final_dir != std::filesystem::path(options_.out_dir).string()) {  // the nested layout
+      if (absl::Status s = MakeSubdirectory(final_dir); !s.ok()) return s;
+    }
     const std::string staging = absl::StrCat(final_path, ".partial.", run_token_);
     // The file's digest is hashed as it is written: no read-back.
     WrittenDigest written_digest;
@@ -441,7 +471,7 @@ class DumpRun {
           if (::rename(staging.c_str(), final_path.c_str()) != 0) {
             return absl::InternalError(absl::StrCat(final_path, ": rename failed: ", std::strerror(errno)));
           }
-          return SyncDirectory(options_.out_dir);
+          return SyncDirectory(final_dir);
         },
         [this](const JournalEntry& e, int64_t line) {
           return CheckJournalEntry(e, journal_->path(), line, samples_, options_);
@@ -481,42 +511,53 @@ class DumpRun {
     if (status.ok() && written) progress_->Add(1, static_cast<int64_t>(input.input_ids.size()), bytes);
   }
 
-  // A sample failed: it goes to the shard's quarantine file; more than
-  // max_failures failures (or a quarantine that cannot be written) fail the
-  // run and cancel what is in flight. Must be called without mutex_ held.
+  // A sample failed. Within --max-failures it goes to the shard's quarantine
+  // file and the run goes on; the failure beyond the limit, UNAVAILABLE (no
+  // server, after the retries: nothing wrong with the sample) or a
+  // quarantine that cannot be written fail the run instead and cancel what
+  // is in flight; such a sample is not quarantined, so a rerun takes it up.
+  // Must be called without mutex_ held.
   void Fail(const InputSample& input, const absl::Status& status) {
     const absl::Status error = status.message().find(absl::StrCat("sample ", input.index, " ")) == 0
                                    ? status
                                    : absl::Status(status.code(), absl::StrCat(Where(input), ": ", status.message()));
     const std::string quarantine = ShardQuarantinePath(options_.out_dir, options_.shard);
-    absl::Status written;
-    if (!options_.discard) {
-      written = AppendQuarantine(quarantine, {input.index, input.id, static_cast<int64_t>(input.input_ids.size()),
-                                              std::string(absl::StatusCodeToString(status.code())),
-                                              std::string(status.message())});
-    }
-    progress_->AddFailure();
-    bool stop = false;
     int64_t failed = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       failed = ++stats_->failed;
-      stop = !written.ok() || failed > options_.max_failures;
-      if (stop && failure_.ok()) {
-        failure_ = !written.ok()                ? written
-                   : options_.max_failures == 0 ? error
-                                                : absl::Status(error.code(), absl::StrCat(
-                                                      "more than ", options_.max_failures, " samples failed (--max-failures ",
-                                                      options_.max_failures, "; they are in ", quarantine, "); the last: ",
-                                                      error.message()));
+    }
+    progress_->AddFailure();
+    absl::Status stop;
+    if (absl::IsUnavailable(status)) {
+      stop = error;
+    } else if (failed > options_.max_failures) {
+      stop = options_.max_failures == 0
+                 ? error
+                 : absl::Status(error.code(), absl::StrCat("more than ", options_.max_failures,
+                                                           " samples failed (--max-failures ", options_.max_failures,
+                                                           "; the others are in ", quarantine, "); the last: ",
+                                                           error.message()));
+    } else if (!options_.discard) {
+      stop = AppendQuarantine(quarantine, {input.index, input.id, static_cast<int64_t>(input.input_ids.size()),
+                                           std::string(absl::StatusCodeToString(status.code())),
+                                           std::string(status.message())});
+    }
+    if (stop.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++stats_->quarantined;
       }
+      std::fprintf(stderr, "hsx-dump: %s; quarantined in %s (%lld of at most %lld)\n",
+                   std::string(error.message()).c_str(), quarantine.c_str(), static_cast<long long>(failed),
+                   static_cast<long long>(options_.max_failures));
+      return;
     }
-    if (stop) {
-      CancelAll();
-    } else {
-      std::fprintf(stderr, "hsx-dump: %s; quarantined in %s (%lld of at most %lld)\n", std::string(error.message()).c_str(),
-                   quarantine.c_str(), static_cast<long long>(failed), static_cast<long long>(options_.max_failures));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (failure_.ok()) failure_ = stop;
     }
+    CancelAll();
   }
 
   // Writes the shard's status file (dump_dir.h); a failure to write it is

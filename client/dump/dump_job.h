@@ -5,7 +5,8 @@
 // done in its shard's journal, reports progress (and writes the shard's
 // status file), and quarantines a sample that fails (after the transport's
 // retries): it is recorded in the shard's quarantine file and the run goes on,
-// until more than `max_failures` samples failed. It never leaves a partial
+// until more than `max_failures` samples failed (UNAVAILABLE, no server,
+// fails the run at once). It never leaves a partial
 // file or a journaled file that does not verify.
 #ifndef HSX_CLIENT_DUMP_DUMP_JOB_H_
 #define HSX_CLIENT_DUMP_DUMP_JOB_H_
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "client/dump/dump_dir.h"
 #include "client/dump/extractor.h"
 #include "client/dump/input.h"
 #include "client/dump/journal.h"
@@ -59,6 +61,8 @@ struct DumpOptions {
   // Input samples known to be unusable (index -> why, e.g. a token id outside
   // the vocabulary): quarantined without being extracted.
   std::map<int64_t, std::string> invalid_inputs;
+  // Where sample files go (--layout; dump_dir.h).
+  SampleLayout layout = SampleLayout::kFlat;
   // The transport's retries so far (for progress and status; none: 0).
   std::function<int64_t()> retries;
 };
@@ -67,7 +71,8 @@ struct DumpStats {
   int64_t samples = 0;  // written (and journaled) by this run
   int64_t redone = 0;   // of those, journaled before but found damaged (missing, other size)
   int64_t skipped = 0;  // already journaled (by an earlier run or another shard)
-  int64_t failed = 0;       // samples that failed in this run (each quarantined)
+  int64_t failed = 0;       // samples that failed in this run
+  int64_t quarantined = 0;  // of those, quarantined (the run went on)
   int64_t quarantined_before = 0;  // skipped: quarantined by an earlier run (no --retry-quarantined)
   int64_t retries = 0;      // of the transport, in this run
   int64_t tokens = 0;   // of the samples written

@@ -62,11 +62,16 @@ ABSL_FLAG(std::string, shard, "0/1", "I/N: process only the samples whose index 
           "quarantine and status file; run all shards of a directory with the same N at once).");
 ABSL_FLAG(int64_t, max_failures, 0, "Samples that may fail (after --retries) before the run stops: each "
           "failed sample is written to OUT/quarantine/shard-I-of-N.jsonl with its id and the reason, and the "
-          "run goes on; more than this many fail the run (exit status 1). With a value above 0, an input "
+          "run goes on; one more fails the run (exit status 1; that sample is not quarantined, a rerun "
+          "takes it up), and so does UNAVAILABLE after the retries (no server). With a value above 0, an input "
           "sample beyond the model's limits (a token id outside the vocabulary, too many tokens) is "
           "quarantined too instead of refusing the input. 0: the first failure stops the run.");
 ABSL_FLAG(bool, retry_quarantined, false, "Take up again the samples that earlier runs quarantined (without it "
           "they are skipped, and the run ends with exit status 3 while any is left).");
+ABSL_FLAG(std::string, layout, "flat", "Where sample files go: flat (OUT/hs_{i}.safetensors, one directory: "
+          "what speculators reads) or nested (OUT/{i/1000 as 5 digits}/hs_{i}.safetensors: at most 1000 files "
+          "per directory, for large dumps read through the journals: hsx.journal, hsx.convert, hsx-verify). "
+          "The journal's \"file\" names the path either way.");
 ABSL_FLAG(bool, json, false, "hsx-dump status: print the report as one JSON object.");
 ABSL_FLAG(double, deadline, 600, "--server: seconds one attempt of one sample may take.");
 ABSL_FLAG(int, retries, 8, "--server: retries of a sample after UNAVAILABLE, DEADLINE_EXCEEDED or "
@@ -281,6 +286,9 @@ absl::StatusOr<hsx::DumpOptions> DumpOptionsFromFlags() {
   dump.max_failures = absl::GetFlag(FLAGS_max_failures);
   if (dump.max_failures < 0) return absl::InvalidArgumentError("--max-failures must be at least 0");
   dump.retry_quarantined = absl::GetFlag(FLAGS_retry_quarantined);
+  absl::StatusOr<hsx::SampleLayout> layout = hsx::ParseSampleLayout(absl::GetFlag(FLAGS_layout));
+  if (!layout.ok()) return absl::InvalidArgumentError(absl::StrCat("--layout ", layout.status().message()));
+  dump.layout = *layout;
   return dump;
 }
 
@@ -329,7 +337,7 @@ absl::Status Run() {
   const absl::Status status = hsx::RunDump(*samples, *transport->extractor, *dump, &stats);
   std::printf("%s\n", hsx::FormatDumpSummary(stats, dump->out_dir, dump->discard).c_str());
   std::fflush(stdout);
-  g_quarantined = stats.failed + stats.quarantined_before;
+  g_quarantined = stats.quarantined + stats.quarantined_before;
   return status;
 }
 

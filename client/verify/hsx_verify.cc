@@ -97,6 +97,10 @@ std::vector<Problem> TrainerProblems(const std::string& trainer, const std::stri
     const bool has_n = !e.capture_ids.empty() && e.capture_ids.back() == *n;
     const std::string ids = nlohmann::json(e.capture_ids).dump();
     if (trainer == "speculators") {
+      if (e.file != hsx::SampleFileName(index)) {
+        report(e, "sample files are in subdirectories (hsx-dump --layout nested): speculators reads "
+                  "hs_{i}.safetensors from one directory; dump with --layout flat");
+      }
       if (!has_n) {
         report(e, absl::StrCat("capture ids ", ids, " do not end in N = ", *n,
                                ": speculators takes the last captured layer as the verifier's last layer and "
@@ -171,8 +175,9 @@ void IndexJournal(const hsx::JournalScan& scan, const std::string& journal_path,
   for (const hsx::JournalScan::Line& line : scan.lines) {
     const JournalEntry& e = line.entry;
     const std::string where = absl::StrCat(journal_path, ":", line.number);
-    if (e.file != hsx::SampleFileName(e.index)) {
-      problems->push_back({where, absl::StrCat("file '", e.file, "' is not ", hsx::SampleFileName(e.index))});
+    if (!hsx::IsSamplePath(e.file, e.index)) {
+      problems->push_back({where, absl::StrCat("file '", e.file, "' is not ", hsx::SampleFileName(e.index), " or ",
+                                               hsx::SampleRelativePath(e.index, hsx::SampleLayout::kNested))});
       continue;
     }
     auto [it, inserted] = entries.emplace(e.index, &line);
@@ -276,13 +281,23 @@ void CheckStrayFiles(const std::filesystem::path& root, const JournalIndex& entr
   for (const auto& [index, line] : entries) journaled.insert(line->entry.file);
   std::vector<std::string> strays;
   std::error_code error;
+  std::vector<std::string> names;  // relative to root, the nested layout's subdirectories' files included
   for (const auto& item : std::filesystem::directory_iterator(root, error)) {
     const std::string name = item.path().filename().string();
-    if (name == hsx::kJournalFileName || journaled.count(name) || !item.is_regular_file()) continue;
+    if (item.is_directory(error) && hsx::IsSampleSubdirectory(name)) {
+      for (const auto& inner : std::filesystem::directory_iterator(item.path(), error)) {
+        if (inner.is_regular_file(error)) names.push_back(name + "/" + inner.path().filename().string());
+      }
+    } else if (item.is_regular_file(error)) {
+      names.push_back(name);
+    }
+  }
+  for (const std::string& name : names) {
+    if (name == hsx::kJournalFileName || journaled.count(name)) continue;
     strays.push_back(name);
   }
   std::sort(strays.begin(), strays.end());
-  for (const std::string& name : strays) problems->push_back({(root / name).string(), StrayFileKind(name), false});
+  for (const std::string& name : strays) problems->push_back({(root / name).string(), StrayFileKind(std::filesystem::path(name).filename().string()), false});
 }
 
 // Prints the problems and the summary line; an error unless all were warnings

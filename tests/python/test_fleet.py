@@ -139,3 +139,43 @@ def test_status_totals_after_the_run_and_a_retry_of_the_quarantine(tools, tiny, 
                                "--out", str(out), "--shard", "1/2", "--retry-quarantined"],
                               capture_output=True, text=True, timeout=60)
         assert over.returncode == 1 and "outside the vocabulary" in over.stderr, over.stderr
+
+
+def test_single_shared_journal_of_older_dumps_stays_readable(run, tools, tiny, tmp_path):
+    """A dump from before per-shard journals (every shard appended to one manifest.jsonl) is read
+    by hsx-verify, hsx.journal and hsx-dump status, and a sharded rerun skips all of it."""
+    rows = sample_rows(10, seed=23)
+    inputs = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out"
+    for i in range(2):
+        run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, "--shard", f"{i}/2")
+    shared = "".join((out / "journal" / f"shard-{i}-of-2.jsonl").read_text() for i in (1, 0))
+    for path in (out / "journal").iterdir():
+        path.unlink()
+    (out / "journal").rmdir()
+    (out / "manifest.jsonl").write_text(shared)  # the old layout: one journal, shards interleaved
+    run("hsx-verify", out, "--input", inputs, "--strict")
+    assert [index for index, _, _ in complete_samples(out)] == list(range(10))
+    proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, "--shard", "1/2")
+    assert "wrote 0 samples, skipped 5 already done" in proc.stdout, proc.stdout
+    assert (out / "journal" / "shard-1-of-2.jsonl").read_text() == ""  # its own journal, empty: nothing new
+    s = status(tools, out)
+    assert (s["total_samples"], s["done_samples"]) == (10, 10), s
+
+
+def test_nested_layout_bounds_directories_and_is_read_through_the_journal(run, tiny, tmp_path):
+    """--layout nested: sample i in OUT/{i // 1000:05d}/, at most 1000 files a directory; hsx-verify
+    --strict and hsx.journal follow the journal; --for speculators refuses it (one directory)."""
+    n = 1003
+    inputs = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": [i % 2048]} for i in range(n)])
+    out = tmp_path / "out"
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, "--layout", "nested", "--progress", "none")
+    assert sorted(p.name for p in out.iterdir()) == ["00000", "00001", "manifest.jsonl", "status"]
+    assert len(list((out / "00000").iterdir())) == 1000
+    assert sorted(p.name for p in (out / "00001").iterdir()) == [f"hs_{i}.safetensors" for i in (1000, 1001, 1002)]
+    run("hsx-verify", out, "--input", inputs, "--strict")
+    samples = complete_samples(out)
+    assert [index for index, _, _ in samples] == list(range(n))
+    assert samples[1002][1] == out / "00001" / "hs_1002.safetensors"
+    proc = run("hsx-verify", out, "--for", "speculators", expect_ok=False)
+    assert "sample files are in subdirectories (hsx-dump --layout nested)" in proc.stdout, proc.stdout

@@ -43,9 +43,13 @@ def _is_int(value: object) -> bool:
 
 
 def _plain_name(name: object) -> bool:
-    """True when `name` is one path component naming a file inside a directory."""
-    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
-            and "\0" not in name)
+    """True when `name` is one path component naming a file inside a directory, or DIGITS/name
+    (hsx-dump --layout nested: a subdirectory per 1000 samples)."""
+    if not isinstance(name, str):
+        return False
+    subdir, _, name = name.rpartition("/") if "/" in name else ("0", "", name)
+    return (subdir.isascii() and subdir.isdigit() and name not in ("", ".", "..") and "/" not in name
+            and "\\" not in name and "\0" not in name and "\0" not in subdir)
 
 
 def _entry(text: str, where: str, directory: Path) -> dict[str, Any]:
