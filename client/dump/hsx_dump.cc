@@ -1,5 +1,7 @@
 // hsx-dump: extracts hidden states for every sample of a JSONL file and writes
-// one verified hs_{i}.safetensors per sample, plus the journal manifest.jsonl.
+// one verified hs_{i}.safetensors per sample, plus its shard's journal
+// (manifest.jsonl, or journal/shard-I-of-N.jsonl), quarantine and status files
+// (dump_dir.h); `hsx-dump status DIR` reports on all shards.
 // Two transports, one code path after them (dump_job.h):
 //   --model DIR       the engine runs inside the tool, no server needed
 //   --server ADDR,... remote hsx-server(s), round-robin, with retries
@@ -358,10 +360,12 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Extracts hidden states for every sample of a JSONL file into one hs_{i}.safetensors each\n"
       "(hidden_states [T, L, H], token_ids [T] int64, loss_mask when given) and records each\n"
-      "completed sample in OUT/manifest.jsonl; a rerun resumes. Flags accept - or _.\n\n"
+      "completed sample in its shard's journal (OUT/manifest.jsonl, or OUT/journal/shard-I-of-N.jsonl);\n"
+      "a rerun resumes. Flags accept - or _.\n\n"
       "  hsx-dump (--model DIR | --server HOST:PORT[,HOST:PORT...]) --input samples.jsonl --out OUT\n"
       "           [--capture eagle3|all|2,30,58,61] [--final-norm] [--precision bf16|fp32]\n"
-      "           [--dtype bf16|fp16|fp32] [--concurrency N] [--shard I/N]\n"
+      "           [--dtype bf16|fp16|fp32] [--concurrency N] [--shard I/N] [--layout flat|nested]\n"
+      "           [--max-failures N] [--retry-quarantined]\n"
       "           [--deadline S] [--retries N] [--auth-token-file F] [--tls-ca F] [--tls-cert F --tls-key F]\n"
       "           [--device cpu|cuda] [--tp N] [--threads N] [--max-batch-tokens N]\n\n"
       "The engine flags (--device, --tp, --ranks-per-device, --attention, --precision, --threads,\n"
