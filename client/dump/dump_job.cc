@@ -544,13 +544,13 @@ class DumpRun {
                                            std::string(status.message())});
     }
     if (stop.ok()) {
-      {
+      if (!options_.discard) {  // --discard keeps no files: the failure is only counted
         std::lock_guard<std::mutex> lock(mutex_);
         ++stats_->quarantined;
       }
-      std::fprintf(stderr, "hsx-dump: %s; quarantined in %s (%lld of at most %lld)\n",
-                   std::string(error.message()).c_str(), quarantine.c_str(), static_cast<long long>(failed),
-                   static_cast<long long>(options_.max_failures));
+      std::fprintf(stderr, "hsx-dump: %s; %s (%lld of at most %lld)\n", std::string(error.message()).c_str(),
+                   options_.discard ? "going on" : absl::StrCat("quarantined in ", quarantine).c_str(),
+                   static_cast<long long>(failed), static_cast<long long>(options_.max_failures));
       return;
     }
     {
