@@ -2,6 +2,7 @@
 #include "client/dump/dump_status.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,8 @@
 namespace hsx {
 
 absl::StatusOr<DumpStatusReport> ReadDumpStatus(const std::string& dir, double now_unix) {
+  std::error_code error;
+  if (!std::filesystem::is_directory(dir, error)) return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
   DumpStatusReport r;
   r.dir = dir;
   absl::StatusOr<DumpJournals> journals = ReadDumpJournals(dir);

@@ -179,3 +179,29 @@ def test_nested_layout_bounds_directories_and_is_read_through_the_journal(run, t
     assert samples[1002][1] == out / "00001" / "hs_1002.safetensors"
     proc = run("hsx-verify", out, "--for", "speculators", expect_ok=False)
     assert "sample files are in subdirectories (hsx-dump --layout nested)" in proc.stdout, proc.stdout
+
+
+def test_bad_fleet_flags_are_refused_by_name(run, tiny, tmp_path):
+    """Each new flag's bad values give an error that names the flag, before any work."""
+    for value, message in [("500ms", "--max-connection-age must be 0 (never) or at least 1s"),
+                           ("-1s", "--max-connection-age -1s: must be 0 to 596h")]:
+        proc = run("hsx-server", "--model", tiny, "--listen", "127.0.0.1:0", "--max-connection-age", value,
+                   expect_ok=False)
+        assert message in proc.stderr, proc.stderr
+    proc = run("hsx-server", "--model", tiny, "--listen", "127.0.0.1:0", "--max-connection-age-grace", "-5s",
+               expect_ok=False)
+    assert "--max-connection-age-grace -5s: must be 0 to 596h" in proc.stderr, proc.stderr
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(2))
+    out = tmp_path / "out"
+    for flags, message in [(["--layout", "deep"], "--layout 'deep': expected flat or nested"),
+                           (["--max-failures", "-1"], "--max-failures must be at least 0")]:
+        proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, *flags, expect_ok=False)
+        assert proc.returncode == 1 and message in proc.stderr, proc.stderr
+        assert not out.exists()
+    proc = run("hsx-dump", "status", expect_ok=False)
+    assert "usage: hsx-dump status DIR [--json]" in proc.stderr, proc.stderr
+    proc = run("hsx-dump", "status", tmp_path / "nothing-here", expect_ok=False)
+    assert f"{tmp_path / 'nothing-here'}: not a directory" in proc.stderr, proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = run("hsx-dump", "status", tmp_path / "empty")  # nothing yet: no total, nothing done
+    assert "0/? samples done" in proc.stdout and "total unknown" in proc.stdout, proc.stdout
