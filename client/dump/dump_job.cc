@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "client/dump/dump_dir.h"
 #include "client/dump/run_lease.h"
 
 namespace hsx {
@@ -61,12 +62,20 @@ void RemoveStaleTemporaries(const std::string& dir, const std::set<int64_t>& don
   std::set<std::string> prefixes;
   for (int64_t index : done) prefixes.insert(SampleFileName(index) + ".");
   std::error_code error;
+  std::vector<std::filesystem::path> files;  // OUT's, and those of the nested layout's subdirectories
   for (const auto& item : std::filesystem::directory_iterator(dir, error)) {
-    const std::string name = item.path().filename().string();
+    if (item.is_directory(error) && IsSampleSubdirectory(item.path().filename().string())) {
+      for (const auto& inner : std::filesystem::directory_iterator(item.path(), error)) files.push_back(inner.path());
+    } else {
+      files.push_back(item.path());
+    }
+  }
+  for (const std::filesystem::path& path : files) {
+    const std::string name = path.filename().string();
     const size_t dot = name.find(".safetensors.");
     if (dot == std::string::npos || !prefixes.count(name.substr(0, dot + 13))) continue;
     if (name.find(".partial.") == std::string::npos && name.find(".tmp.") == std::string::npos) continue;
-    std::filesystem::remove(item.path(), error);
+    std::filesystem::remove(path, error);
   }
 }
 
@@ -85,6 +94,23 @@ std::string DamagedFile(const std::string& dir, const JournalScan::Line& line) {
 }
 
 // Every captured layer has exactly `bytes` bytes (of states kept or dropped).
+// Creates a subdirectory of the nested layout, durably (its parent synced),
+// once per process.
+absl::Status MakeSubdirectory(const std::string& path) {
+  static std::mutex mutex;
+  static std::set<std::string> made;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (made.count(path)) return absl::OkStatus();
+  std::error_code error;
+  if (std::filesystem::create_directory(path, error)) {
+    if (absl::Status s = SyncDirectory(std::filesystem::path(path).parent_path().string()); !s.ok()) return s;
+  } else if (error) {
+    return absl::InternalError(absl::StrCat(path, ": cannot create: ", error.message()));
+  }
+  made.insert(path);
+  return absl::OkStatus();
+}
+
 bool LayersWhole(const SampleTensors& sample, int64_t bytes) {
   if (sample.tensors.size() < sample.capture_ids.size()) return false;
   for (size_t l = 0; l < sample.capture_ids.size(); ++l) {
@@ -140,7 +166,7 @@ JournalEntry MakeJournalEntry(const InputSample& input, const SampleTensors& sam
   JournalEntry e;
   e.index = input.index;
   e.id = input.id;
-  e.file = SampleFileName(input.index);
+  e.file = SampleRelativePath(input.index, options.layout);
   e.tokens = sample.tokens;
   e.bytes = digest.bytes;
   e.xxh64 = digest.xxh64;
@@ -156,10 +182,9 @@ JournalEntry MakeJournalEntry(const InputSample& input, const SampleTensors& sam
   return e;
 }
 
-absl::Status CheckJournalEntry(const JournalEntry& e, int64_t line,
+absl::Status CheckJournalEntry(const JournalEntry& e, const std::string& path, int64_t line,
                                const std::vector<InputSample>& samples, const DumpOptions& options) {
-  const std::string where = absl::StrCat(
-      (std::filesystem::path(options.out_dir) / kJournalFileName).string(), ":", line, " (sample ", e.index, ")");
+  const std::string where = absl::StrCat(path, ":", line, " (sample ", e.index, ")");
   const std::string advice = "; resume with the same settings and input, or use a new --out directory";
   auto differs = [&](absl::string_view what, const std::string& journal, const std::string& now) {
     return absl::FailedPreconditionError(absl::StrCat("cannot resume: ", where, ": the journal records ", what,
@@ -188,9 +213,9 @@ absl::Status CheckJournalEntry(const JournalEntry& e, int64_t line,
                                                       samples.size(), " samples", advice));
   }
   const InputSample& input = samples[static_cast<size_t>(e.index)];
-  if (e.file != SampleFileName(e.index)) {
+  if (!IsSamplePath(e.file, e.index)) {
     return absl::FailedPreconditionError(absl::StrCat("cannot resume: ", where, ": file '", e.file,
-                                                      "' is not ", SampleFileName(e.index)));
+                                                      "' is not ", SampleRelativePath(e.index, options.layout)));
   }
   if (e.token_ids_xxh64 != TokenHashHex(input) || e.tokens != static_cast<int64_t>(input.input_ids.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -233,12 +258,13 @@ class DumpRun {
   absl::Status Run() {
     *stats_ = DumpStats();
     if (absl::Status s = Prepare(); !s.ok()) return s;
-    if (!todo_.empty()) {
-      Start();
-      Submit();
-      Finish();
-    }
+    Start();
+    for (const auto& [sample, why] : invalid_todo_) Fail(*sample, absl::InvalidArgumentError(why));
+    Submit();
+    Finish();
     stats_->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    stats_->retries = options_.retries ? options_.retries() : 0;
+    WriteStatus(failure_.ok() ? "finished" : Interrupted() ? "interrupted" : "failed");
     return failure_;
   }
 
@@ -252,7 +278,7 @@ class DumpRun {
     std::error_code error;
     std::filesystem::create_directories(options_.out_dir, error);
     if (error) return absl::InternalError(absl::StrCat(options_.out_dir, ": cannot create: ", error.message()));
-    absl::StatusOr<std::unique_ptr<Journal>> opened = Journal::Open(options_.out_dir);
+    absl::StatusOr<std::unique_ptr<Journal>> opened = Journal::Open(ShardJournalPath(options_.out_dir, options_.shard));
     if (!opened.ok()) return opened.status();
     journal_ = *std::move(opened);
     if (journal_->repaired_torn_bytes() > 0) {
@@ -260,7 +286,9 @@ class DumpRun {
                    journal_->path().c_str(), static_cast<unsigned long long>(journal_->repaired_torn_bytes()));
     }
     for (const JournalScan::Line& line : journal_->initial().lines) {
-      if (absl::Status s = CheckJournalEntry(line.entry, line.number, samples_, options_); !s.ok()) return s;
+      if (absl::Status s = CheckJournalEntry(line.entry, journal_->path(), line.number, samples_, options_); !s.ok()) {
+        return s;
+      }
       if (!options_.discard && options_.shard.Contains(line.entry.index)) {
         if (const std::string damage = DamagedFile(options_.out_dir, line); !damage.empty()) {
           std::fprintf(stderr, "hsx-dump: %s, though %s:%lld records sample %lld as done: redoing it\n",
@@ -270,16 +298,26 @@ class DumpRun {
         }
       }
     }
+    if (absl::Status s = ReadOtherJournals(); !s.ok()) return s;
+    absl::StatusOr<std::map<int64_t, QuarantineEntry>> quarantined = ReadQuarantine(options_.out_dir);
+    if (!quarantined.ok()) return quarantined.status();
     std::set<int64_t> done;
     for (const InputSample& sample : samples_) {
+      input_tokens_ += static_cast<int64_t>(sample.input_ids.size());
       if (!options_.shard.Contains(sample.index)) continue;
-      if (journal_->IsJournaled(sample.index) && !redo_.count(sample.index)) {
+      ++shard_samples_;
+      shard_tokens_ += static_cast<int64_t>(sample.input_ids.size());
+      if ((journal_->IsJournaled(sample.index) && !redo_.count(sample.index)) || other_done_.count(sample.index)) {
         ++stats_->skipped;
         done.insert(sample.index);
-        continue;
+      } else if (quarantined->count(sample.index) && !options_.retry_quarantined) {
+        ++stats_->quarantined_before;
+      } else if (auto bad = options_.invalid_inputs.find(sample.index); bad != options_.invalid_inputs.end()) {
+        invalid_todo_.emplace_back(&sample, bad->second);
+      } else {
+        todo_.push_back(&sample);
+        todo_tokens_ += static_cast<int64_t>(sample.input_ids.size());
       }
-      todo_.push_back(&sample);
-      todo_tokens_ += static_cast<int64_t>(sample.input_ids.size());
     }
     if (!options_.discard) {
       RemoveStaleTemporaries(options_.out_dir, done);
@@ -294,13 +332,51 @@ class DumpRun {
     return absl::OkStatus();
   }
 
+  // The journals of other shards (or of runs with another N, or the shared
+  // journal of an older dump): their samples are done, and must agree with
+  // this run. A damaged file recorded there is not this run's to redo.
+  absl::Status ReadOtherJournals() {
+    for (const std::string& path : ListJournals(options_.out_dir)) {
+      if (path == journal_->path()) continue;
+      absl::StatusOr<JournalScan> scan = ReadJournal(path);
+      if (!scan.ok()) return scan.status();
+      for (const JournalScan::Line& line : scan->lines) {
+        if (absl::Status s = CheckJournalEntry(line.entry, path, line.number, samples_, options_); !s.ok()) return s;
+        if (!options_.shard.Contains(line.entry.index)) continue;
+        if (journal_->IsJournaled(line.entry.index) || !other_done_.insert(line.entry.index).second) {
+          return absl::DataLossError(absl::StrCat(path, ":", line.number, ": sample ", line.entry.index,
+                                                  " is journaled in two journals; hsx-verify names both lines"));
+        }
+        if (options_.discard) continue;
+        if (const std::string damage = DamagedFile(options_.out_dir, line); !damage.empty()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              damage, ", though ", path, ":", line.number, " records sample ", line.entry.index,
+              " as done; that journal belongs to another shard layout: rerun with the --shard that wrote it, "
+              "or delete its line and the file"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
   void Start() {
     Progress::Options progress_options;
     progress_options.total_samples = static_cast<int64_t>(todo_.size());
     progress_options.total_tokens = todo_tokens_;
     progress_options.mode = options_.progress;
     progress_options.interval_seconds = options_.progress_interval_seconds;
+    progress_options.retries = options_.retries;
+    if (!options_.discard) {
+      progress_options.observer = [this](const ProgressSnapshot& snapshot) {
+        {
+          std::lock_guard<std::mutex> lock(status_mutex_);
+          last_snapshot_ = snapshot;
+        }
+        WriteStatus("running");
+      };
+    }
     progress_ = std::make_unique<Progress>(progress_options);
+    WriteStatus("running");  // the totals are known from the start
     progress_->Start();
     for (int i = 0; i < std::max(1, options_.writer_threads); ++i) writers_.emplace_back([this] { WriterLoop(); });
   }
@@ -373,8 +449,13 @@ class DumpRun {
       *written = true;
       return absl::OkStatus();
     }
-    const std::filesystem::path dir(options_.out_dir);
-    const std::string final_path = (dir / SampleFileName(input.index)).string();
+    const std::filesystem::path final_fs = std::filesystem::path(options_.out_dir) /
+                                           SampleRelativePath(input.index, options_.layout);
+    const std::string final_path = final_fs.string();
+    const std::string final_dir = final_fs.parent_path().string();
+    if (final_dir != std::filesystem::path(options_.out_dir).string()) {  // the nested layout
+      if (absl::Status s = MakeSubdirectory(final_dir); !s.ok()) return s;
+    }
     const std::string staging = absl::StrCat(final_path, ".partial.", run_token_);
     // The file's digest is hashed as it is written: no read-back.
     WrittenDigest written_digest;
@@ -390,9 +471,11 @@ class DumpRun {
           if (::rename(staging.c_str(), final_path.c_str()) != 0) {
             return absl::InternalError(absl::StrCat(final_path, ": rename failed: ", std::strerror(errno)));
           }
-          return SyncDirectory(options_.out_dir);
+          return SyncDirectory(final_dir);
         },
-        [this](const JournalEntry& e, int64_t line) { return CheckJournalEntry(e, line, samples_, options_); });
+        [this](const JournalEntry& e, int64_t line) {
+          return CheckJournalEntry(e, journal_->path(), line, samples_, options_);
+        });
     if (!committed.ok() || !*committed) ::unlink(staging.c_str());
     if (!committed.ok()) return committed.status();
     *written = *committed;
@@ -400,9 +483,9 @@ class DumpRun {
     return absl::OkStatus();
   }
 
-  // Counts one finished sample; the first failure cancels the rest.
+  // Counts one finished sample; a failure is quarantined (Fail).
   void Record(const InputSample& input, const absl::Status& status, int64_t bytes, bool written) {
-    bool first_failure = false;
+    bool failed = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (status.ok()) {
@@ -415,20 +498,96 @@ class DumpRun {
           ++stats_->skipped;
         }
       } else if (!(cancelled_ && absl::IsCancelled(status))) {
-        ++stats_->failed;
-        if (failure_.ok()) {
-          failure_ = status.message().find(absl::StrCat("sample ", input.index, " ")) == 0
-                         ? status
-                         : absl::Status(status.code(), absl::StrCat(Where(input), ": ", status.message()));
-          first_failure = true;
-        }
+        failed = true;
       }
+    }
+    if (failed) Fail(input, status);  // before the sample leaves the window: Finish waits for it
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
       --in_flight_;
       in_flight_bytes_ -= SampleStateBytes(input, options_);
     }
     changed_.notify_all();
     if (status.ok() && written) progress_->Add(1, static_cast<int64_t>(input.input_ids.size()), bytes);
-    if (first_failure) CancelAll();
+  }
+
+  // A sample failed. Within --max-failures it goes to the shard's quarantine
+  // file and the run goes on; the failure beyond the limit, UNAVAILABLE (no
+  // server, after the retries: nothing wrong with the sample) or a
+  // quarantine that cannot be written fail the run instead and cancel what
+  // is in flight; such a sample is not quarantined, so a rerun takes it up.
+  // Must be called without mutex_ held.
+  void Fail(const InputSample& input, const absl::Status& status) {
+    const absl::Status error = status.message().find(absl::StrCat("sample ", input.index, " ")) == 0
+                                   ? status
+                                   : absl::Status(status.code(), absl::StrCat(Where(input), ": ", status.message()));
+    const std::string quarantine = ShardQuarantinePath(options_.out_dir, options_.shard);
+    int64_t failed = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      failed = ++stats_->failed;
+    }
+    progress_->AddFailure();
+    absl::Status stop;
+    if (absl::IsUnavailable(status)) {
+      stop = error;
+    } else if (failed > options_.max_failures) {
+      stop = options_.max_failures == 0
+                 ? error
+                 : absl::Status(error.code(), absl::StrCat("more than ", options_.max_failures,
+                                                           " samples failed (--max-failures ", options_.max_failures,
+                                                           "; the others are in ", quarantine, "); the last: ",
+                                                           error.message()));
+    } else if (!options_.discard) {
+      stop = AppendQuarantine(quarantine, {input.index, input.id, static_cast<int64_t>(input.input_ids.size()),
+                                           std::string(absl::StatusCodeToString(status.code())),
+                                           std::string(status.message())});
+    }
+    if (stop.ok()) {
+      if (!options_.discard) {  // --discard keeps no files: the failure is only counted
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++stats_->quarantined;
+      }
+      std::fprintf(stderr, "hsx-dump: %s; %s (%lld of at most %lld)\n", std::string(error.message()).c_str(),
+                   options_.discard ? "going on" : absl::StrCat("quarantined in ", quarantine).c_str(),
+                   static_cast<long long>(failed), static_cast<long long>(options_.max_failures));
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (failure_.ok()) failure_ = stop;
+    }
+    CancelAll();
+  }
+
+  // Writes the shard's status file (dump_dir.h); a failure to write it is
+  // reported, not fatal: it is informational.
+  void WriteStatus(const std::string& state) {
+    if (options_.discard) return;
+    std::lock_guard<std::mutex> lock(status_mutex_);
+    ShardStatus s;
+    s.shard = absl::StrCat(options_.shard.index, "/", options_.shard.count);
+    s.state = state;
+    char host[256] = {0};
+    ::gethostname(host, sizeof(host) - 1);
+    s.host = host;
+    s.pid = ::getpid();
+    s.started_unix = started_unix_;
+    s.updated_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    s.input_samples = static_cast<int64_t>(samples_.size());
+    s.input_tokens = input_tokens_;
+    s.shard_samples = shard_samples_;
+    s.shard_tokens = shard_tokens_;
+    s.written = last_snapshot_.samples;
+    s.failed = last_snapshot_.failures;
+    s.retries = last_snapshot_.retries;
+    if (state == "running") {
+      s.tokens_per_s = last_snapshot_.tokens_per_s;
+      s.samples_per_s = last_snapshot_.samples_per_s;
+    }
+    if (absl::Status w = WriteShardStatus(ShardStatusPath(options_.out_dir, options_.shard), s); !w.ok()) {
+      std::fprintf(stderr, "hsx-dump: cannot write the status file: %s\n", std::string(w.message()).c_str());
+    }
   }
 
   // Must be called without mutex_ held.
@@ -466,6 +625,13 @@ class DumpRun {
   std::unique_ptr<Journal> journal_;
   std::vector<const InputSample*> todo_;
   int64_t todo_tokens_ = 0;
+  std::vector<std::pair<const InputSample*, std::string>> invalid_todo_;  // to quarantine at once
+  std::set<int64_t> other_done_;  // samples of this shard journaled in other journals
+  int64_t input_tokens_ = 0, shard_samples_ = 0, shard_tokens_ = 0;
+  const double started_unix_ =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::mutex status_mutex_;  // WriteStatus, last_snapshot_
+  ProgressSnapshot last_snapshot_;
   std::map<int64_t, int64_t> redo_;  // journaled samples whose file is damaged -> their journal line
   std::unique_ptr<Progress> progress_;
   std::vector<std::thread> writers_;
@@ -497,11 +663,16 @@ absl::StatusOr<DumpStats> RunDump(const std::vector<InputSample>& samples, Extra
 std::string FormatDumpSummary(const DumpStats& stats, const std::string& out_dir, bool discarded) {
   const double seconds = std::max(stats.seconds, 1e-9);
   return absl::StrFormat(
-      "hsx-dump: %s %d samples%s, skipped %d already done, failed %d; %d tokens, %d bytes "
+      "hsx-dump: %s %d samples%s, skipped %d already done, failed %d%s, %d retries; %d tokens, %d bytes "
       "(%.1f MB) in %.2f s, %.1f tokens/s, %.1f MB/s -> %s",
       discarded ? "verified and discarded" : "wrote", stats.samples,
       stats.redone > 0 ? absl::StrFormat(" (%d redone: journaled, but the file was damaged)", stats.redone) : "",
-      stats.skipped, stats.failed, stats.tokens, stats.bytes, stats.bytes / 1e6,
+      stats.skipped, stats.failed,
+      stats.quarantined_before > 0
+          ? absl::StrFormat(", %d quarantined earlier and skipped (--retry-quarantined takes them up)",
+                            stats.quarantined_before)
+          : "",
+      stats.retries, stats.tokens, stats.bytes, stats.bytes / 1e6,
       stats.seconds, stats.tokens / seconds, stats.bytes / 1e6 / seconds, out_dir);
 }
 

@@ -1,17 +1,24 @@
 // dump_job.h: the part of hsx-dump after the transport, shared by the
-// in-process and remote modes: reads the journal (manifest.jsonl) to skip what
-// is done, keeps up to `concurrency` samples in flight, verifies every sample
-// before writing it atomically, declares it done in the journal, reports
-// progress, and stops at the first failure without leaving a partial file or
-// a journaled file that does not verify.
+// in-process and remote modes: reads every journal of the directory
+// (dump_dir.h) to skip what is done, keeps up to `concurrency` samples in
+// flight, verifies every sample before writing it atomically, declares it
+// done in its shard's journal, reports progress (and writes the shard's
+// status file), and quarantines a sample that fails (after the transport's
+// retries): it is recorded in the shard's quarantine file and the run goes on,
+// until more than `max_failures` samples failed (UNAVAILABLE, no server,
+// fails the run at once). It never leaves a partial
+// file or a journaled file that does not verify.
 #ifndef HSX_CLIENT_DUMP_DUMP_JOB_H_
 #define HSX_CLIENT_DUMP_DUMP_JOB_H_
 
 #include <atomic>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "client/dump/dump_dir.h"
 #include "client/dump/extractor.h"
 #include "client/dump/input.h"
 #include "client/dump/journal.h"
@@ -45,13 +52,29 @@ struct DumpOptions {
   bool discard = false;
   // --server: the checksum each stream's Trailer carries (--wire-checksum).
   ChecksumKind wire_checksum = ChecksumKind::kXxh64;
+  // Samples that may fail (each is quarantined) before the run stops; the
+  // run fails when more than this many fail. 0: the first failure stops it.
+  int64_t max_failures = 0;
+  // Take up the samples quarantined by earlier runs again (by default they
+  // are skipped, and the run ends with them still quarantined).
+  bool retry_quarantined = false;
+  // Input samples known to be unusable (index -> why, e.g. a token id outside
+  // the vocabulary): quarantined without being extracted.
+  std::map<int64_t, std::string> invalid_inputs;
+  // Where sample files go (--layout; dump_dir.h).
+  SampleLayout layout = SampleLayout::kFlat;
+  // The transport's retries so far (for progress and status; none: 0).
+  std::function<int64_t()> retries;
 };
 
 struct DumpStats {
   int64_t samples = 0;  // written (and journaled) by this run
   int64_t redone = 0;   // of those, journaled before but found damaged (missing, other size)
   int64_t skipped = 0;  // already journaled (by an earlier run or another shard)
-  int64_t failed = 0;
+  int64_t failed = 0;       // samples that failed in this run
+  int64_t quarantined = 0;  // of those, quarantined (the run went on)
+  int64_t quarantined_before = 0;  // skipped: quarantined by an earlier run (no --retry-quarantined)
+  int64_t retries = 0;      // of the transport, in this run
   int64_t tokens = 0;   // of the samples written
   int64_t bytes = 0;    // of the files written
   double seconds = 0.0;
@@ -69,9 +92,9 @@ absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
 JournalEntry MakeJournalEntry(const InputSample& input, const SampleTensors& sample,
                               const DumpOptions& options, const FileDigest& digest);
 
-// Whether line `line` of the journal agrees with this run (settings, and the
-// input's sample at that index); the error says what differs.
-absl::Status CheckJournalEntry(const JournalEntry& entry, int64_t line,
+// Whether line `line` of journal `path` agrees with this run (settings, and
+// the input's sample at that index); the error says what differs.
+absl::Status CheckJournalEntry(const JournalEntry& entry, const std::string& path, int64_t line,
                                const std::vector<InputSample>& samples, const DumpOptions& options);
 
 // Bytes of one sample's states in the output dtype.

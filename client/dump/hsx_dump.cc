@@ -1,10 +1,14 @@
 // hsx-dump: extracts hidden states for every sample of a JSONL file and writes
-// one verified hs_{i}.safetensors per sample, plus the journal manifest.jsonl.
+// one verified hs_{i}.safetensors per sample, plus its shard's journal
+// (manifest.jsonl, or journal/shard-I-of-N.jsonl), quarantine and status files
+// (dump_dir.h); `hsx-dump status DIR` reports on all shards.
 // Two transports, one code path after them (dump_job.h):
 //   --model DIR       the engine runs inside the tool, no server needed
 //   --server ADDR,... remote hsx-server(s), round-robin, with retries
 // A rerun with the same arguments resumes: journaled samples are skipped.
 #include <csignal>
+#include <ctime>
+#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +31,7 @@
 #include "client/dump/extractor.h"
 #include "client/dump/in_process_extractor.h"
 #include "client/dump/input.h"
+#include "client/dump/dump_status.h"
 #include "client/dump/journal.h"
 #include "client/dump/remote_extractor.h"
 #include "format/sample_file.h"
@@ -46,14 +51,30 @@ ABSL_FLAG(std::string, server, "", "hsx-server address(es), comma-separated (hos
 ABSL_FLAG(std::string, input, "", "JSON Lines input: {\"input_ids\": [...], \"loss_mask\": [...]?, "
           "\"id\": ...?} per line.");
 ABSL_FLAG(std::string, out, "", "Output directory; sample i (0-based line among samples) goes to "
-          "hs_{i}.safetensors, and manifest.jsonl records what is complete. Rerunning resumes: journaled "
-          "samples are skipped, and one whose file is missing or not the journaled size is redone.");
+          "hs_{i}.safetensors, and the journal records what is complete: manifest.jsonl for --shard 0/1, "
+          "journal/shard-I-of-N.jsonl for shard I of N > 1. Rerunning resumes: samples journaled in any "
+          "journal of the directory are skipped, and one whose file is missing or not the journaled size is "
+          "redone.");
 ABSL_FLAG(std::string, dtype, "bf16", "Output dtype: bf16, fp16 or fp32.");
 ABSL_FLAG(int, concurrency, 64, "Samples in flight at once.");
 ABSL_FLAG(std::string, max_in_flight_bytes, "4GiB", "Bytes of hidden states in flight at once (received "
           "or being written; e.g. 500MB, 8GiB); fewer samples are started when they are long.");
 ABSL_FLAG(std::string, shard, "0/1", "I/N: process only the samples whose index % N == I (several "
-          "processes may share one --out directory).");
+          "processes, on any hosts, may share one --out directory; each shard has its own journal, "
+          "quarantine and status file; run all shards of a directory with the same N at once).");
+ABSL_FLAG(int64_t, max_failures, 0, "Samples that may fail (after --retries) before the run stops: each "
+          "failed sample is written to OUT/quarantine/shard-I-of-N.jsonl with its id and the reason, and the "
+          "run goes on; one more fails the run (exit status 1; that sample is not quarantined, a rerun "
+          "takes it up), and so does UNAVAILABLE after the retries (no server). With a value above 0, an input "
+          "sample beyond the model's limits (a token id outside the vocabulary, too many tokens) is "
+          "quarantined too instead of refusing the input. 0: the first failure stops the run.");
+ABSL_FLAG(bool, retry_quarantined, false, "Take up again the samples that earlier runs quarantined (without it "
+          "they are skipped, and the run ends with exit status 3 while any is left).");
+ABSL_FLAG(std::string, layout, "flat", "Where sample files go: flat (OUT/hs_{i}.safetensors, one directory: "
+          "what speculators reads) or nested (OUT/{i/1000 as 5 digits}/hs_{i}.safetensors: at most 1000 files "
+          "per directory, for large dumps read through the journals: hsx.journal, hsx.convert, hsx-verify). "
+          "The journal's \"file\" names the path either way.");
+ABSL_FLAG(bool, json, false, "hsx-dump status: print the report as one JSON object.");
 ABSL_FLAG(double, deadline, 600, "--server: seconds one attempt of one sample may take.");
 ABSL_FLAG(int, retries, 8, "--server: retries of a sample after UNAVAILABLE, DEADLINE_EXCEEDED or "
           "RESOURCE_EXHAUSTED (exponential backoff with jitter); other errors fail the run.");
@@ -88,6 +109,10 @@ ABSL_FLAG(std::string, wire_checksum, "xxh3", "--server: the checksum each sampl
 namespace {
 
 std::atomic<bool> g_interrupted{false};
+int64_t g_quarantined = 0;  // samples of the shard left in quarantine by the run
+
+// The exit status of a run that completed with samples quarantined.
+constexpr int kExitQuarantined = 3;
 
 void OnSignal(int sig) {
   if (g_interrupted.exchange(true)) {  // a second signal: stop now
@@ -113,6 +138,7 @@ struct Transport {
   std::unique_ptr<hsx::Checkpoint> checkpoint;
   std::unique_ptr<hsx::Engine> engine;
   std::unique_ptr<hsx::Extractor> extractor;
+  std::function<int64_t()> retries;  // the transport's retries so far (remote only)
   // The model's shape, what capture ids, input limits and states are checked against.
   int num_layers = 0;
   int64_t hidden_size = 0;
@@ -214,6 +240,8 @@ absl::StatusOr<Transport> MakeRemote(const std::string& servers, const hsx::Engi
       (t.max_tokens_per_sample == 0 || flags.max_tokens_per_sample < t.max_tokens_per_sample)) {
     t.max_tokens_per_sample = flags.max_tokens_per_sample;
   }
+  hsx::RemoteExtractor* raw = remote->get();
+  t.retries = [raw] { return raw->retries(); };
   t.extractor = *std::move(remote);
   return t;
 }
@@ -257,6 +285,12 @@ absl::StatusOr<hsx::DumpOptions> DumpOptionsFromFlags() {
   }
   dump.wire_checksum = *checksum;
   dump.discard = absl::GetFlag(FLAGS_discard);
+  dump.max_failures = absl::GetFlag(FLAGS_max_failures);
+  if (dump.max_failures < 0) return absl::InvalidArgumentError("--max-failures must be at least 0");
+  dump.retry_quarantined = absl::GetFlag(FLAGS_retry_quarantined);
+  absl::StatusOr<hsx::SampleLayout> layout = hsx::ParseSampleLayout(absl::GetFlag(FLAGS_layout));
+  if (!layout.ok()) return absl::InvalidArgumentError(absl::StrCat("--layout ", layout.status().message()));
+  dump.layout = *layout;
   return dump;
 }
 
@@ -287,13 +321,17 @@ absl::Status Run() {
   limits.vocab_size = transport->vocab_size;
   limits.max_tokens_per_sample = transport->max_tokens_per_sample;
   std::string input_xxh64;  // hashed while parsing: a pipe or FIFO is read once
-  absl::StatusOr<std::vector<hsx::InputSample>> samples = hsx::ReadInputFile(input_path, limits, &input_xxh64);
+  std::map<int64_t, std::string> out_of_limits;  // quarantined, with --max-failures
+  absl::StatusOr<std::vector<hsx::InputSample>> samples = hsx::ReadInputFile(
+      input_path, limits, &input_xxh64, dump->max_failures > 0 ? &out_of_limits : nullptr);
   if (!samples.ok()) return samples.status();
 
   dump->capture = *capture;
   dump->hidden_size = transport->hidden_size;
   dump->info = transport->info;
   dump->input_xxh64 = input_xxh64;
+  dump->invalid_inputs = std::move(out_of_limits);
+  dump->retries = transport->retries;
   dump->interrupted = &g_interrupted;
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
@@ -301,7 +339,19 @@ absl::Status Run() {
   const absl::Status status = hsx::RunDump(*samples, *transport->extractor, *dump, &stats);
   std::printf("%s\n", hsx::FormatDumpSummary(stats, dump->out_dir, dump->discard).c_str());
   std::fflush(stdout);
+  g_quarantined = stats.quarantined + stats.quarantined_before;
   return status;
+}
+
+// hsx-dump status DIR [--json].
+absl::Status Status(const std::vector<char*>& args) {
+  if (args.size() != 3) return absl::InvalidArgumentError("usage: hsx-dump status DIR [--json]");
+  absl::StatusOr<hsx::DumpStatusReport> report = hsx::ReadDumpStatus(args[2], std::time(nullptr));
+  if (!report.ok()) return report.status();
+  std::printf("%s", absl::GetFlag(FLAGS_json) ? hsx::DumpStatusJson(*report).c_str()
+                                              : hsx::DumpStatusText(*report).c_str());
+  std::fflush(stdout);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -310,20 +360,28 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Extracts hidden states for every sample of a JSONL file into one hs_{i}.safetensors each\n"
       "(hidden_states [T, L, H], token_ids [T] int64, loss_mask when given) and records each\n"
-      "completed sample in OUT/manifest.jsonl; a rerun resumes. Flags accept - or _.\n\n"
+      "completed sample in its shard's journal (OUT/manifest.jsonl, or OUT/journal/shard-I-of-N.jsonl);\n"
+      "a rerun resumes. Flags accept - or _.\n\n"
       "  hsx-dump (--model DIR | --server HOST:PORT[,HOST:PORT...]) --input samples.jsonl --out OUT\n"
       "           [--capture eagle3|all|speculators|specforge|modelopt|2,30,58,61]\n"
       "           [--final-norm] [--precision bf16|fp32]\n"
-      "           [--dtype bf16|fp16|fp32] [--concurrency N] [--shard I/N]\n"
+      "           [--dtype bf16|fp16|fp32] [--concurrency N] [--shard I/N] [--layout flat|nested]\n"
+      "           [--max-failures N] [--retry-quarantined]\n"
       "           [--deadline S] [--retries N] [--auth-token-file F] [--tls-ca F] [--tls-cert F --tls-key F]\n"
       "           [--device cpu|cuda] [--tp N] [--threads N] [--max-batch-tokens N]\n\n"
       "The engine flags (--device, --tp, --ranks-per-device, --attention, --precision, --threads,\n"
       "--max-batch-tokens, --max-tokens-per-sample, --capture, --final-norm) are hsx-server's, with the\n"
       "same checks; --device, --tp, --ranks-per-device, --attention, --threads and --max-batch-tokens\n"
-      "apply to --model only.");
+      "apply to --model only.\n\n"
+      "  hsx-dump status DIR [--json]\n"
+      "Progress of a dump over all its shards' journals, quarantine and status files: samples done of\n"
+      "the input's total, failures (quarantined), retries, the smoothed rate and the ETA.\n\n"
+      "Exit status: 0 when every sample of the shard is done; 3 when the run completed but samples are\n"
+      "quarantined (OUT/quarantine/; rerun with --retry-quarantined to take them up); 1 on an error\n"
+      "(including more than --max-failures failed samples).");
   hsx::ListFlagsInHelp("client/dump/hsx_dump.cc");  // this file's flags and the engine's
   hsx::AcceptDashedFlags(argc, argv);
-  absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   // Every sample is a few large buffers, allocated and freed over and over.
   // glibc would mmap each one (a page fault per 4 KiB on first touch, an
   // munmap on free); keep blocks up to its ceiling (32 MiB) in the heap
@@ -338,5 +396,16 @@ int main(int argc, char** argv) {
   // per sample make the single arena's lock cheap.
   mallopt(M_ARENA_MAX, 1);
   hsx::SkipMutexDeadlockDetection();
-  return hsx::ExitWithStatus("hsx-dump", Run());
+  if (args.size() >= 2 && std::string(args[1]) == "status") return hsx::ExitWithStatus("hsx-dump status", Status(args));
+  if (args.size() > 1) {
+    return hsx::ExitWithStatus("hsx-dump", absl::InvalidArgumentError(absl::StrCat(
+                                               "unexpected argument '", args[1], "' (see --help)")));
+  }
+  const absl::Status status = Run();
+  if (status.ok() && g_quarantined > 0) {
+    std::fprintf(stderr, "hsx-dump: %lld samples of this shard are quarantined (%s/quarantine/); exit status %d\n",
+                 static_cast<long long>(g_quarantined), absl::GetFlag(FLAGS_out).c_str(), kExitQuarantined);
+    return kExitQuarantined;
+  }
+  return hsx::ExitWithStatus("hsx-dump", status);
 }

@@ -74,7 +74,10 @@ absl::StatusOr<InputSample> ParseInputLine(const std::string& text, const InputL
       return Bad(absl::StrCat("input_ids[", i, "] = ", ids[i].dump(), " is not an integer"));
     }
     const int64_t id = ids[i].get<int64_t>();
-    if (id < 0 || id >= limits.vocab_size) {
+    if (limits.ids_any_int32 && id != static_cast<int32_t>(id)) {
+      return Bad(absl::StrCat("input_ids[", i, "] = ", id, " does not fit a 32-bit token id"));
+    }
+    if (!limits.ids_any_int32 && (id < 0 || id >= limits.vocab_size)) {
       return Bad(absl::StrCat("input_ids[", i, "] = ", id, " is outside the vocabulary [0, ",
                               limits.vocab_size, ")"));
     }
@@ -107,8 +110,29 @@ absl::StatusOr<InputSample> ParseInputLine(const std::string& text, const InputL
   return sample;
 }
 
+std::string OutOfLimits(const InputSample& sample, const InputLimits& limits) {
+  const std::vector<int32_t>& ids = sample.input_ids;
+  if (limits.max_tokens_per_sample > 0 && static_cast<int64_t>(ids.size()) > limits.max_tokens_per_sample) {
+    return absl::StrCat("sample has ", ids.size(), " tokens, over the maximum of ", limits.max_tokens_per_sample);
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= limits.vocab_size) {
+      return absl::StrCat("input_ids[", i, "] = ", ids[i], " is outside the vocabulary [0, ", limits.vocab_size, ")");
+    }
+  }
+  return "";
+}
+
 absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path, const InputLimits& limits,
-                                                       std::string* xxh64) {
+                                                       std::string* xxh64,
+                                                       std::map<int64_t, std::string>* out_of_limits) {
+  // With out_of_limits, a well-formed line beyond the model's limits is kept
+  // (its index stays taken) and listed; ids must still fit int32.
+  InputLimits parse_limits = limits;
+  if (out_of_limits != nullptr) {
+    parse_limits.ids_any_int32 = true;
+    parse_limits.max_tokens_per_sample = 0;
+  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   Xxh64Stream hash;
@@ -121,13 +145,18 @@ absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path, 
   auto take_line = [&](std::string text) -> absl::Status {
     ++line_number;
     if (absl::StripAsciiWhitespace(text).empty()) return absl::OkStatus();
-    absl::StatusOr<InputSample> sample = ParseInputLine(text, limits);
+    absl::StatusOr<InputSample> sample = ParseInputLine(text, parse_limits);
     if (!sample.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ":", line_number, ": ", sample.status().message()));
     }
     sample->line = line_number;
     sample->index = static_cast<int64_t>(samples.size());
     if (sample->id.empty()) sample->id = std::to_string(sample->index);
+    if (out_of_limits != nullptr) {
+      if (const std::string why = OutOfLimits(*sample, limits); !why.empty()) {
+        (*out_of_limits)[sample->index] = absl::StrCat(path, ":", line_number, ": ", why);
+      }
+    }
     samples.push_back(*std::move(sample));
     return absl::OkStatus();
   };

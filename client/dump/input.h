@@ -8,6 +8,7 @@
 #define HSX_CLIENT_DUMP_INPUT_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,15 +21,24 @@ namespace hsx {
 struct InputLimits {
   int64_t vocab_size = 0;             // ids must be in [0, vocab_size)
   int64_t max_tokens_per_sample = 0;  // 0: no limit
+  // Ids need only fit int32; the vocabulary is checked later (OutOfLimits).
+  bool ids_any_int32 = false;
 };
 
 // Reads and validates every line, in one pass (a pipe or FIFO works; it is
 // read once). A read error is an error, never an early end of file; a line
 // longer than MaxInputLineBytes(limits) is refused without reading it whole.
 // `xxh64`, when given, receives the XXH64 of every byte read (hex). Errors
-// name the file and line.
+// name the file and line. With `out_of_limits`, a well-formed sample beyond
+// `limits` (too many tokens, an id outside the vocabulary) is no error: it is
+// returned like the others and listed there (index -> "FILE:LINE: why"), for
+// hsx-dump --max-failures to quarantine.
 absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path, const InputLimits& limits,
-                                                       std::string* xxh64 = nullptr);
+                                                       std::string* xxh64 = nullptr,
+                                                       std::map<int64_t, std::string>* out_of_limits = nullptr);
+
+// Why `sample` is beyond `limits` ("" if it is not).
+std::string OutOfLimits(const InputSample& sample, const InputLimits& limits);
 
 // The longest line accepted: room for max_tokens_per_sample ids and loss-mask
 // values at their longest spelling, plus 64 KiB for the rest (1 GiB without a

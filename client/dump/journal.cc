@@ -163,8 +163,15 @@ absl::StatusOr<JournalEntry> ParseJournalLine(absl::string_view text) {
     if (!s.ok()) return s;
   }
   if (e.index < 0) return absl::InvalidArgumentError(absl::StrCat("\"index\" ", e.index, " is negative"));
-  if (e.file.empty() || e.file.find('/') != std::string::npos || e.file == "." || e.file == "..") {
-    return absl::InvalidArgumentError(absl::StrCat("\"file\" '", e.file, "' is not a plain file name"));
+  // A plain file name, or DIGITS/name (the nested layout, dump_dir.h).
+  const size_t slash = e.file.find('/');
+  const std::string name = slash == std::string::npos ? e.file : e.file.substr(slash + 1);
+  const std::string subdir = slash == std::string::npos ? "0" : e.file.substr(0, slash);
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." ||
+      e.file.find('\0') != std::string::npos || subdir.empty() ||
+      subdir.find_first_not_of("0123456789") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"file\" '", e.file, "' is not a plain file name (or DIGITS/name, the nested layout)"));
   }
   if (e.tokens < 1 || e.bytes < 1) {
     return absl::InvalidArgumentError("\"tokens\" and \"bytes\" must be positive");
@@ -259,10 +266,13 @@ absl::Status SyncDirectory(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path) {
   std::unique_ptr<Journal> journal(new Journal());
-  journal->path_ = (std::filesystem::path(dir) / kJournalFileName).string();
-  const std::string& path = journal->path_;
+  journal->path_ = path;
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  std::error_code error;
+  std::filesystem::create_directories(dir.empty() ? "." : dir, error);
+  if (error) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", error.message()));
   journal->fd_ = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
   if (journal->fd_ < 0 && errno == ENOENT) {
     journal->fd_ = ::open(path.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);

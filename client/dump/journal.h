@@ -1,4 +1,5 @@
-// journal.h: manifest.jsonl, the record of which samples of an output
+// journal.h: a journal (manifest.jsonl, or journal/shard-I-of-N.jsonl of a
+// sharded run: dump_dir.h), the record of which samples of an output
 // directory are complete (docs/design.md, "On-disk format").
 //
 // One JSON object per line, appended and fsynced after the sample's file was
@@ -20,7 +21,9 @@
 // readers ignore it, and the writer truncates it away (under the lock) before
 // appending. Any other line that does not parse is corruption and an error.
 //
-// Several hsx-dump processes (shards) may share one directory: appends and
+// Shard I of N > 1 has a journal of its own (no lock shared between hosts).
+// Several processes may still append to one journal (the same shard started
+// twice, or a directory from before per-shard journals): appends and
 // repairs hold an exclusive flock() on the journal, and a sample's file is
 // renamed into place under the same lock, only after checking that no other
 // process journaled that sample meanwhile.
@@ -86,9 +89,11 @@ absl::Status SyncDirectory(const std::string& dir);
 // The writer's side: one per process, shared by its threads.
 class Journal {
  public:
-  // Opens (creating) DIR/manifest.jsonl, truncates a torn last line, parses
-  // the rest. Fails on a corrupt line, naming it.
-  static absl::StatusOr<std::unique_ptr<Journal>> Open(const std::string& dir);
+  // Opens (creating, with its directory) the journal at `path` (one of
+  // dump_dir.h's: DIR/manifest.jsonl or DIR/journal/shard-I-of-N.jsonl),
+  // truncates a torn last line, parses the rest. Fails on a corrupt line,
+  // naming it.
+  static absl::StatusOr<std::unique_ptr<Journal>> Open(const std::string& path);
   ~Journal();
   Journal(const Journal&) = delete;
   Journal& operator=(const Journal&) = delete;

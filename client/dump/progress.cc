@@ -13,7 +13,6 @@
 namespace hsx {
 namespace {
 
-constexpr double kWindowSeconds = 5.0;
 constexpr auto kBarPeriod = std::chrono::milliseconds(250);
 
 int TerminalWidth(std::FILE* stream) {
@@ -31,7 +30,21 @@ std::string Rate(double value, const char* unit) {
 
 }  // namespace
 
-Progress::Progress(const Options& options) : options_(options) {
+void Ewma::Add(double amount, double seconds) {
+  if (!(seconds > 0)) {
+    amount_ += amount;
+    return;
+  }
+  const double decay = std::exp(-seconds / tau_);
+  amount_ = amount_ * decay + amount;
+  time_ = time_ * decay + seconds;
+}
+
+Progress::Progress(const Options& options)
+    : options_(options),
+      tokens_rate_(options.tau_seconds),
+      samples_rate_(options.tau_seconds),
+      bytes_rate_(options.tau_seconds) {
   switch (options_.mode) {
     case ProgressMode::kAuto: bar_ = ::isatty(::fileno(options_.stream)) != 0; break;
     case ProgressMode::kBar: bar_ = true; break;
@@ -50,19 +63,20 @@ std::string Progress::Duration(double seconds) {
 
 std::string Progress::Format(int64_t done, int64_t total, int64_t tokens, int64_t total_tokens,
                              double tokens_per_s, double bytes_per_s, double elapsed_s, int width,
-                             bool bar) {
+                             bool bar, int64_t failures, int64_t retries) {
   const double fraction = total > 0 ? static_cast<double>(done) / total : 1.0;
   const double eta = tokens_per_s > 0 ? (total_tokens - tokens) / tokens_per_s
                      : done >= total  ? 0.0
                                       : NAN;
   if (!bar) {
-    return absl::StrFormat("%d/%d samples (%.0f%%), %s, %s, elapsed %s, ETA %s", done, total, 100.0 * fraction,
-                           Rate(tokens_per_s, "tokens/s"), Rate(bytes_per_s, "B/s"), Duration(elapsed_s),
-                           Duration(eta));
+    return absl::StrFormat("%d/%d samples (%.0f%%), %d failed, %d retries, %s, %s, elapsed %s, ETA %s", done, total,
+                           100.0 * fraction, failures, retries, Rate(tokens_per_s, "tokens/s"),
+                           Rate(bytes_per_s, "B/s"), Duration(elapsed_s), Duration(eta));
   }
   const int digits = static_cast<int>(std::to_string(total).size());
-  std::string text = absl::StrFormat(" %*d/%d %3.0f%% | %s | %s | ETA %s", digits, done, total, 100.0 * fraction,
-                                     Rate(tokens_per_s, "tok/s"), Rate(bytes_per_s, "B/s"), Duration(eta));
+  std::string text = absl::StrFormat(" %*d/%d %3.0f%% | %d failed %d retries | %s | %s | ETA %s", digits, done, total,
+                                     100.0 * fraction, failures, retries, Rate(tokens_per_s, "tok/s"),
+                                     Rate(bytes_per_s, "B/s"), Duration(eta));
   const int room = width - 1 - static_cast<int>(text.size()) - 2;
   if (room >= 5) {
     const int cells = std::min(room, 50);
@@ -79,8 +93,7 @@ std::string Progress::Format(int64_t done, int64_t total, int64_t tokens, int64_
 void Progress::Start() {
   std::lock_guard<std::mutex> lock(mutex_);
   start_ = std::chrono::steady_clock::now();
-  window_.push_back({0.0, 0, 0});
-  if (options_.mode == ProgressMode::kNone || running_) return;
+  if ((options_.mode == ProgressMode::kNone && !options_.observer) || running_) return;
   running_ = true;
   thread_ = std::thread([this] { Loop(); });
 }
@@ -90,6 +103,25 @@ void Progress::Add(int64_t samples, int64_t tokens, int64_t bytes) {
   samples_ += samples;
   tokens_ += tokens;
   bytes_ += bytes;
+}
+
+void Progress::AddFailure() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++failures_;
+}
+
+ProgressSnapshot Progress::Snapshot(double t) {
+  ProgressSnapshot s;
+  s.samples = samples_;
+  s.tokens = tokens_;
+  s.bytes = bytes_;
+  s.failures = failures_;
+  s.retries = options_.retries ? options_.retries() : 0;
+  s.tokens_per_s = tokens_rate_.Rate();
+  s.samples_per_s = samples_rate_.Rate();
+  s.bytes_per_s = bytes_rate_.Rate();
+  s.elapsed_s = t;
+  return s;
 }
 
 void Progress::Stop() {
@@ -102,6 +134,9 @@ void Progress::Stop() {
   wake_.notify_all();
   thread_.join();
   std::lock_guard<std::mutex> lock(mutex_);
+  if (options_.observer) {
+    options_.observer(Snapshot(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count()));
+  }
   if (bar_ && drew_) {
     std::fprintf(options_.stream, "\r\033[K");
     std::fflush(options_.stream);
@@ -110,34 +145,34 @@ void Progress::Stop() {
 
 void Progress::Loop() {
   std::unique_lock<std::mutex> lock(mutex_);
-  auto next_plain = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                 std::chrono::duration<double>(options_.interval_seconds));
+  const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(options_.interval_seconds));
+  auto next_plain = start_ + interval;
   while (!stop_) {
     wake_.wait_for(lock, kBarPeriod, [&] { return stop_; });
     if (stop_) break;
     const auto now = std::chrono::steady_clock::now();
     const double t = std::chrono::duration<double>(now - start_).count();
-    window_.push_back({t, tokens_, bytes_});
-    while (window_.size() > 2 && window_.front().t < t - kWindowSeconds) window_.pop_front();
-    if (bar_) {
-      Report();
-    } else if (now >= next_plain) {
-      Report();
-      next_plain = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                             std::chrono::duration<double>(options_.interval_seconds));
-    }
+    const double dt = t - last_t_;
+    tokens_rate_.Add(static_cast<double>(tokens_ - last_tokens_), dt);
+    samples_rate_.Add(static_cast<double>(samples_ - last_samples_), dt);
+    bytes_rate_.Add(static_cast<double>(bytes_ - last_bytes_), dt);
+    last_t_ = t;
+    last_tokens_ = tokens_;
+    last_samples_ = samples_;
+    last_bytes_ = bytes_;
+    const bool plain_due = now >= next_plain;
+    if (plain_due) next_plain = now + interval;
+    if (options_.mode != ProgressMode::kNone && (bar_ || plain_due)) Report();
+    if (plain_due && options_.observer) options_.observer(Snapshot(t));
   }
 }
 
 void Progress::Report() {
-  const Point& first = window_.front();
-  const Point& last = window_.back();
-  const double span = last.t - first.t;
-  const double tokens_per_s = span > 0 ? (last.tokens - first.tokens) / span : 0.0;
-  const double bytes_per_s = span > 0 ? (last.bytes - first.bytes) / span : 0.0;
-  const std::string text = Format(samples_, options_.total_samples, tokens_, options_.total_tokens,
-                                  tokens_per_s, bytes_per_s, last.t,
-                                  bar_ ? TerminalWidth(options_.stream) : 1 << 20, bar_);
+  const ProgressSnapshot s = Snapshot(last_t_);
+  const std::string text = Format(s.samples, options_.total_samples, s.tokens, options_.total_tokens,
+                                  s.tokens_per_s, s.bytes_per_s, s.elapsed_s,
+                                  bar_ ? TerminalWidth(options_.stream) : 1 << 20, bar_, s.failures, s.retries);
   if (bar_) {
     std::fprintf(options_.stream, "\r%s\033[K", text.c_str());
     drew_ = true;

@@ -57,10 +57,17 @@ RunLease::~RunLease() {
 
 int RunLease::RemoveAbandoned(const std::string& dir) {
   const std::string host = HostName();
-  std::vector<std::string> names;
+  std::vector<std::string> names;  // relative to dir: its files, and those of the nested layout's subdirectories
   std::error_code error;
   for (const auto& item : std::filesystem::directory_iterator(dir, error)) {
-    names.push_back(item.path().filename().string());
+    const std::string name = item.path().filename().string();
+    if (item.is_directory(error) && !name.empty() && name.find_first_not_of("0123456789") == std::string::npos) {
+      for (const auto& inner : std::filesystem::directory_iterator(item.path(), error)) {
+        names.push_back(name + "/" + inner.path().filename().string());
+      }
+      continue;
+    }
+    names.push_back(name);
   }
   int removed = 0;
   for (const std::string& name : names) {

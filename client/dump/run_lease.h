@@ -3,7 +3,7 @@
 //
 // A run writes ".hsx-run.TOKEN" (its host name and PID, for people) and holds
 // an exclusive flock(2) on it until the run ends; its staging files are named
-// "*.partial.TOKEN*". A later run on the same host that can take the lock of
+// "*.partial.TOKEN*" (in DIR, or in a DIGITS subdirectory: the nested layout). A later run on the same host that can take the lock of
 // such a file knows its writer is gone (the kernel drops a dead process's
 // locks, kill -9 included) and removes that run's temporaries and lease.
 // Leases from other hosts are left alone: a network filesystem need not carry

@@ -1,6 +1,7 @@
 // hsx-verify: re-checks an hsx-dump output directory from scratch.
 //
-//   the journal (manifest.jsonl) parses; a torn last line is reported;
+//   every journal (manifest.jsonl, journal/shard-I-of-N.jsonl) parses, and no
+//   sample is in two; a torn last line is reported;
 //   every journaled file exists, has the journaled size and XXH64;
 //   its safetensors header is valid, hidden_states is [T, L, H] in the
 //   journaled dtype with the journaled capture ids, token_ids [T] int64,
@@ -37,6 +38,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/cli.h"
+#include "client/dump/dump_dir.h"
 #include "client/dump/input.h"
 #include "client/dump/journal.h"
 #include "client/dump/shard.h"
@@ -136,12 +138,17 @@ std::vector<Problem> TrainerProblems(const std::string& trainer, const std::stri
   std::set<std::string> reported;
   for (const auto& [index, line] : entries) {
     const JournalEntry& e = line->entry;
-    TrainerRules(trainer, *n, e, [&](const std::string& what, bool error) {
+    auto report = [&](const std::string& what, bool error) {
       if (reported.insert(what).second) {
         problems.push_back({(std::filesystem::path(dir) / e.file).string(), absl::StrCat("--for ", trainer, ": ", what),
                             error});
       }
-    });
+    };
+    if (trainer == "speculators" && e.file != hsx::SampleFileName(index)) {
+      report("sample files are in subdirectories (hsx-dump --layout nested): speculators reads "
+             "hs_{i}.safetensors from one directory; dump with --layout flat", true);
+    }
+    TrainerRules(trainer, *n, e, report);
   }
   // speculators pairs hs_{i} with row i of its prepared dataset.
   if (trainer == "speculators" && !have_input) {
@@ -178,23 +185,27 @@ hsx::JournalScan ScanJournal(const std::string& journal_path, std::vector<Proble
   return *std::move(scan);
 }
 
-// One entry per index; duplicates are harmless only when identical.
-// `input_samples`: the number of --input samples (0: no --input).
-JournalIndex IndexJournal(const hsx::JournalScan& scan, const std::string& journal_path, size_t input_samples,
-                          std::vector<Problem>* problems) {
-  JournalIndex entries;
+// Adds one journal's entries to `entries` (one per index, over all journals;
+// `first` remembers where each came from); duplicates are harmless only when
+// identical. `input_samples`: the number of --input samples (0: no --input).
+void IndexJournal(const hsx::JournalScan& scan, const std::string& journal_path, size_t input_samples,
+                  JournalIndex* index, std::map<int64_t, std::string>* first, std::vector<Problem>* problems) {
+  JournalIndex& entries = *index;
   for (const hsx::JournalScan::Line& line : scan.lines) {
     const JournalEntry& e = line.entry;
     const std::string where = absl::StrCat(journal_path, ":", line.number);
-    if (e.file != hsx::SampleFileName(e.index)) {
-      problems->push_back({where, absl::StrCat("file '", e.file, "' is not ", hsx::SampleFileName(e.index))});
+    if (!hsx::IsSamplePath(e.file, e.index)) {
+      problems->push_back({where, absl::StrCat("file '", e.file, "' is not ", hsx::SampleFileName(e.index), " or ",
+                                               hsx::SampleRelativePath(e.index, hsx::SampleLayout::kNested))});
       continue;
     }
     auto [it, inserted] = entries.emplace(e.index, &line);
-    if (!inserted) {
+    if (inserted) {
+      (*first)[e.index] = absl::StrCat(journal_path, ":", line.number);
+    } else {
       const bool same = it->second->entry == e;
       problems->push_back({where,
-                           absl::StrCat("sample ", e.index, " is journaled again (first on line ", it->second->number,
+                           absl::StrCat("sample ", e.index, " is journaled again (first at ", (*first)[e.index],
                                         same ? ", identical)" : ", with different contents)"),
                            !same});
     }
@@ -203,7 +214,6 @@ JournalIndex IndexJournal(const hsx::JournalScan& scan, const std::string& journ
                                                " samples")});
     }
   }
-  return entries;
 }
 
 struct Totals {
@@ -255,9 +265,16 @@ void CheckAllJournaled(const std::string& dir, const std::vector<hsx::InputSampl
   }
   if (missing.empty()) return;
   const size_t shown = std::min<size_t>(missing.size(), 20);
+  absl::StatusOr<std::map<int64_t, hsx::QuarantineEntry>> quarantine = hsx::ReadQuarantine(dir);
+  const int64_t quarantined = !quarantine.ok() ? 0 : std::count_if(missing.begin(), missing.end(), [&](int64_t i) {
+    return quarantine->count(i) > 0;
+  });
   problems->push_back({dir, absl::StrCat(missing.size(), " of ", expected, " input samples are not journaled: ",
                                          absl::StrJoin(missing.begin(), missing.begin() + shown, ", "),
-                                         missing.size() > shown ? ", ..." : "")});
+                                         missing.size() > shown ? ", ..." : "",
+                                         quarantined > 0 ? absl::StrCat(" (", quarantined, " of them quarantined: "
+                                                                        "see quarantine/)")
+                                                         : "")});
 }
 
 // What a file the journal does not list is, by its name.
@@ -283,13 +300,23 @@ void CheckStrayFiles(const std::filesystem::path& root, const JournalIndex& entr
   for (const auto& [index, line] : entries) journaled.insert(line->entry.file);
   std::vector<std::string> strays;
   std::error_code error;
+  std::vector<std::string> names;  // relative to root, the nested layout's subdirectories' files included
   for (const auto& item : std::filesystem::directory_iterator(root, error)) {
     const std::string name = item.path().filename().string();
-    if (name == hsx::kJournalFileName || journaled.count(name) || !item.is_regular_file()) continue;
+    if (item.is_directory(error) && hsx::IsSampleSubdirectory(name)) {
+      for (const auto& inner : std::filesystem::directory_iterator(item.path(), error)) {
+        if (inner.is_regular_file(error)) names.push_back(name + "/" + inner.path().filename().string());
+      }
+    } else if (item.is_regular_file(error)) {
+      names.push_back(name);
+    }
+  }
+  for (const std::string& name : names) {
+    if (name == hsx::kJournalFileName || journaled.count(name)) continue;
     strays.push_back(name);
   }
   std::sort(strays.begin(), strays.end());
-  for (const std::string& name : strays) problems->push_back({(root / name).string(), StrayFileKind(name), false});
+  for (const std::string& name : strays) problems->push_back({(root / name).string(), StrayFileKind(std::filesystem::path(name).filename().string()), false});
 }
 
 // Prints the problems and the summary line; an error unless all were warnings
@@ -339,9 +366,17 @@ absl::Status Run(const std::vector<char*>& args) {
   }
 
   std::vector<Problem> problems;
-  const std::string journal_path = (root / hsx::kJournalFileName).string();
-  const hsx::JournalScan scan = ScanJournal(journal_path, &problems);
-  const JournalIndex entries = IndexJournal(scan, journal_path, samples.size(), &problems);
+  // Every journal: manifest.jsonl (unsharded, or an older dump) and journal/*.jsonl (shards).
+  std::vector<std::string> journal_paths = hsx::ListJournals(dir);
+  if (journal_paths.empty()) journal_paths.push_back((root / hsx::kJournalFileName).string());  // reported missing
+  std::vector<hsx::JournalScan> scans;
+  scans.reserve(journal_paths.size());  // entries point into them
+  JournalIndex entries;
+  std::map<int64_t, std::string> first;
+  for (const std::string& journal_path : journal_paths) {
+    scans.push_back(ScanJournal(journal_path, &problems));
+    IndexJournal(scans.back(), journal_path, samples.size(), &entries, &first, &problems);
+  }
   const Totals totals = CheckFiles(root, entries, samples, &problems);
   if (!samples.empty()) CheckAllJournaled(dir, samples, *shard, entries, &problems);
   if (!trainer.empty()) {

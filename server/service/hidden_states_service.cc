@@ -119,6 +119,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Extract(grpc::C
   // line (an authentication failure's too) names the sample_id, and an
   // undecodable request is counted whoever sent it; but a client without the
   // token gets UNAUTHENTICATED whatever it sent, and learns nothing more.
+  metrics_->RequestReceived();
   v1::ExtractRequest request;
   const size_t size = raw->Length();
   const bool oversized = static_cast<int64_t>(size) > options_.max_request_bytes;

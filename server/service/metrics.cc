@@ -56,6 +56,7 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   using prometheus::BuildGauge;
   using prometheus::BuildHistogram;
   prometheus::Registry& r = *registry_;
+  requests_ = &BuildCounter().Name("hsx_requests_total").Help("Extract RPCs received, whatever their outcome (this replica's share of the work).").Register(r).Add({});
   samples_ = &BuildCounter().Name("hsx_samples_total").Help("Samples streamed completely (trailer sent).").Register(r).Add({});
   tokens_ = &BuildCounter().Name("hsx_tokens_total").Help("Tokens of the samples streamed completely.").Register(r).Add({});
   bytes_sent_ = &BuildCounter().Name("hsx_bytes_sent_total").Help("Serialized Extract response bytes written.").Register(r).Add({});

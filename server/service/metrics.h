@@ -1,6 +1,7 @@
 // metrics.h: the Prometheus metrics of hsx-server (all prefixed hsx_), and
 // the optional HTTP endpoint that exposes them at /metrics.
 //
+//   hsx_requests_total                counter  Extract RPCs received (whatever their outcome)
 //   hsx_samples_total                 counter  samples streamed completely (trailer sent)
 //   hsx_tokens_total                  counter  tokens of those samples
 //   hsx_bytes_sent_total              counter  serialized response bytes accepted by gRPC
@@ -64,6 +65,7 @@ class Metrics {
   void SampleDone(int64_t tokens, double seconds);
   void BytesSent(int64_t bytes);
   void Error(grpc::StatusCode code);
+  void RequestReceived() { requests_->Increment(); }
   void UndecodableRequest() { undecodable_->Increment(); }
   void OversizedRequest() { oversized_->Increment(); }
   void AddInflight(double delta) { inflight_->Increment(delta); }
@@ -79,6 +81,7 @@ class Metrics {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::string poke_host_;  // where StopServing connects to wake the listener
   int port_ = 0;
+  prometheus::Counter* requests_;
   prometheus::Counter* samples_;
   prometheus::Counter* tokens_;
   prometheus::Counter* bytes_sent_;

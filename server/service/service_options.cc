@@ -45,6 +45,13 @@ ABSL_FLAG(absl::Duration, stream_stall_timeout, absl::Minutes(5),
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT: how long in-flight samples may take to finish before they are "
           "cancelled.");
+ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(5),
+          "Close each client connection gracefully (HTTP/2 GOAWAY) after this long, so that clients "
+          "re-resolve a DNS name and spread over replicas that started since (a headless Service); "
+          "0 never closes. gRPC adds +-10% jitter.");
+ABSL_FLAG(absl::Duration, max_connection_age_grace, absl::Minutes(10),
+          "After --max-connection-age: how long the samples in flight on the old connection may still "
+          "take before it is closed hard (at least the longest sample; hsx-dump's --deadline is 600 s).");
 ABSL_FLAG(int64_t, inject_device_loss_after_batches, -1,
           "FOR TESTING ONLY: once the server is ready, let this many batches run, then make the last "
           "tensor-parallel rank fail as a lost device does (a sticky CUDA error): the batch and every "
@@ -171,6 +178,18 @@ absl::Status ReadLifecycleFlags(ServiceOptions* o) {
     return absl::InvalidArgumentError("--stream-stall-timeout must be 0 (never) or at least 1s");
   }
   if (o->drain_timeout < absl::ZeroDuration()) return absl::InvalidArgumentError("--drain-timeout must not be negative");
+  o->max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  o->max_connection_age_grace = absl::GetFlag(FLAGS_max_connection_age_grace);
+  for (auto [name, value] : {std::pair{"max-connection-age", o->max_connection_age},
+                             std::pair{"max-connection-age-grace", o->max_connection_age_grace}}) {
+    if (value < absl::ZeroDuration() || value > absl::Milliseconds(INT32_MAX)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " ", absl::FormatDuration(value),
+                                                     ": must be 0 to 596h (gRPC takes milliseconds as an int)"));
+    }
+  }
+  if (o->max_connection_age > absl::ZeroDuration() && o->max_connection_age < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("--max-connection-age must be 0 (never) or at least 1s");
+  }
   o->inject_device_loss_after_batches = absl::GetFlag(FLAGS_inject_device_loss_after_batches);
   if (o->inject_device_loss_after_batches < -1) {
     return absl::InvalidArgumentError("--inject-device-loss-after-batches must be -1 (off) or at least 0");
@@ -228,7 +247,9 @@ std::string DescribeOptions(const ServiceOptions& o, const ModelConfig& config) 
       ", buffered/stream ", Bytes(o.max_buffered_bytes_per_stream), ", max request ", o.max_request_bytes,
       " B; tls ", o.tls() ? (o.tls_client_ca.empty() ? "on" : "on (mTLS)") : "off", ", auth token ",
       o.auth_token_file.empty() ? "off" : "on", ", drain timeout ", absl::FormatDuration(o.drain_timeout),
-      ", stream stall timeout ", absl::FormatDuration(o.stream_stall_timeout));
+      ", stream stall timeout ", absl::FormatDuration(o.stream_stall_timeout), ", max connection age ",
+      o.max_connection_age == absl::ZeroDuration() ? std::string("off") : absl::FormatDuration(o.max_connection_age),
+      " (grace ", absl::FormatDuration(o.max_connection_age_grace), ")");
 }
 
 }  // namespace hsx

@@ -60,6 +60,9 @@ struct ServiceOptions {
   std::string auth_token_file;
   absl::Duration drain_timeout = absl::Seconds(30);
   absl::Duration stream_stall_timeout = absl::Minutes(5);  // 0: never cancel a stalled stream
+  // GOAWAY after this long, so clients re-resolve and find new replicas (0: never).
+  absl::Duration max_connection_age = absl::Minutes(5);
+  absl::Duration max_connection_age_grace = absl::Minutes(10);
   int64_t inject_device_loss_after_batches = -1;  // testing: -1 off (server/runtime/fault_injection.h)
 
   // Filled by ResolveModelLimits: the capture set of a request with no capture_ids.

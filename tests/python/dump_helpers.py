@@ -46,16 +46,19 @@ def free_port():
 
 
 def manifest(out):
-    """The complete lines of OUT/manifest.jsonl, parsed."""
-    path = Path(out) / "manifest.jsonl"
-    if not path.exists():
-        return []
-    text = path.read_text()
-    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+    """The complete lines of every journal of OUT (manifest.jsonl, then journal/*.jsonl), parsed."""
+    out = Path(out)
+    paths = [out / "manifest.jsonl"] + sorted((out / "journal").glob("*.jsonl"))
+    lines = []
+    for path in paths:
+        if path.exists():
+            text = path.read_text()
+            lines += [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+    return lines
 
 
 def wait_for_lines(out, count, proc, timeout=60):
-    """Waits until OUT/manifest.jsonl has `count` complete lines while hsx-dump `proc` runs."""
+    """Waits until OUT's journals have `count` complete lines while hsx-dump `proc` runs."""
     deadline = time.time() + timeout
     while len(manifest(out)) < count:
         if proc.poll() is not None:

@@ -99,7 +99,7 @@ def test_non_empty_out_is_refused_and_untouched(hostile_dump, target):
 def _copy_dump(src, dst, manifest_lines):
     dst.mkdir()
     for p in src.iterdir():
-        if p.name != "manifest.jsonl":
+        if p.name != "manifest.jsonl" and p.is_file():  # not status/ (dump_dir.h)
             os.link(p, dst / p.name)
     (dst / "manifest.jsonl").write_text("".join(json.dumps(e) + "\n" for e in manifest_lines))
 

@@ -37,7 +37,7 @@ def test_default_output_is_eagle3_per_sample(run, tiny, tmp_path):
     out = tmp_path / "out"
     run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, "--max-batch-tokens", "1000")
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [f"hs_{i}.safetensors" for i in range(4)] + ["manifest.jsonl"])
+        [f"hs_{i}.safetensors" for i in range(4)] + ["manifest.jsonl", "status"])
     for i, row in enumerate(rows):
         path = out / f"hs_{i}.safetensors"
         data = load_file(str(path))

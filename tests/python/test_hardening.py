@@ -179,14 +179,14 @@ def test_sighup_drains_and_says_so(bin_dir, tiny):
 def test_a_duplicate_journal_line_is_refused_on_resume(run, tiny, tmp_path):
     inputs = write_jsonl(tmp_path / "in.jsonl", rows(3))
     out = tmp_path / "out"
-    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, "--shard", "0/2")
+    run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)
     journal = out / "manifest.jsonl"
     first = journal.read_text().splitlines()[0]
     with journal.open("a") as f:
         f.write(first + "\n")
     proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, expect_ok=False)
     index = json.loads(first)["index"]
-    assert f"manifest.jsonl:3: sample {index} is journaled twice (also at line 1)" in proc.stderr, proc.stderr
+    assert f"manifest.jsonl:4: sample {index} is journaled twice (also at line 1)" in proc.stderr, proc.stderr
 
 
 def test_verify_names_what_a_stray_file_is(run, tiny, tmp_path):

@@ -197,12 +197,12 @@ def test_resume_refuses_other_settings(run, tiny, tmp_path):
     run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, "--shard", "0/2",
         "--concurrency", 1)  # samples 0 and 2, in order
     before = snapshot(out)
-    journal = (out / "manifest.jsonl").read_bytes()
+    journal = (out / "journal" / "shard-0-of-2.jsonl").read_bytes()  # shard 0 of 2 journals on its own
 
     def refused(*args, message, model=tiny, input_path=inputs):
         proc = run("hsx-dump", "--model", model, "--input", input_path, "--out", out, *args, expect_ok=False)
         assert "cannot resume: " in proc.stderr and message in proc.stderr, proc.stderr
-        assert "manifest.jsonl:1 (sample 0)" in proc.stderr, proc.stderr
+        assert "shard-0-of-2.jsonl:1 (sample 0)" in proc.stderr, proc.stderr
 
     refused("--capture", "1,2", message="the journal records capture ids [2,4,5,8], this run has [1,2]")
     refused("--dtype", "fp32", message="the journal records dtype bf16, this run has fp32")
@@ -219,7 +219,7 @@ def test_resume_refuses_other_settings(run, tiny, tmp_path):
     changed[0]["loss_mask"] = [1] * len(changed[0]["input_ids"])
     refused(input_path=write_jsonl(tmp_path / "masked.jsonl", changed),
             message="loss_mask differs from line 1 of the input")
-    assert (out / "manifest.jsonl").read_bytes() == journal
+    assert (out / "journal" / "shard-0-of-2.jsonl").read_bytes() == journal
     assert_untouched(out, before)
     # The same settings resume: the other shard completes the directory.
     proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out)

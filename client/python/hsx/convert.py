@@ -55,6 +55,7 @@ import torch
 import xxhash
 
 from .files import read_sample
+from .journal import JournalError, complete_samples
 from .shard import in_shard, parse_shard
 
 SPECFORGE_GROUP = 2000
@@ -68,91 +69,13 @@ class ConvertError(ValueError):
     """A dump that cannot be converted, or an unusable OUT; the message names the file."""
 
 
-def _plain_name(name: object) -> bool:
-    """True when `name` is one path component naming a file inside a directory."""
-    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
-            and "\0" not in name)
-
-
-# Every journal line's fields and their JSON types (client/dump/journal.h);
-# "supersedes" is optional.
-_FIELDS = {"index": int, "id": str, "file": str, "tokens": int, "bytes": int, "xxh64": str, "capture_ids": list,
-           "final_norm": bool, "dtype": str, "model": str, "model_revision": str, "compute_precision": str,
-           "token_ids_xxh64": str, "loss_mask_xxh64": str, "input_xxh64": str}
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _entry(text: str, where: str, directory: Path) -> dict[str, Any]:
-    """One complete journal line, checked as hsx-dump reads it."""
-    try:
-        entry = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ConvertError(f"{where}: corrupt journal line (not valid JSON: {error.msg})") from None
-    if not isinstance(entry, dict):
-        raise ConvertError(f"{where}: corrupt journal line (not a JSON object)")
-    index, name = entry.get("index"), entry.get("file")
-    if not _is_int(index) or index < 0:
-        raise ConvertError(f"{where}: 'index' must be a non-negative integer, not {index!r}")
-    if not _plain_name(name):
-        raise ConvertError(f"{where}: 'file' must be a plain file name in {directory}, not {name!r}")
-    for key, kind in _FIELDS.items():
-        value = entry.get(key)
-        if key not in entry or not (_is_int(value) if kind is int else isinstance(value, kind)):
-            raise ConvertError(f"{where}: corrupt journal line ({key!r} missing or not {kind.__name__})")
-    if entry["tokens"] < 1 or entry["bytes"] < 1:
-        raise ConvertError(f"{where}: corrupt journal line ('tokens' and 'bytes' must be positive)")
-    supersedes = entry.get("supersedes")
-    if "supersedes" in entry and (not _is_int(supersedes) or supersedes < 1):
-        raise ConvertError(f"{where}: corrupt journal line ('supersedes' must be a line number)")
-    return entry
-
-
 def _samples(directory: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(index, path) of every complete sample, in index order, by the journal's
-    rules (docs/formats.md): no manifest.jsonl means nothing is complete; only an
-    unterminated last line (a torn append) is skipped, any other bad line is an
-    error; a line with "supersedes": N replaces line N, its sample's current
-    entry; a sample on two lines otherwise is an error; a journaled file must
-    have the journaled size."""
-    directory = Path(directory)
-    manifest = directory / "manifest.jsonl"
-    if not manifest.is_file():
-        raise ConvertError(f"{manifest}: missing, so nothing in {directory} is complete "
-                           "(not an hsx-dump output directory?)")
-    text = manifest.read_bytes().decode("utf-8", errors="replace")
-    complete = text[: text.rfind("\n") + 1]  # what follows the last newline is a torn append
-    current: dict[int, tuple[int, dict[str, Any]]] = {}  # index -> (line number, entry)
-    for number, line in enumerate(complete.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{manifest}:{number}"
-        entry = _entry(line, where, directory)
-        index, target = entry["index"], entry.get("supersedes")
-        if target is not None:
-            if target >= number or current.get(index, (None,))[0] != target:
-                raise ConvertError(f"{where}: supersedes line {target}, which is not sample {index}'s current entry")
-        elif index in current:
-            first, earlier = current[index]
-            raise ConvertError(f"{where}: index {index} is journaled twice (also on line {first}, as "
-                               f"{earlier['file']!r}; this line has {entry['file']!r})")
-        current[index] = (number, entry)
-    samples = []
-    for index in sorted(current):
-        number, entry = current[index]
-        path = directory / entry["file"]
-        try:
-            size = path.stat().st_size
-        except OSError as error:
-            raise ConvertError(f"{path}: {error.strerror}, but {manifest}:{number} records sample {index} as done "
-                               "(rerun hsx-dump: it redoes the sample)") from None
-        if size != entry["bytes"]:
-            raise ConvertError(f"{path}: {size} bytes, {manifest}:{number} says {entry['bytes']} "
-                               "(damaged; rerun hsx-dump: it redoes the sample)")
-        samples.append((index, path))
-    return samples
+    """(index, path) of every complete sample, in index order, over all the directory's
+    journals (hsx.journal.complete_samples: the rules of docs/formats.md)."""
+    try:
+        return [(index, path) for index, path, _ in complete_samples(directory)]
+    except JournalError as error:
+        raise ConvertError(str(error)) from None
 
 
 def _split(sample, num_layers):
