@@ -15,8 +15,6 @@ sh "$HSX_STAGE_SCRIPT" "$HSX_MODEL_SRC" "$model"
 gpus=$(nvidia-smi --list-gpus | wc -l)
 (( gpus > 0 )) || { echo "hsx-server-node: $host: no GPU found by nvidia-smi" >&2; exit 1; }
 
-# AFTER-MERGE(hsx-server --max-connection-age): add --max-connection-age=... here once
-# hsx-server has the flag.
 # exec: hsx-server gets SLURM's SIGTERM itself, once (a second signal would cut its drain short).
 # Its log goes through the reader below, which publishes the address on `ready` and removes it
 # when the log ends, i.e. when the server has exited; the reader ignores SIGTERM so that it
@@ -32,6 +30,7 @@ exec "${HSX_SERVER_BIN:-hsx-server}" \
   --max-tokens-per-sample=16384 \
   --max-concurrent-requests=288 \
   --drain-timeout=60s \
+  --max-connection-age=5m \
   "$@" 2> >(
     trap '' TERM INT
     while IFS= read -r line; do

@@ -89,6 +89,24 @@ def test_fleet_servers_and_staging(trees):
     assert not mounts["models"].get("readOnly"), "stage-model needs the local volume writable"
 
 
+def test_fleet_quarantine_and_connection_age(trees):
+    """A shard that ends with samples in quarantine (hsx-dump exits 3) is marked failed at once, not
+    restarted into the same exit forever; other failures are retried per shard; the servers age
+    their connections so that the dump pods re-resolve hsx-headless."""
+    if "fleet" not in trees:
+        pytest.skip("needs kustomize v4 or later")
+    t = trees["fleet"]
+    job = t.job[0]
+    assert int(t.dump_flags["max_failures"]) > 0
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never", "a restart in place would rerun into exit 3 again"
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    exit3 = [r for r in rules if 3 in r.get("onExitCodes", {}).get("values", [])]
+    assert [r["action"] for r in exit3] == ["FailIndex"] and exit3[0]["onExitCodes"]["operator"] == "In"
+    assert job["spec"]["backoffLimitPerIndex"] >= 1 and job["spec"]["completionMode"] == "Indexed"
+    assert t.server_flags["max_connection_age"] == "5m"
+
+
 # ----------------------------------------------------------------------------------------------
 # stage-model.sh against a real (tiny) checkpoint
 

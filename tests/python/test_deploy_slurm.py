@@ -70,7 +70,7 @@ def test_array_task_runs_its_shard(bin_dir, fake_bin, tmp_path, task, count):
     argv = (tmp_path / "args").read_text().splitlines()
     assert argv == ["--server=n1:50051,n2:50051", "--input=/shared/in.jsonl", "--out=/shared/out",
                     f"--shard={task}/{count}", "--concurrency=16", "--progress=plain", "--progress-interval=60",
-                    "--dtype=fp32"]
+                    "--max-failures=100", "--dtype=fp32"]
     flags, unknown = parse_flags(bin_dir, "hsx-dump", argv)
     assert not unknown, f"hsx-dump does not accept {unknown}"
     assert flags["shard"] == f"{task}/{count}"
