@@ -13,7 +13,7 @@ from torch.utils.data import IterableDataset
 from .client import Client
 from .preflight import preflight
 from .sample import Sample
-from .sharding import epoch_order, share, this_consumer
+from .sharding import distributed_rank, epoch_order, share, this_consumer
 
 
 class OnlineDataset(IterableDataset):
@@ -79,6 +79,14 @@ class OnlineDataset(IterableDataset):
         self.connect_timeout = connect_timeout
         self.expect = dict(expect or {})
         self.epoch = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for a spawned DataLoader worker, in the rank's process: the worker has no
+        process group of its own, so it gets the rank's place (hsx.sharding.distributed_rank)."""
+        state = dict(self.__dict__)
+        if state["rank"] is None or state["world_size"] is None:
+            state["rank"], state["world_size"] = distributed_rank()
+        return state
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose order (with a seed) the next iteration follows."""

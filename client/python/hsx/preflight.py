@@ -28,7 +28,12 @@ CONFIG_NAMES = {"hidden_size": "hidden_size", "vocab_size": "vocab_size", "num_l
 class ServerUnreachable(ServerError):
     """No answer from the server within the connect timeout (a wrong address, or a
     server that is not up). A ServerError, not an OSError: loaders that retry
-    transient I/O errors (ModelOpt's) must not retry it sample by sample."""
+    transient I/O errors (ModelOpt's) must not retry it sample by sample. Constructible
+    from the message alone, so that torch's DataLoader re-raises it from a worker as
+    itself, not as a RuntimeError."""
+
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+        super().__init__(code, message)
 
 
 class ModelMismatch(ValueError):
@@ -51,8 +56,8 @@ def server_model_info(target: str, token: str | None = None, tls: bool | dict[st
                 if error.code not in RETRYABLE:
                     raise ServerError(error.code, f"hsx-server {target}: {error.message}") from None
                 if time.monotonic() >= deadline:
-                    raise ServerUnreachable(error.code, f"hsx-server {target} did not answer within "
-                                            f"{connect_timeout:g} s ({error.message})") from None
+                    raise ServerUnreachable(f"hsx-server {target} did not answer within {connect_timeout:g} s "
+                                            f"({error.message})", error.code) from None
             time.sleep(0.2)
 
 

@@ -32,7 +32,7 @@ def this_consumer(rank: int | None = None, world_size: int | None = None) -> Con
     """The calling process's Consumer: rank and world size given, or torch.distributed's
     when it is initialised (else rank 0 of 1), times the DataLoader worker it runs in."""
     if rank is None or world_size is None:
-        rank, world_size = _distributed_rank()
+        rank, world_size = distributed_rank()
     from torch.utils.data import get_worker_info
 
     info = get_worker_info()
@@ -42,7 +42,10 @@ def this_consumer(rank: int | None = None, world_size: int | None = None) -> Con
     return Consumer(rank * workers + worker, world_size * workers)
 
 
-def _distributed_rank() -> tuple[int, int]:
+def distributed_rank() -> tuple[int, int]:
+    """(rank, world size) of torch.distributed's default group, or (0, 1) when it is not
+    initialised (as in a spawned DataLoader worker: a dataset records its rank's place
+    when it is pickled for the worker, in the rank's process)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
