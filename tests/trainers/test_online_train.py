@@ -19,7 +19,10 @@ Plus: a model that does not match the trainer's configuration, a wrong address a
 a refused token each fail at start with a clear error (hsx.preflight)."""
 
 import json
+import re
+import socket
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -31,6 +34,12 @@ from pipeline import HIDDEN, N, VOCAB, read_jsonl, rows, run_steps, write_jsonl
 RUNNER = Path(__file__).with_name("speculators_online_run.py")
 STEPS = 10
 SAMPLE_SUFFIXES = (".safetensors", ".pt", ".ckpt")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def sample_files(root, allowed=()):
@@ -107,3 +116,140 @@ def test_speculators_backend_refuses_a_verifier_the_server_does_not_serve(server
         HsxBackend.from_train_args(args, str(tmp_path))
     transfer = HsxBackend.from_train_args(Namespace(**{**vars(args), "verifier_name_or_path": str(model)}), "unused")
     assert transfer.capture == [2, 4, 5, N]  # speculators' default target layers 2, N/2, N-3, then N
+
+
+# --------------------------------------------------------------------------- ModelOpt
+
+
+def recording_losses(model):
+    """Every training forward's loss, appended as the Trainer calls the model."""
+    losses, forward = [], model.forward
+
+    def record(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        losses.append(float(out.loss.detach()))
+        return out
+
+    model.forward = record
+    return losses
+
+
+def modelopt_train(model, d2t, dataset, work):
+    """STEPS steps of transformers.Trainer (what ModelOpt's example trains with) on ModelOpt's
+    offline EAGLE-3 model, as test_train_step.py builds it; the loss of each step."""
+    from modelopt.torch.speculative.eagle.utils import EagleOfflineDataCollator
+    from transformers import Trainer, TrainingArguments
+
+    from test_train_step import modelopt_model
+
+    eagle = modelopt_model(model, d2t)
+    losses = recording_losses(eagle)
+    args = TrainingArguments(output_dir=str(work / "out"), max_steps=STEPS, per_device_train_batch_size=2,
+                             learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no", seed=7,
+                             remove_unused_columns=False, bf16=False, disable_tqdm=True)
+    Trainer(model=eagle, args=args, train_dataset=dataset, data_collator=EagleOfflineDataCollator(64)).train()
+    return losses
+
+
+@pytest.fixture(scope="module")
+def modelopt_tokens(tmp_path_factory):
+    """A token JSONL (python -m hsx.prepare's shape), its frequency file and ModelOpt's d2t."""
+    from pipeline import write_token_frequencies
+    from test_train_step import DRAFT_VOCAB
+
+    work = tmp_path_factory.mktemp("modelopt-tokens")
+    jsonl = write_jsonl(work / "modelopt.jsonl", rows(24, seed=41, max_len=40))
+    freq = write_token_frequencies(jsonl, work / "tokens.freq.json")
+    run_steps("modelopt-vocab", {"WORK": work, "FREQ": freq, "DRAFT_VOCAB": DRAFT_VOCAB})
+    return jsonl, work / "d2t.pt"
+
+
+def modelopt_online(server, model, entries, **config):
+    from hsx.integrations.modelopt import HsxEagleStreamingDataset, HsxStreamingConfig
+
+    return HsxEagleStreamingDataset(entries, config=HsxStreamingConfig(
+        servers=server, model=str(model), answer_only_loss=True, **config))
+
+
+def test_modelopt_trains_online_with_the_losses_of_the_file_run(server, model, modelopt_tokens, tmp_path):
+    from modelopt.torch.speculative.eagle.utils import OfflineSupervisedDataset
+
+    jsonl, d2t = modelopt_tokens
+    online = tmp_path / "online"
+    online.mkdir()
+    losses = modelopt_train(model, d2t, modelopt_online(server, model, read_jsonl(jsonl)), online)
+    assert sample_files(online) == [] and sample_files(jsonl.parent) == [d2t]
+    # The same run on hsx-dump's files: docs/trainers.md's modelopt block, ModelOpt's offline dataset.
+    offline = tmp_path / "offline"
+    offline.mkdir()
+    (offline / "modelopt.jsonl").write_text(jsonl.read_text())
+    run_steps("modelopt", {"WORK": offline, "HSX_SERVER": server, "MODEL": model})
+    files = [str(offline / "modelopt-data" / f"data_{i}.pt") for i in range(len(read_jsonl(jsonl)))]
+    file_losses = modelopt_train(model, d2t, OfflineSupervisedDataset(files, answer_only_loss=True), offline)
+    assert len(losses) == STEPS and all(0 < x < 100 for x in losses)
+    assert losses == file_losses  # bitwise: the same batches of the same bytes
+
+
+def test_modelopt_items_are_its_offline_items(server, model, modelopt_tokens, tmp_path):
+    """Item by item, the streamed dict is the one OfflineSupervisedDataset gives from hsx.convert's file."""
+    from modelopt.torch.speculative.eagle.utils import OfflineSupervisedDataset
+
+    jsonl, _ = modelopt_tokens
+    lines = read_jsonl(jsonl)[:4]
+    write_jsonl(tmp_path / "modelopt.jsonl", lines)
+    run_steps("modelopt", {"WORK": tmp_path, "HSX_SERVER": server, "MODEL": model})
+    offline = OfflineSupervisedDataset([str(tmp_path / "modelopt-data" / f"data_{i}.pt") for i in range(4)],
+                                       answer_only_loss=True)
+    online = modelopt_online(server, model, lines)
+    for i in range(4):
+        a, b = online[i], offline[i]
+        assert a.keys() == b.keys() and a["base_hidden_prenorm"] is b["base_hidden_prenorm"] is False
+        for key in a:
+            if key != "base_hidden_prenorm":
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+
+
+def test_modelopt_dataset_fails_at_start_on_a_model_of_another_size(server, model, tmp_path):
+    from hsx.preflight import ModelMismatch
+
+    other = tmp_path / "base"
+    other.mkdir()
+    config = json.loads((Path(model) / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "hidden_size": 2 * HIDDEN, "vocab_size": 4096}))
+    dataset = modelopt_online(server, other, rows(3, seed=1))
+    with pytest.raises(ModelMismatch, match=f"with hidden_size {HIDDEN}, but the base model's config"):
+        dataset[0]  # not taken for a transient miss and resampled
+
+
+def test_modelopt_dataset_fails_at_start_on_a_wrong_address(model):
+    from hsx.preflight import ServerUnreachable
+
+    dataset = modelopt_online(f"127.0.0.1:{free_port()}", model, rows(3, seed=1), connect_timeout=1.0)
+    start = time.monotonic()
+    with pytest.raises(ServerUnreachable, match="did not answer within 1 s"):
+        dataset[0]
+    assert time.monotonic() - start < 10  # one preflight, not 16 resampled fetches with retries
+
+
+def test_modelopt_dataset_fails_at_start_on_a_refused_token(model, tmp_path):
+    from hsx import ServerError
+
+    from pipeline import BIN
+
+    (tmp_path / "token").write_text("the-token\n")
+    log = tmp_path / "server.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen([BIN / "hsx-server", "--model", model, "--listen", "127.0.0.1:0",
+                                 "--auth-token-file", tmp_path / "token"], stderr=sink)
+    try:
+        deadline = time.time() + 60
+        while "ready:" not in log.read_text():
+            assert proc.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.05)
+        address = re.search(r"listening on (\S+)", log.read_text()).group(1)
+        with pytest.raises(ServerError, match=f"PERMISSION_DENIED: hsx-server {address} refused the token"):
+            modelopt_online(address, model, rows(3, seed=1), token="another-token")[0]
+        assert modelopt_online(address, model, rows(3, seed=1), token="the-token")[0]["input_ids"].shape[0] > 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
