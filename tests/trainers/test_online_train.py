@@ -253,3 +253,125 @@ def test_modelopt_dataset_fails_at_start_on_a_refused_token(model, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+# --------------------------------------------------------------------------- SpecForge
+
+
+def specforge_train(loader, parts_dir, model, monkeypatch):
+    """SpecForge's EAGLE-3 step (its builders, strategy and BF16Optimizer, as
+    test_train_step.py assembles them, the loss and torch.compile swapped the same way)
+    over the batches of a FeatureDataLoader, for STEPS steps; the loss of each."""
+    import specforge.algorithms.eagle3.model as eagle3_model
+    import specforge.core.loss as specforge_loss
+    from specforge.optimizer import BF16Optimizer
+
+    from test_train_step import specforge_parts
+
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+    monkeypatch.setattr(eagle3_model, "LogSoftmaxLoss",
+                        type("CpuLoss", (), {"apply": staticmethod(specforge_loss._compute_loss)}))
+    cfg, _, _, strategy = specforge_parts(model, parts_dir)
+    trained = strategy.trainable_module()
+    optimizer = BF16Optimizer(trained, lr=1e-3, max_grad_norm=cfg.training.max_grad_norm,
+                              warmup_ratio=0.0, total_steps=STEPS)
+    losses = []
+    for batch in loader:
+        out = strategy.forward_loss(batch)
+        out.loss.backward()
+        optimizer.step()
+        losses.append(float(out.loss.detach()))
+        if len(losses) == STEPS:
+            break
+    return losses
+
+
+def specforge_loader(store, refs):
+    """SpecForge's own loader: store + refs, its offline normalizer and collator, batches of 2."""
+    from specforge.algorithms.eagle3.data import build_offline_collator, build_offline_normalizer
+    from specforge.runtime.data_plane import FeatureDataLoader
+
+    return FeatureDataLoader(store, refs=refs, batch_size=2, collate_fn=build_offline_collator(),
+                             per_sample_transform=build_offline_normalizer(64), strategy="eagle3")
+
+
+@pytest.fixture(scope="module")
+def specforge_tokens(tmp_path_factory):
+    """A token JSONL, its frequency file and SpecForge's vocab mapping (the parts' directory)."""
+    from pipeline import write_token_frequencies
+    from test_train_step import DRAFT_VOCAB
+
+    work = tmp_path_factory.mktemp("specforge-tokens")
+    jsonl = write_jsonl(work / "specforge.jsonl", rows(22, seed=51, max_len=40))
+    freq = write_token_frequencies(jsonl, work / "tokens.freq.json")
+    run_steps("specforge-vocab", {"WORK": work, "FREQ": freq, "DRAFT_VOCAB": DRAFT_VOCAB})
+    return jsonl, work
+
+
+def test_specforge_trains_online_with_the_losses_of_the_file_run(server, model, specforge_tokens, tmp_path,
+                                                                 monkeypatch):
+    from hsx.integrations.specforge import HsxFeatureStore
+    from specforge.runtime.data_plane.feature_store import LocalFeatureStore
+    from specforge.runtime.data_plane.offline_reader import OfflineManifestReader
+
+    jsonl, parts = specforge_tokens
+    lines = read_jsonl(jsonl)
+    store = HsxFeatureStore(server, target_model=model)
+    refs = store.refs(lines, max_len=64, ttt_length=3)
+    losses = specforge_train(specforge_loader(store, refs), parts, model, monkeypatch)
+    assert sample_files(tmp_path) == [] and sample_files(parts) == [parts / "vocab_mapping.pt"]
+    # The same run on hsx-dump's files: docs/trainers.md's specforge block, SpecForge's offline
+    # reader (file:// refs, in sample order) and its LocalFeatureStore.
+    (tmp_path / "specforge.jsonl").write_text(jsonl.read_text())
+    run_steps("specforge", {"WORK": tmp_path, "HSX_SERVER": server, "MODEL": model})
+    file_refs = OfflineManifestReader(str(tmp_path / "specforge-data"), ttt_length=3, max_len=64).read()
+    file_refs.sort(key=lambda ref: int(Path(ref.feature_store_uri).stem.split("_")[1]))
+    file_losses = specforge_train(specforge_loader(LocalFeatureStore(), file_refs), parts, model, monkeypatch)
+    # SpecForge's loss is 0 for a batch in which the target model (random, tiny) predicts no token
+    # of the 64-id draft vocabulary at any position: 7 of these 10 batches.
+    assert len(losses) == STEPS and all(0 <= x < 100 for x in losses) and sum(x > 0 for x in losses) >= 2
+    assert losses == file_losses  # bitwise: the same batches of the same bytes
+
+
+def test_specforge_store_gives_the_offline_files_tensors(server, model, specforge_tokens, tmp_path):
+    """store.get(ref) is, tensor for tensor, LocalFeatureStore.get of hsx.convert's .ckpt."""
+    from hsx.integrations.specforge import HsxFeatureStore
+    from specforge.runtime.data_plane.feature_store import LocalFeatureStore
+    from specforge.runtime.data_plane.offline_reader import OfflineManifestReader
+
+    lines = read_jsonl(specforge_tokens[0])[:3]
+    write_jsonl(tmp_path / "specforge.jsonl", lines)
+    run_steps("specforge", {"WORK": tmp_path, "HSX_SERVER": server, "MODEL": model})
+    file_refs = OfflineManifestReader(str(tmp_path / "specforge-data")).read()
+    by_index = {int(Path(r.feature_store_uri).stem.split("_")[1]): r for r in file_refs}
+    store, local = HsxFeatureStore([server], target_model=model), LocalFeatureStore()
+    for ref in store.refs(lines, max_len=64, ttt_length=3):
+        got, _ = store.get(ref)
+        want, handle = local.get(by_index[ref.metadata["file_index"]])
+        local.release(handle)
+        assert got.keys() == want.keys()
+        for key in got:
+            assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
+
+
+def test_specforge_refs_share_the_rows_over_ranks(model):
+    from hsx.integrations.specforge import HsxFeatureStore
+
+    store = HsxFeatureStore("unused:1", target_model=model)
+    lines = rows(9, seed=2)
+    shares = [store.refs(lines, max_len=64, ttt_length=3, seed=3, epoch=1, rank=r, world_size=2) for r in range(2)]
+    indices = [ref.metadata["file_index"] for part in shares for ref in part]
+    assert sorted(indices) == list(range(9)) and len(shares[0]) == 5
+
+
+def test_specforge_store_fails_at_start_on_a_target_of_another_vocabulary(server, model, tmp_path):
+    from hsx.integrations.specforge import HsxFeatureStore
+    from hsx.preflight import ModelMismatch
+
+    other = tmp_path / "target"
+    other.mkdir()
+    config = json.loads((Path(model) / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "vocab_size": 2 * VOCAB}))
+    store = HsxFeatureStore([server], target_model=other)
+    with pytest.raises(ModelMismatch, match=f"with vocab_size {VOCAB}, but the target model's config"):
+        store.get(store.refs(rows(2, seed=1), max_len=64, ttt_length=3)[0])
