@@ -19,6 +19,7 @@ Plus: a model that does not match the trainer's configuration, a wrong address a
 a refused token each fail at start with a clear error (hsx.preflight)."""
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -29,11 +30,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import HIDDEN, N, VOCAB, read_jsonl, rows, run_steps, write_jsonl
+from pipeline import DOCS, HIDDEN, N, VOCAB, doc_block, read_jsonl, rows, run_steps, write_jsonl
 
 RUNNER = Path(__file__).with_name("speculators_online_run.py")
 STEPS = 10
 SAMPLE_SUFFIXES = (".safetensors", ".pt", ".ckpt")
+
+
+def doc_python(name, **variables):
+    """Runs the python block after <!-- run: NAME --> in docs/trainers.md with `variables` as its
+    globals; returns them as the block left them."""
+    text = DOCS.read_text()
+    match = re.search(r"```python\n(.*?)```", text[text.index(f"<!-- run: {name} -->"):], re.S)
+    exec(compile(match.group(1), f"docs/trainers.md:{name}", "exec"), variables)
+    return variables
 
 
 def free_port():
@@ -64,17 +74,40 @@ def prepared(lines, path):
     return path
 
 
-def speculators_train(model, data, work, *backend):
-    """`speculators train` for STEPS steps on the CPU; the loss of every training forward."""
-    flags = ["--verifier-name-or-path", model, "--data-path", data, "--speculator-type", "eagle3",
-             "--on-missing", "raise", "--num-layers", "1", "--max-steps", STEPS, "--epochs", "1",
-             "--num-workers", "0", "--total-seq-len", "48", "--loss-implementation", "eager",
-             "--draft-attn-impl", "sdpa", "--mask-token-id", "0", "--save-path", work / "out",
-             "--log-dir", work / "logs", *backend]
-    proc = subprocess.run([sys.executable, RUNNER, work / "result.json", *map(str, flags)], capture_output=True,
-                          text=True, timeout=300, cwd=work)
+def cpu_flags(work):
+    """What a CPU run of `speculators train` adds (as in test_train_step.py), for STEPS steps."""
+    return ["--num-layers", "1", "--max-steps", str(STEPS), "--epochs", "1", "--num-workers", "0",
+            "--total-seq-len", "48", "--loss-implementation", "eager", "--draft-attn-impl", "sdpa",
+            "--mask-token-id", "0", "--save-path", str(work / "out"), "--log-dir", str(work / "logs")]
+
+
+def speculators_losses(proc, work):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
-    return json.loads((work / "result.json").read_text())["losses"], proc
+    return json.loads((work / "result.json").read_text())["losses"]
+
+
+def speculators_online(model, data, work, server):
+    """docs/trainers.md's speculators-online block as written, its entry point swapped for
+    speculators_online_run.py (the same entry point plus the CPU stand-ins)."""
+    entry = "python -m hsx.integrations.speculators"
+    block = doc_block("speculators-online")
+    assert entry in block
+    script = block.replace(entry, f'python "{RUNNER}" "{work / "result.json"}"')
+    env = {**os.environ, "DATA": str(data), "MODEL": str(model), "HSX_SERVER": server,
+           "TRAIN_FLAGS": " ".join(cpu_flags(work)),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=work)
+    return speculators_losses(proc, work)
+
+
+def speculators_from_files(model, data, work):
+    """The same `speculators train` on DATA/hidden_states (its default file backend)."""
+    flags = ["--verifier-name-or-path", str(model), "--data-path", str(data), "--speculator-type", "eagle3",
+             "--on-missing", "raise", *cpu_flags(work)]
+    proc = subprocess.run([sys.executable, RUNNER, work / "result.json", *flags], capture_output=True, text=True,
+                          timeout=300, cwd=work)
+    return speculators_losses(proc, work)
 
 
 @pytest.fixture(scope="module")
@@ -86,13 +119,13 @@ def test_speculators_trains_online_with_the_losses_of_the_file_run(server, model
     online, offline = tmp_path / "online", tmp_path / "offline"
     online.mkdir(), offline.mkdir()
     data = prepared(speculators_rows, online / "prepared")
-    losses, _ = speculators_train(model, data, online, "--hidden-states-backend", "hsx", "--hsx-server", server)
+    losses = speculators_online(model, data, online, server)
     assert sample_files(online, allowed=[online / "out"]) == []
     assert not (data / "hidden_states").exists()
     # The same run on hsx-dump's files (docs/trainers.md's speculators block), file backend.
     data_files = prepared(speculators_rows, offline / "prepared")
     run_steps("speculators", {"DATA": data_files, "WORK": offline, "HSX_SERVER": server, "MODEL": model})
-    file_losses, _ = speculators_train(model, data_files, offline)
+    file_losses = speculators_from_files(model, data_files, offline)
     assert len(losses) >= STEPS and all(0 < x < 100 for x in losses)
     assert losses == file_losses  # bitwise: the same batches of the same bytes
 
@@ -177,7 +210,8 @@ def test_modelopt_trains_online_with_the_losses_of_the_file_run(server, model, m
     jsonl, d2t = modelopt_tokens
     online = tmp_path / "online"
     online.mkdir()
-    losses = modelopt_train(model, d2t, modelopt_online(server, model, read_jsonl(jsonl)), online)
+    dataset = doc_python("modelopt-online", ROWS=read_jsonl(jsonl), MODEL=str(model), HSX_SERVER=server)["train_dataset"]
+    losses = modelopt_train(model, d2t, dataset, online)
     assert sample_files(online) == [] and sample_files(jsonl.parent) == [d2t]
     # The same run on hsx-dump's files: docs/trainers.md's modelopt block, ModelOpt's offline dataset.
     offline = tmp_path / "offline"
@@ -310,15 +344,14 @@ def specforge_tokens(tmp_path_factory):
 
 def test_specforge_trains_online_with_the_losses_of_the_file_run(server, model, specforge_tokens, tmp_path,
                                                                  monkeypatch):
-    from hsx.integrations.specforge import HsxFeatureStore
     from specforge.runtime.data_plane.feature_store import LocalFeatureStore
     from specforge.runtime.data_plane.offline_reader import OfflineManifestReader
 
     jsonl, parts = specforge_tokens
     lines = read_jsonl(jsonl)
-    store = HsxFeatureStore(server, target_model=model)
-    refs = store.refs(lines, max_len=64, ttt_length=3)
-    losses = specforge_train(specforge_loader(store, refs), parts, model, monkeypatch)
+    loader = doc_python("specforge-online", ROWS=lines, MODEL=str(model), HSX_SERVER=server, MAX_LEN=64, TTT_LENGTH=3,
+                        BATCH=2)["loader"]
+    losses = specforge_train(loader, parts, model, monkeypatch)
     assert sample_files(tmp_path) == [] and sample_files(parts) == [parts / "vocab_mapping.pt"]
     # The same run on hsx-dump's files: docs/trainers.md's specforge block, SpecForge's offline
     # reader (file:// refs, in sample order) and its LocalFeatureStore.
