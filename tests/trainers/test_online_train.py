@@ -149,6 +149,11 @@ def test_speculators_backend_refuses_a_verifier_the_server_does_not_serve(server
         HsxBackend.from_train_args(args, str(tmp_path))
     transfer = HsxBackend.from_train_args(Namespace(**{**vars(args), "verifier_name_or_path": str(model)}), "unused")
     assert transfer.capture == [2, 4, 5, N]  # speculators' default target layers 2, N/2, N-3, then N
+    with pytest.raises(ModelMismatch, match=r"capture ids \[9\] are not layers"):
+        HsxBackend.from_train_args(Namespace(**{**vars(args), "verifier_name_or_path": str(model),
+                                                "target_layer_ids": [2, 9]}), "unused")
+    with pytest.raises(ValueError, match="needs --hsx-server"):
+        HsxBackend.from_train_args(Namespace(**{**vars(args), "hsx_server": None}), "unused")
 
 
 # --------------------------------------------------------------------------- ModelOpt

@@ -34,7 +34,7 @@ from typing import Any
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 
 from ..client import Client
-from ..preflight import config_expectation, preflight
+from ..preflight import check_model, config_expectation, preflight
 from . import eagle3_capture_ids
 
 NAME = "hsx"
@@ -114,13 +114,13 @@ class HsxBackend(HiddenStatesBackend):
                 token = f.read().strip()
         verifier = getattr(args, "verifier_name_or_path", None)
         expect = config_expectation(verifier) if verifier and os.path.isdir(verifier) else {}
-        layers = expect.get("num_layers")
-        if layers is None:
-            layers = int(Client(servers[0], token=token).model_info()["num_layers"])  # a hub id: the server's
+        # A hub id has no local config.json to check: then N is the server's.
+        infos = preflight(servers, token, None, args.hsx_connect_timeout, expect,
+                          source=f"the verifier's config ({verifier})")
+        layers = int(infos[0]["num_layers"])
         target = getattr(args, "target_layer_ids", None)
         capture = sorted(set(target)) + [layers] if target else eagle3_capture_ids(layers)
-        preflight(servers, token, None, args.hsx_connect_timeout, expect, capture,
-                  source=f"the verifier's config ({verifier})")
+        check_model(infos[0], capture=capture, target=servers[0])
         return HsxTransfer(data_path, servers, capture, token, args.hsx_retries)
 
     @staticmethod
