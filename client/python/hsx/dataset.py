@@ -32,6 +32,8 @@ class OnlineDataset(IterableDataset):
     order, or with `seed` a permutation fixed by (seed, epoch) (set_epoch; the same on
     every rank). ordered=True (the default with a seed) yields each consumer's share
     in that order; ordered=False in completion order (more throughput, no fixed order).
+    Shares differ by at most one sample: a DDP loop that needs the same number of steps
+    on every rank stops each epoch at len(samples) // consumers samples per consumer.
 
     Back-pressure: at most `concurrency` samples per consumer are in flight or
     received and waiting to be consumed; a slow consumer holds no more than that.
