@@ -413,3 +413,27 @@ def test_specforge_store_fails_at_start_on_a_target_of_another_vocabulary(server
     store = HsxFeatureStore([server], target_model=other)
     with pytest.raises(ModelMismatch, match=f"with vocab_size {VOCAB}, but the target model's config"):
         store.get(store.refs(rows(2, seed=1), max_len=64, ttt_length=3)[0])
+
+
+def test_modelopt_items_without_the_final_norm_are_its_prenorm_offline_items(server, model, modelopt_tokens, tmp_path):
+    """final_norm=False: the target is capture id N, marked pre-norm, as hsx.convert writes it from a
+    dump without --final-norm (ModelOpt re-applies the norm)."""
+    from modelopt.torch.speculative.eagle.utils import OfflineSupervisedDataset
+
+    from pipeline import BIN
+
+    lines = read_jsonl(modelopt_tokens[0])[:3]
+    write_jsonl(tmp_path / "rows.jsonl", lines)
+    subprocess.run([BIN / "hsx-dump", "--server", server, "--input", tmp_path / "rows.jsonl", "--out",
+                    tmp_path / "dump", "--capture", "eagle3"], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "hsx.convert", tmp_path / "dump", "--to", "modelopt", tmp_path / "data"],
+                   check=True, capture_output=True)
+    offline = OfflineSupervisedDataset([str(tmp_path / "data" / f"data_{i}.pt") for i in range(3)],
+                                       answer_only_loss=True)
+    online = modelopt_online(server, model, lines, final_norm=False)
+    for i in range(3):
+        a, b = online[i], offline[i]
+        assert a.keys() == b.keys() and a["base_hidden_prenorm"] is b["base_hidden_prenorm"] is True
+        for key in a:
+            if key != "base_hidden_prenorm":
+                assert torch.equal(a[key], b[key]), key
