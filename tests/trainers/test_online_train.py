@@ -307,7 +307,6 @@ def specforge_train(loader, parts_dir, model, monkeypatch):
 
     from test_train_step import specforge_parts
 
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)
     monkeypatch.setattr(eagle3_model, "LogSoftmaxLoss",
                         type("CpuLoss", (), {"apply": staticmethod(specforge_loss._compute_loss)}))
     cfg, _, _, strategy = specforge_parts(model, parts_dir)
@@ -315,13 +314,15 @@ def specforge_train(loader, parts_dir, model, monkeypatch):
     optimizer = BF16Optimizer(trained, lr=1e-3, max_grad_norm=cfg.training.max_grad_norm,
                               warmup_ratio=0.0, total_steps=STEPS)
     losses = []
-    for batch in loader:
-        out = strategy.forward_loss(batch)
-        out.loss.backward()
-        optimizer.step()
-        losses.append(float(out.loss.detach()))
-        if len(losses) == STEPS:
-            break
+    # torch's own patch, not monkeypatch: pytest's undo deletes a torch config key it patched.
+    with torch._dynamo.config.patch(disable=True):
+        for batch in loader:
+            out = strategy.forward_loss(batch)
+            out.loss.backward()
+            optimizer.step()
+            losses.append(float(out.loss.detach()))
+            if len(losses) == STEPS:
+                break
     return losses
 
 
