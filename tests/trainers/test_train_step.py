@@ -153,7 +153,6 @@ def specforge_one_step(server, model, tokens_jsonl, freq, work, monkeypatch):
     # SpecForge's loss is a Triton kernel (GPU only): its reference implementation of the same loss
     # (core/loss.py) stands in. torch.compile is off for the step (compiling SpecForge's functions
     # takes ~17 s on 2 cores; the step itself 0.2 s).
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)
     reference = specforge_loss._compute_loss
     monkeypatch.setattr(eagle3_model, "LogSoftmaxLoss", type("CpuLoss", (), {"apply": staticmethod(reference)}))
     cfg, draft, parts, strategy = specforge_parts(model, work)
@@ -166,9 +165,12 @@ def specforge_one_step(server, model, tokens_jsonl, freq, work, monkeypatch):
     optimizer = BF16Optimizer(trained, lr=cfg.training.learning_rate, max_grad_norm=cfg.training.max_grad_norm,
                               warmup_ratio=cfg.training.warmup_ratio, total_steps=10)
     before = {n: p.detach().clone() for n, p in trained.named_parameters() if p.requires_grad}
-    out = strategy.forward_loss(train_batch)
-    out.loss.backward()
-    optimizer.step()
+    # torch's own patch: monkeypatch's undo deletes a key of torch's config module (pytest 9 reads
+    # the old value from the module's __dict__, finds none, and deletes), breaking later tests.
+    with torch._dynamo.config.patch(disable=True):
+        out = strategy.forward_loss(train_batch)
+        out.loss.backward()
+        optimizer.step()
     unchanged = [n for n, p in trained.named_parameters() if n in before and torch.equal(before[n], p)]
     return draft, float(out.loss.detach()), sorted(before), unchanged
 

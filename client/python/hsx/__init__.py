@@ -6,6 +6,7 @@
     for index, sample in client.extract_many(token_lists, concurrency=8): ...
 
     dataset = hsx.OnlineDataset(samples, ["host-a:50051", "host-b:50051"])   # torch IterableDataset
+    # (shared over ranks x DataLoader workers; hsx.integrations: inside each trainer's own loop)
     sample = hsx.read_sample("out/hs_0.safetensors")                         # hsx-dump files
 
 All three give the same hsx.Sample: a dict of the file's tensor names
