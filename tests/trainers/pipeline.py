@@ -12,6 +12,7 @@ import random
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,6 +90,21 @@ def write_jsonl(path, lines):
 
 def read_jsonl(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def write_token_frequencies(tokens_jsonl, out, vocab_size=VOCAB):
+    """The token-frequency file (hsx-token-frequencies/1, scope "assistant": tokens whose loss_mask
+    is 1) of a token JSONL of generated rows, as python -m hsx.prepare writes OUTPUT.freq.json; for
+    the tests that start from `rows` rather than conversations."""
+    counts, samples = Counter(), 0
+    for line in read_jsonl(tokens_jsonl):
+        samples += 1
+        counts.update(t for t, m in zip(line["input_ids"], line["loss_mask"]) if m)
+    Path(out).write_text(json.dumps({
+        "format": "hsx-token-frequencies/1", "vocab_size": vocab_size, "scope": "assistant",
+        "samples": samples, "tokens": sum(counts.values()),
+        "counts": [[t, counts[t]] for t in sorted(counts)]}))
+    return out
 
 
 def intended_draft_ids(freq_path, draft_vocab_size):

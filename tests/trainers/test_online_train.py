@@ -196,7 +196,7 @@ def modelopt_tokens(tmp_path_factory):
     from test_train_step import DRAFT_VOCAB
 
     work = tmp_path_factory.mktemp("modelopt-tokens")
-    jsonl = write_jsonl(work / "modelopt.jsonl", rows(24, seed=41, max_len=40))
+    jsonl = write_jsonl(work / "tokens.jsonl", rows(24, seed=41, max_len=40))
     freq = write_token_frequencies(jsonl, work / "tokens.freq.json")
     run_steps("modelopt-vocab", {"WORK": work, "FREQ": freq, "DRAFT_VOCAB": DRAFT_VOCAB})
     return jsonl, work / "d2t.pt"
@@ -221,7 +221,7 @@ def test_modelopt_trains_online_with_the_losses_of_the_file_run(server, model, m
     # The same run on hsx-dump's files: docs/trainers.md's modelopt block, ModelOpt's offline dataset.
     offline = tmp_path / "offline"
     offline.mkdir()
-    (offline / "modelopt.jsonl").write_text(jsonl.read_text())
+    (offline / "tokens.jsonl").write_text(jsonl.read_text())
     run_steps("modelopt", {"WORK": offline, "HSX_SERVER": server, "MODEL": model})
     files = [str(offline / "modelopt-data" / f"data_{i}.pt") for i in range(len(read_jsonl(jsonl)))]
     file_losses = modelopt_train(model, d2t, OfflineSupervisedDataset(files, answer_only_loss=True), offline)
@@ -235,7 +235,7 @@ def test_modelopt_items_are_its_offline_items(server, model, modelopt_tokens, tm
 
     jsonl, _ = modelopt_tokens
     lines = read_jsonl(jsonl)[:4]
-    write_jsonl(tmp_path / "modelopt.jsonl", lines)
+    write_jsonl(tmp_path / "tokens.jsonl", lines)
     run_steps("modelopt", {"WORK": tmp_path, "HSX_SERVER": server, "MODEL": model})
     offline = OfflineSupervisedDataset([str(tmp_path / "modelopt-data" / f"data_{i}.pt") for i in range(4)],
                                        answer_only_loss=True)
@@ -342,7 +342,7 @@ def specforge_tokens(tmp_path_factory):
     from test_train_step import DRAFT_VOCAB
 
     work = tmp_path_factory.mktemp("specforge-tokens")
-    jsonl = write_jsonl(work / "specforge.jsonl", rows(22, seed=51, max_len=40))
+    jsonl = write_jsonl(work / "tokens.jsonl", rows(22, seed=51, max_len=40))
     freq = write_token_frequencies(jsonl, work / "tokens.freq.json")
     run_steps("specforge-vocab", {"WORK": work, "FREQ": freq, "DRAFT_VOCAB": DRAFT_VOCAB})
     return jsonl, work
@@ -361,7 +361,7 @@ def test_specforge_trains_online_with_the_losses_of_the_file_run(server, model, 
     assert sample_files(tmp_path) == [] and sample_files(parts) == [parts / "vocab_mapping.pt"]
     # The same run on hsx-dump's files: docs/trainers.md's specforge block, SpecForge's offline
     # reader (file:// refs, in sample order) and its LocalFeatureStore.
-    (tmp_path / "specforge.jsonl").write_text(jsonl.read_text())
+    (tmp_path / "tokens.jsonl").write_text(jsonl.read_text())
     run_steps("specforge", {"WORK": tmp_path, "HSX_SERVER": server, "MODEL": model})
     file_refs = OfflineManifestReader(str(tmp_path / "specforge-data"), ttt_length=3, max_len=64).read()
     file_refs.sort(key=lambda ref: int(Path(ref.feature_store_uri).stem.split("_")[1]))
@@ -379,7 +379,7 @@ def test_specforge_store_gives_the_offline_files_tensors(server, model, specforg
     from specforge.runtime.data_plane.offline_reader import OfflineManifestReader
 
     lines = read_jsonl(specforge_tokens[0])[:3]
-    write_jsonl(tmp_path / "specforge.jsonl", lines)
+    write_jsonl(tmp_path / "tokens.jsonl", lines)
     run_steps("specforge", {"WORK": tmp_path, "HSX_SERVER": server, "MODEL": model})
     file_refs = OfflineManifestReader(str(tmp_path / "specforge-data")).read()
     by_index = {int(Path(r.feature_store_uri).stem.split("_")[1]): r for r in file_refs}
