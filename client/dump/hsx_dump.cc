@@ -48,7 +48,8 @@ ABSL_FLAG(std::string, input, "", "JSON Lines input: {\"input_ids\": [...], \"lo
 ABSL_FLAG(std::string, out, "", "Output directory; sample i (0-based line among samples) goes to "
           "hs_{i}.safetensors, and manifest.jsonl records what is complete. Rerunning resumes: journaled "
           "samples are skipped, and one whose file is missing or not the journaled size is redone.");
-ABSL_FLAG(std::string, dtype, "bf16", "Output dtype: bf16, fp16 or fp32.");
+ABSL_FLAG(std::string, dtype, "bf16",
+          "Output dtype: bf16, fp16, fp32 or fp8 (e4m3 with a float32 scale per token per layer, docs/formats.md).");
 ABSL_FLAG(int, concurrency, 64, "Samples in flight at once.");
 ABSL_FLAG(std::string, max_in_flight_bytes, "4GiB", "Bytes of hidden states in flight at once (received "
           "or being written; e.g. 500MB, 8GiB); fewer samples are started when they are long.");
