@@ -314,7 +314,7 @@ int main(int argc, char** argv) {
       "completed sample in OUT/manifest.jsonl; a rerun resumes. Flags accept - or _.\n\n"
       "  hsx-dump (--model DIR | --server HOST:PORT[,HOST:PORT...]) --input samples.jsonl --out OUT\n"
       "           [--capture eagle3|all|2,30,58,61] [--final-norm] [--precision bf16|fp32]\n"
-      "           [--dtype bf16|fp16|fp32] [--concurrency N] [--shard I/N]\n"
+      "           [--dtype bf16|fp16|fp32|fp8] [--concurrency N] [--shard I/N]\n"
       "           [--deadline S] [--retries N] [--auth-token-file F] [--tls-ca F] [--tls-cert F --tls-key F]\n"
       "           [--device cpu|cuda] [--tp N] [--threads N] [--max-batch-tokens N]\n\n"
       "The engine flags (--device, --tp, --ranks-per-device, --attention, --precision, --threads,\n"
