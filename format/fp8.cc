@@ -9,6 +9,14 @@
 #include <cmath>
 #include <cstring>
 
+// As in tensor_encoding.cc: AVX-512 and AVX2 clones of the row loops beside
+// the baseline, picked at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HSX_FP8_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define HSX_FP8_CLONES
+#endif
+
 namespace hsx {
 namespace {
 
@@ -27,7 +35,8 @@ float FromBits(uint32_t u) {
   return f;
 }
 
-// FloatToFp8E4m3 on bits, written for the vectoriser.
+// FloatToFp8E4m3 on bits, written for the vectoriser: no branches, the
+// three cases selected with masks.
 inline uint8_t ToE4m3(uint32_t u) {
   const uint32_t sign = (u >> 24) & 0x80u;
   const uint32_t a = u & 0x7fffffffu;
@@ -36,8 +45,46 @@ inline uint8_t ToE4m3(uint32_t u) {
   // Subnormal (|x| < 2^-6): multiples of 2^-9; adding 2^23 rounds |x| * 512
   // to the nearest even integer (0..8; 8 is the smallest normal's bits).
   const uint32_t sub = Bits(FromBits(a) * 512.0f + 8388608.0f) - 0x4b000000u;
-  const uint32_t m = a >= kMaxBits ? 0x7eu : (a < kMinNormalBits ? sub : normal);
+  const uint32_t is_sub = 0u - static_cast<uint32_t>(a < kMinNormalBits);
+  const uint32_t is_max = 0u - static_cast<uint32_t>(a >= kMaxBits);
+  const uint32_t m = (((sub & is_sub) | (normal & ~is_sub)) & ~is_max) | (0x7eu & is_max);
   return static_cast<uint8_t>(sign | m);
+}
+
+// The largest |value| of n float32 values (as bits: for finite values the
+// integer order is the float order).
+HSX_FP8_CLONES uint32_t AbsMaxBits(const uint32_t* in, int64_t n) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, in[i] & 0x7fffffffu);
+  return largest;
+}
+
+HSX_FP8_CLONES void QuantizeRow(const uint32_t* in, int64_t n, float scale, uint8_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = ToE4m3(Bits(FromBits(in[i]) / scale));
+}
+
+HSX_FP8_CLONES void WidenBf16Row(const uint16_t* in, int64_t n, uint32_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(in[i]) << 16;
+}
+
+// e4m3 bytes times `scale`, as bf16. The byte's exponent and mantissa bits
+// shifted into float32's (<< 20) read as 2^(e - 127) (1 + m / 8), or for
+// e = 0 as the subnormal m 2^-129; either times 2^120 is the e4m3 value.
+HSX_FP8_CLONES void DequantizeRow(const uint8_t* in, int64_t n, float scale, uint16_t* out) {
+  const float factor = 0x1p120f;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = in[i];
+    const float magnitude = FromBits((b & 0x7fu) << 20) * factor;
+    const uint32_t u = Bits(magnitude * scale) | ((b & 0x80u) << 24);
+    out[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+
+// A row of finite values whose largest |value| is `amax`, encoded into `out`.
+void EncodeRow(const uint32_t* bits, int64_t hidden, float amax, char* out) {
+  const float scale = Fp8RowScale(amax);
+  std::memcpy(out, &scale, sizeof(scale));
+  QuantizeRow(bits, hidden, scale, reinterpret_cast<uint8_t*>(out + kFp8ScaleBytes));
 }
 
 std::array<float, 256> MakeTable() {
@@ -62,13 +109,11 @@ const std::array<float, 256>& Table() {
 int64_t WidenRow(const void* src, ElementType type, int64_t t, int64_t hidden, float* wide, float* amax) {
   uint32_t* out = reinterpret_cast<uint32_t*>(wide);
   if (type == ElementType::kBf16) {
-    const uint16_t* in = static_cast<const uint16_t*>(src) + t * hidden;
-    for (int64_t i = 0; i < hidden; ++i) out[i] = static_cast<uint32_t>(in[i]) << 16;
+    WidenBf16Row(static_cast<const uint16_t*>(src) + t * hidden, hidden, out);
   } else {
     std::memcpy(out, static_cast<const float*>(src) + t * hidden, static_cast<size_t>(hidden) * 4);
   }
-  uint32_t largest = 0;
-  for (int64_t i = 0; i < hidden; ++i) largest = std::max(largest, out[i] & 0x7fffffffu);
+  const uint32_t largest = AbsMaxBits(out, hidden);
   if (largest >= 0x7f800000u) {
     for (int64_t i = 0; i < hidden; ++i) {
       if ((out[i] & 0x7fffffffu) >= 0x7f800000u) return i;
@@ -90,12 +135,8 @@ float Fp8RowScale(float amax) {
 }
 
 void EncodeFp8Row(const float* values, int64_t hidden, char* out) {
-  float amax = 0;
-  for (int64_t i = 0; i < hidden; ++i) amax = std::max(amax, std::fabs(values[i]));
-  const float scale = Fp8RowScale(amax);
-  std::memcpy(out, &scale, sizeof(scale));
-  auto* payload = reinterpret_cast<uint8_t*>(out + kFp8ScaleBytes);
-  for (int64_t i = 0; i < hidden; ++i) payload[i] = ToE4m3(Bits(values[i] / scale));
+  const auto* bits = reinterpret_cast<const uint32_t*>(values);
+  EncodeRow(bits, hidden, FromBits(AbsMaxBits(bits, hidden)), out);
 }
 
 void DecodeFp8Row(const uint8_t* row, int64_t hidden, float* out) {
@@ -103,6 +144,15 @@ void DecodeFp8Row(const uint8_t* row, int64_t hidden, float* out) {
   std::memcpy(&scale, row, sizeof(scale));
   const std::array<float, 256>& table = Table();
   for (int64_t i = 0; i < hidden; ++i) out[i] = table[row[kFp8ScaleBytes + i]] * scale;
+}
+
+void DequantizeFp8ToBf16(const uint8_t* rows, int64_t count, int64_t hidden, uint16_t* out) {
+  const int64_t row_bytes = hidden + kFp8ScaleBytes;
+  for (int64_t r = 0; r < count; ++r) {
+    float scale;
+    std::memcpy(&scale, rows + r * row_bytes, sizeof(scale));
+    DequantizeRow(rows + r * row_bytes + kFp8ScaleBytes, hidden, scale, out + r * hidden);
+  }
 }
 
 TensorFindings EncodeFp8Tensor(const void* src, ElementType type, int64_t tokens, int64_t hidden, char* dst,
@@ -121,7 +171,7 @@ TensorFindings EncodeFp8Tensor(const void* src, ElementType type, int64_t tokens
     }
     result.nonzero |= amax > 0;
     char* out = dst + t * row_bytes;
-    EncodeFp8Row(wide.data(), hidden, out);
+    EncodeRow(reinterpret_cast<const uint32_t*>(wide.data()), hidden, amax, out);
     hash.Update(out, static_cast<size_t>(row_bytes));
   }
   result.checksum = hash.Digest();

@@ -44,6 +44,12 @@ void EncodeFp8Row(const float* values, int64_t hidden, char* out);
 // The inverse: `hidden` values of the encoded row at `row` (any alignment).
 void DecodeFp8Row(const uint8_t* row, int64_t hidden, float* out);
 
+// `rows` encoded rows of `hidden` values (RowBytes(kFp8, hidden) bytes each,
+// scales valid) as bf16 values into `out` (rows * hidden): e4m3 * scale in
+// float32, rounded to nearest even; what DecodeFp8Row then FloatToBf16 give,
+// vectorised (the Python client's native path hands samples on so).
+void DequantizeFp8ToBf16(const uint8_t* rows, int64_t count, int64_t hidden, uint16_t* out);
+
 // EncodeTensor for fp8: `tokens` rows of `hidden` values at `src` (activation
 // type kF32 or kBf16) into `dst`, which holds tokens * (hidden + 4) bytes,
 // checked (the first non-finite value stops it, as EncodeTensor) and hashed

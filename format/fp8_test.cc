@@ -129,6 +129,26 @@ TEST(Fp8Test, TensorEncoderMatchesRowsChecksAndHashes) {
   EXPECT_TRUE(std::isnan(bad.bad_value));
 }
 
+TEST(Fp8Test, DequantizeToBf16IsDecodeThenRound) {
+  // Every code (NaN aside) under scales small, large and subnormal-making, in rows of 255.
+  const int64_t hidden = 254;
+  std::string rows;
+  for (float scale : {1.0f, 0.0123f, 3.7e5f, 1e-37f}) {
+    rows.append(reinterpret_cast<const char*>(&scale), 4);
+    for (int b = 0; b < 256; ++b) {
+      if ((b & 0x7f) != 0x7f) rows.push_back(static_cast<char>(b));
+    }
+  }
+  const auto* bytes = reinterpret_cast<const uint8_t*>(rows.data());
+  std::vector<uint16_t> got(4 * hidden);
+  DequantizeFp8ToBf16(bytes, 4, hidden, got.data());
+  std::vector<float> want(hidden);
+  for (int64_t r = 0; r < 4; ++r) {
+    DecodeFp8Row(bytes + r * (hidden + 4), hidden, want.data());
+    for (int64_t i = 0; i < hidden; ++i) ASSERT_EQ(got[r * hidden + i], FloatToBf16(want[i])) << r << " " << i;
+  }
+}
+
 TEST(Fp8Test, ReceiverFindsNaNBytes) {
   std::vector<uint8_t> bytes(100, 0x00);
   bool nonzero = false;

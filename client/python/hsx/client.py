@@ -17,7 +17,6 @@ import grpc.experimental
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from . import fp8
 from .arrays import NUMPY_DTYPES
 from .response_parser import parse_response
 from .sample import Sample
@@ -102,14 +101,14 @@ def native_sample(outcome: Any, expect: StreamExpectation, loss_mask: Sequence[i
 def _native_fp8_sample(outcome: Any, expect: StreamExpectation, loss_mask: Sequence[int] | None, use_torch: bool,
                        index: int | None) -> Sample:
     """native_sample for fp8: the module checked the rows (scales included) as they
-    arrived; here they are split and dequantized, as StreamDecoder does."""
-    row = outcome.hidden + fp8.SCALE_BYTES
-    raw = np.frombuffer(outcome.hidden_states, np.uint8).reshape(outcome.tokens, len(outcome.capture_ids), row)
-    hidden_states = fp8.dequantize(*fp8.split_rows(raw))
+    arrived and hands them on dequantized to bf16 (format/fp8.h's
+    DequantizeFp8ToBf16: what hsx.fp8.dequantize gives, bit for bit)."""
+    bf16 = NUMPY_DTYPES["bf16"]
+    hidden_states = np.frombuffer(outcome.hidden_states, bf16).reshape(
+        outcome.tokens, len(outcome.capture_ids), outcome.hidden)
     final_norm = None
     if outcome.final_norm is not None:
-        final_norm = fp8.dequantize(*fp8.split_rows(np.frombuffer(outcome.final_norm, np.uint8).reshape(
-            outcome.tokens, row)))
+        final_norm = np.frombuffer(outcome.final_norm, bf16).reshape(outcome.tokens, outcome.hidden)
     return make_sample(hidden_states, final_norm, list(outcome.capture_ids), expect.sample_id, expect.token_ids,
                        loss_mask, use_torch, index)
 

@@ -39,6 +39,7 @@
 
 #include "base/cli.h"
 #include "format/encoding.h"
+#include "format/fp8.h"
 #include "format/sample_file.h"
 #include "format/state_bytes_pool.h"
 #include "format/stream_assembler.h"
@@ -76,6 +77,16 @@ Outcome DataLoss(std::string message) {
   return o;
 }
 
+// fp8 rows (a scale, then `hidden` e4m3 bytes, each) as a new block of bf16 values.
+std::shared_ptr<TensorBytes> Fp8ToBf16(const TensorBytes& rows, int64_t hidden) {
+  const int64_t count = static_cast<int64_t>(rows.size) / RowBytes(OutputDType::kFp8, hidden);
+  auto values = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(count * hidden));
+  DequantizeFp8ToBf16(reinterpret_cast<const uint8_t*>(rows.data), count, hidden, values->data());
+  char* data = reinterpret_cast<char*>(values->data());
+  const size_t size = values->size() * sizeof(uint16_t);
+  return std::make_shared<TensorBytes>(TensorBytes{std::move(values), data, size});
+}
+
 // The verdict on a stream that ended (as remote_extractor.cc's Attempt::OnDone
 // judges one): the assembler's error first (it cancelled the call), then the
 // call's status, then completeness, then the values.
@@ -105,6 +116,10 @@ Outcome Judge(StreamAssembler& assembler, const absl::Status& error, const grpc:
   };
   o.hidden_states = block(sample.capture_ids.empty() ? nullptr : &sample.tensors[0], sample.layer_bytes());
   if (sample.has_final_norm()) o.final_norm = block(&sample.tensors.back(), sample.tensors.back().bytes);
+  if (sample.dtype == OutputDType::kFp8) {  // handed on dequantized, as bf16 (hsx.fp8)
+    o.hidden_states = Fp8ToBf16(*o.hidden_states, sample.hidden);
+    if (o.final_norm != nullptr) o.final_norm = Fp8ToBf16(*o.final_norm, sample.hidden);
+  }
   return o;
 }
 
