@@ -63,8 +63,15 @@ HSX_FP8_CLONES void QuantizeRow(const uint32_t* in, int64_t n, float scale, uint
   for (int64_t i = 0; i < n; ++i) out[i] = ToE4m3(Bits(FromBits(in[i]) / scale));
 }
 
-HSX_FP8_CLONES void WidenBf16Row(const uint16_t* in, int64_t n, uint32_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(in[i]) << 16;
+// The same two loops over bf16 rows, widened on the fly.
+HSX_FP8_CLONES uint32_t AbsMaxBf16Bits(const uint16_t* in, int64_t n) {
+  uint16_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) largest = std::max<uint16_t>(largest, in[i] & 0x7fffu);
+  return static_cast<uint32_t>(largest) << 16;
+}
+
+HSX_FP8_CLONES void QuantizeBf16Row(const uint16_t* in, int64_t n, float scale, uint8_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = ToE4m3(Bits(FromBits(static_cast<uint32_t>(in[i]) << 16) / scale));
 }
 
 // e4m3 bytes times `scale`, as bf16. The byte's exponent and mantissa bits
@@ -104,23 +111,17 @@ const std::array<float, 256>& Table() {
   return table;
 }
 
-// Row `t` as float32 into `wide`; the index of its first non-finite value or
-// -1; its largest absolute value into *amax.
-int64_t WidenRow(const void* src, ElementType type, int64_t t, int64_t hidden, float* wide, float* amax) {
-  uint32_t* out = reinterpret_cast<uint32_t*>(wide);
-  if (type == ElementType::kBf16) {
-    WidenBf16Row(static_cast<const uint16_t*>(src) + t * hidden, hidden, out);
-  } else {
-    std::memcpy(out, static_cast<const float*>(src) + t * hidden, static_cast<size_t>(hidden) * 4);
-  }
-  const uint32_t largest = AbsMaxBits(out, hidden);
-  if (largest >= 0x7f800000u) {
-    for (int64_t i = 0; i < hidden; ++i) {
-      if ((out[i] & 0x7fffffffu) >= 0x7f800000u) return i;
-    }
-  }
-  *amax = FromBits(largest);
-  return -1;
+// Row `t` of `src` (kBf16 or kF32): the largest |value|'s float32 bits
+// (inf or NaN bits when some value is not finite).
+uint32_t RowAbsMaxBits(const void* src, ElementType type, int64_t t, int64_t hidden) {
+  return type == ElementType::kBf16 ? AbsMaxBf16Bits(static_cast<const uint16_t*>(src) + t * hidden, hidden)
+                                    : AbsMaxBits(static_cast<const uint32_t*>(src) + t * hidden, hidden);
+}
+
+// Value i of row t as float32.
+float RowValue(const void* src, ElementType type, int64_t t, int64_t hidden, int64_t i) {
+  if (type == ElementType::kBf16) return FromBits(uint32_t{static_cast<const uint16_t*>(src)[t * hidden + i]} << 16);
+  return static_cast<const float*>(src)[t * hidden + i];
 }
 
 }  // namespace
@@ -160,18 +161,30 @@ TensorFindings EncodeFp8Tensor(const void* src, ElementType type, int64_t tokens
   TensorFindings result;
   result.checksum_kind = checksum;
   TensorHash hash(checksum);
-  std::vector<float> wide(static_cast<size_t>(hidden));
   const int64_t row_bytes = hidden + kFp8ScaleBytes;
   for (int64_t t = 0; t < tokens; ++t) {
-    float amax = 0;
-    if (const int64_t bad = WidenRow(src, type, t, hidden, wide.data(), &amax); bad >= 0) {
-      result.bad_index = t * hidden + bad;
-      result.bad_value = wide[bad];
+    const uint32_t largest = RowAbsMaxBits(src, type, t, hidden);
+    if (largest >= 0x7f800000u) {  // rare: locate the value, the sample fails
+      for (int64_t i = 0; i < hidden; ++i) {
+        const float v = RowValue(src, type, t, hidden, i);
+        if (!std::isfinite(v)) {
+          result.bad_index = t * hidden + i;
+          result.bad_value = v;
+          break;
+        }
+      }
       break;
     }
-    result.nonzero |= amax > 0;
+    result.nonzero |= largest != 0;
     char* out = dst + t * row_bytes;
-    EncodeRow(reinterpret_cast<const uint32_t*>(wide.data()), hidden, amax, out);
+    const float scale = Fp8RowScale(FromBits(largest));
+    std::memcpy(out, &scale, sizeof(scale));
+    auto* payload = reinterpret_cast<uint8_t*>(out + kFp8ScaleBytes);
+    if (type == ElementType::kBf16) {
+      QuantizeBf16Row(static_cast<const uint16_t*>(src) + t * hidden, hidden, scale, payload);
+    } else {
+      QuantizeRow(static_cast<const uint32_t*>(src) + t * hidden, hidden, scale, payload);
+    }
     hash.Update(out, static_cast<size_t>(row_bytes));
   }
   result.checksum = hash.Digest();
