@@ -19,6 +19,12 @@
 namespace hsx {
 namespace {
 
+uint64_t TensorHashOf(ChecksumKind kind, const std::string& bytes) {
+  TensorHash hash(kind);
+  hash.Update(bytes.data(), bytes.size());
+  return hash.Digest();
+}
+
 // The e4m3 code nearest to x among the finite ones, ties to the even code
 // (the one whose lowest mantissa bit is clear); |x| >= 448 gives +-448.
 uint8_t NearestByValue(float x) {
@@ -122,6 +128,14 @@ TEST(Fp8Test, TensorEncoderMatchesRowsChecksAndHashes) {
   EXPECT_EQ(f.checksum, Xxh64(want.data(), want.size()));
   EXPECT_EQ(f.bad_index, -1);
   EXPECT_TRUE(f.nonzero);
+  std::string from_f32(want.size(), '\0');  // float32 rows (fp32 compute) give the same bytes
+  const TensorFindings g = EncodeFp8Tensor(wide.data(), ElementType::kF32, tokens, hidden, from_f32.data(),
+                                           ChecksumKind::kXxh3);
+  EXPECT_EQ(from_f32, want);
+  EXPECT_EQ(g.checksum, TensorHashOf(ChecksumKind::kXxh3, want));
+  wide[4] = -INFINITY;
+  EXPECT_EQ(EncodeFp8Tensor(wide.data(), ElementType::kF32, tokens, hidden, from_f32.data(), ChecksumKind::kXxh64)
+                .bad_index, 4);
   rows[2 * hidden + 3] = 0x7fc0;  // NaN at row 2, column 3
   const TensorFindings bad = EncodeFp8Tensor(rows.data(), ElementType::kBf16, tokens, hidden, got.data(),
                                              ChecksumKind::kXxh64);

@@ -150,3 +150,29 @@ def test_corrupted_files_are_refused_by_both_readers(run, dumps, tmp_path, what,
     assert f"hs_{i}.safetensors" in proc.stdout + proc.stderr
     with pytest.raises(ValueError, match=f"hs_{i}.safetensors: " + message.replace("(", r"\(").replace(")", r"\)")):
         hsx.read_sample(out / f"hs_{i}.safetensors")
+
+
+def test_converters_read_fp8_dumps_dequantized(dumps, tmp_path):
+    """python -m hsx.convert reads samples through read_sample, which dequantizes fp8: the
+    converted tensors are read_sample's bf16 values."""
+    from hsx.convert import convert
+
+    samples, _, base = dumps
+    assert convert(base / "remote", "modelopt", tmp_path / "mo") == len(samples)
+    for i in range(len(samples)):
+        d = torch.load(tmp_path / "mo" / f"data_{i}.pt")
+        ref = hsx.read_sample(base / "remote" / f"hs_{i}.safetensors", torch=True)
+        assert d["hidden_states"].dtype == torch.bfloat16
+        assert torch.equal(d["hidden_states"], ref["final_norm_hidden_states"])
+        assert torch.equal(d["aux_hidden_states"], ref["hidden_states"][:, :2].flatten(1))  # capture ids 1, 4
+
+
+def test_raw_fp8_as_torch(dumps):
+    """read_sample(dequantize=False, torch=True): torch.float8_e4m3fn values and float32 scales whose
+    product is what the default gives."""
+    _, _, base = dumps
+    raw = hsx.read_sample(base / "remote" / "hs_0.safetensors", torch=True, dequantize=False)
+    assert raw["hidden_states"].dtype == torch.float8_e4m3fn
+    deq = hsx.read_sample(base / "remote" / "hs_0.safetensors", torch=True)
+    product = (raw["hidden_states"].float() * raw["hidden_states_scales"]).bfloat16()
+    assert torch.equal(product, deq["hidden_states"])
