@@ -176,3 +176,30 @@ def test_raw_fp8_as_torch(dumps):
     deq = hsx.read_sample(base / "remote" / "hs_0.safetensors", torch=True)
     product = (raw["hidden_states"].float() * raw["hidden_states_scales"]).bfloat16()
     assert torch.equal(product, deq["hidden_states"])
+
+
+def test_summary_mode_reports_the_dequantized_values(dumps, server):
+    """summary=True with DTYPE_FP8_E4M3: each tensor's statistics are those of the values the
+    bytes carry (e4m3 x scale), and the trailer's checksums those of the rows as sent."""
+    import grpc
+    import xxhash
+    from hsx.v1 import hsx_pb2, hsx_pb2_grpc
+
+    samples, _, base = dumps
+    raw = hsx.read_sample(base / "remote" / "hs_0.safetensors", dequantize=False)
+    values = raw["hidden_states"].astype(np.float32) * raw["hidden_states_scales"]
+    with grpc.insecure_channel(server.address) as channel:
+        stub = hsx_pb2_grpc.HiddenStatesStub(channel)
+        parts = list(stub.Extract(hsx_pb2.ExtractRequest(
+            sample_id="sum", token_ids=samples[0]["input_ids"], capture_ids=[1, 4, 8], dtype=hsx_pb2.DTYPE_FP8_E4M3,
+            summary=True, checksum=hsx_pb2.CHECKSUM_XXH64), timeout=60))
+    summary, trailer = parts[1].summary, parts[2].trailer
+    for l, stats in enumerate(summary.tensors):
+        v = values[:, l].astype(np.float64)
+        assert stats.capture_id == [1, 4, 8][l]
+        assert stats.min == v.min() and stats.max == v.max()
+        assert abs(stats.mean - v.mean()) <= 1e-6 * np.abs(v).max()
+        np.testing.assert_array_equal(np.array(stats.first_values, np.float32), values[0, l, :8])
+        rows = np.concatenate([raw["hidden_states_scales"][:, l].view(np.uint8),
+                               raw["hidden_states"][:, l].view(np.uint8)], axis=1)  # scale, then values, per row
+        assert trailer.checksums[l].xxh64 == xxhash.xxh64(rows.tobytes()).intdigest()
