@@ -26,7 +26,7 @@ and each side's minor page faults per MB streamed, from the same accounting (/pr
 the server, rusage for the clients): a pooled path has next to none.
 
     ~/.cache/hsx/venv/bin/python bench/stream_cost.py [--bin-dir build/bin] [--repeats 3]
-        [--dtypes bf16,fp16,fp32] [--sides socket,discard,disk,python] [--server-flag=--some-flag ...]
+        [--dtypes bf16,fp16,fp32,fp8] [--sides socket,discard,disk,python] [--server-flag=--some-flag ...]
 """
 
 import argparse
@@ -224,7 +224,8 @@ def python_client(address, samples_path, dtype, concurrency, warm=False):
     start, faults = own_cpu(), own_faults()
     total = 0
     for _, sample in client.extract_many(samples, concurrency=concurrency, capture=[0], dtype=dtype):
-        total += sample["hidden_states"].nbytes
+        hs = sample["hidden_states"]  # fp8 arrives dequantized to bf16: count the rows as streamed
+        total += hs.shape[0] * hs.shape[1] * (hs.shape[2] + 4) if dtype == "fp8" else hs.nbytes
     client.close()
     print(total, own_cpu() - start, own_faults() - faults)
 

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "format/fp8.h"
 #include "kernels/bf16.h"
 #include "kernels/fp16.h"
 
@@ -46,7 +47,8 @@ absl::StatusOr<OutputDType> ParseOutputDType(const std::string& name) {
   if (name == "bf16" || name == "bfloat16") return OutputDType::kBf16;
   if (name == "fp16" || name == "float16") return OutputDType::kFp16;
   if (name == "fp32" || name == "float32") return OutputDType::kFp32;
-  return absl::InvalidArgumentError(absl::StrCat("dtype '", name, "': expected bf16, fp16 or fp32"));
+  if (name == "fp8" || name == "fp8_e4m3" || name == "float8_e4m3fn") return OutputDType::kFp8;
+  return absl::InvalidArgumentError(absl::StrCat("dtype '", name, "': expected bf16, fp16, fp32 or fp8"));
 }
 
 std::string OutputDTypeName(OutputDType dtype) {
@@ -54,6 +56,7 @@ std::string OutputDTypeName(OutputDType dtype) {
     case OutputDType::kBf16: return "bf16";
     case OutputDType::kFp16: return "fp16";
     case OutputDType::kFp32: return "fp32";
+    case OutputDType::kFp8: return "fp8";
   }
   return "?";
 }
@@ -63,19 +66,30 @@ DType ToSafetensorsDType(OutputDType dtype) {
     case OutputDType::kBf16: return DType::kBF16;
     case OutputDType::kFp16: return DType::kF16;
     case OutputDType::kFp32: return DType::kF32;
+    case OutputDType::kFp8: return DType::kF8E4M3;
   }
   return DType::kF32;
 }
 
-int64_t OutputDTypeSize(OutputDType dtype) { return dtype == OutputDType::kFp32 ? 4 : 2; }
+int64_t OutputDTypeSize(OutputDType dtype) {
+  return dtype == OutputDType::kFp32 ? 4 : dtype == OutputDType::kFp8 ? 1 : 2;
+}
+
+int64_t RowBytes(OutputDType dtype, int64_t hidden) {
+  return hidden * OutputDTypeSize(dtype) + (dtype == OutputDType::kFp8 ? kFp8ScaleBytes : 0);
+}
 
 void AppendEncoded(std::span<const float> values, OutputDType dtype, std::string* out) {
   const size_t start = out->size();
-  out->resize(start + values.size() * OutputDTypeSize(dtype));
+  out->resize(start + RowBytes(dtype, static_cast<int64_t>(values.size())));
   EncodeValues(values, dtype, out->data() + start);
 }
 
 void EncodeValues(std::span<const float> values, OutputDType dtype, char* dst) {
+  if (dtype == OutputDType::kFp8) {
+    EncodeFp8Row(values.data(), static_cast<int64_t>(values.size()), dst);
+    return;
+  }
   if (dtype == OutputDType::kFp32) {
     std::memcpy(dst, values.data(), values.size() * sizeof(float));
     return;
@@ -87,6 +101,12 @@ void EncodeValues(std::span<const float> values, OutputDType dtype, char* dst) {
 }
 
 std::vector<float> DecodeValues(std::span<const uint8_t> bytes, OutputDType dtype) {
+  if (dtype == OutputDType::kFp8) {
+    if (bytes.size() < static_cast<size_t>(kFp8ScaleBytes)) return {};
+    std::vector<float> row(bytes.size() - kFp8ScaleBytes);
+    DecodeFp8Row(bytes.data(), static_cast<int64_t>(row.size()), row.data());
+    return row;
+  }
   const size_t count = bytes.size() / OutputDTypeSize(dtype);
   std::vector<float> values(count);
   if (dtype == OutputDType::kFp32) {

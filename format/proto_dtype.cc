@@ -11,6 +11,7 @@ v1::DType OutputDTypeToProto(OutputDType dtype) {
     case OutputDType::kBf16: return v1::DTYPE_BF16;
     case OutputDType::kFp16: return v1::DTYPE_FP16;
     case OutputDType::kFp32: return v1::DTYPE_FP32;
+    case OutputDType::kFp8: return v1::DTYPE_FP8_E4M3;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
@@ -21,9 +22,10 @@ absl::StatusOr<OutputDType> OutputDTypeFromProto(int value) {
     case v1::DTYPE_BF16: return OutputDType::kBf16;
     case v1::DTYPE_FP16: return OutputDType::kFp16;
     case v1::DTYPE_FP32: return OutputDType::kFp32;
+    case v1::DTYPE_FP8_E4M3: return OutputDType::kFp8;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          "dtype: unknown enum value ", value, " (expected DTYPE_BF16 = 1, DTYPE_FP16 = 2 or DTYPE_FP32 = 3; "
+          "dtype: unknown enum value ", value, " (expected DTYPE_BF16 = 1, DTYPE_FP16 = 2, DTYPE_FP32 = 3 or DTYPE_FP8_E4M3 = 4; "
           "0 means bf16)"));
   }
 }

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "format/fp8.h"
 #include "format/tensor_encoding.h"
 
 namespace hsx {
@@ -34,7 +35,7 @@ absl::StatusOr<SampleTensors> EncodeIntoBuffer(const SampleTensors& rows, Output
   out.hidden = rows.hidden;
   out.dtype = dtype;
   const int64_t values = rows.tokens * rows.hidden;
-  const size_t tensor_bytes = static_cast<size_t>(values * OutputDTypeSize(dtype));
+  const size_t tensor_bytes = static_cast<size_t>(rows.tokens * RowBytes(dtype, rows.hidden));
   absl::StatusOr<std::unique_ptr<HostBuffer>> buffer =
       allocate(std::max<size_t>(rows.tensors.size() * tensor_bytes, 1));
   if (!buffer.ok()) return buffer.status();
@@ -42,8 +43,11 @@ absl::StatusOr<SampleTensors> EncodeIntoBuffer(const SampleTensors& rows, Output
   for (size_t k = 0; k < rows.tensors.size(); ++k) {
     char* dst = static_cast<char*>(encoded->data()) + k * tensor_bytes;
     out.AddTensor(rows.tensors[k].capture_id, dst);
+    const void* src = rows.tensors[k].pieces[0].data();
     out.tensors.back().findings =
-        EncodeTensor(rows.tensors[k].pieces[0].data(), RowsOfDType(rows.dtype), values, dtype, dst, checksum);
+        dtype == OutputDType::kFp8
+            ? EncodeFp8Tensor(src, RowsOfDType(rows.dtype), rows.tokens, rows.hidden, dst, checksum)
+            : EncodeTensor(src, RowsOfDType(rows.dtype), values, dtype, dst, checksum);
   }
   out.held_bytes = static_cast<int64_t>(encoded->bytes());
   out.owner = std::move(encoded);
@@ -65,7 +69,9 @@ absl::StatusOr<SampleTensors> EncodeSample(SampleTensors rows, OutputDType dtype
     CheckInPlace(rows, checksum);
     return rows;
   }
-  if (rows.dtype == OutputDType::kFp16) return absl::InternalError("fp16 rows cannot be encoded again");
+  if (rows.dtype == OutputDType::kFp16 || rows.dtype == OutputDType::kFp8) {
+    return absl::InternalError(absl::StrCat(OutputDTypeName(rows.dtype), " rows cannot be encoded again"));
+  }
   return EncodeIntoBuffer(rows, dtype, checksum, allocate);
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "format/safetensors_writer.h"
+#include "format/fp8.h"
 #include "format/tensor_encoding.h"
 #include "format/xxh64_stream.h"
 
@@ -31,21 +32,35 @@ std::string Int64Xxh64Hex(std::span<const int64_t> values) {
   return Xxh64Hex(values.data(), values.size() * sizeof(int64_t));
 }
 
+absl::Status BadScale(float scale, const std::string& name, int64_t row) {
+  return absl::DataLossError(absl::StrCat("scale (", scale, ") of ", name, " row ", row,
+                                          " is not finite and positive"));
+}
+
 absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtype, int64_t tokens,
                                 int64_t layers, int64_t hidden,
-                                const std::vector<std::string>& names) {
+                                const std::vector<std::string>& names, std::span<const uint8_t> scales) {
   const int64_t size = OutputDTypeSize(dtype);
-  if (static_cast<int64_t>(bytes.size()) != tokens * layers * hidden * size) {
-    return absl::DataLossError(absl::StrCat(bytes.size(), " bytes for [", tokens, ", ", layers, ", ",
+  const bool fp8 = dtype == OutputDType::kFp8;
+  if (static_cast<int64_t>(bytes.size()) != tokens * layers * hidden * size ||
+      (fp8 && static_cast<int64_t>(scales.size()) != tokens * layers * kFp8ScaleBytes)) {
+    return absl::DataLossError(absl::StrCat(bytes.size(), " bytes", fp8 ? absl::StrCat(" and ", scales.size(),
+                                            " bytes of scales") : "", " for [", tokens, ", ", layers, ", ",
                                             hidden, "] values of ", OutputDTypeName(dtype)));
   }
   std::vector<char> nonzero(static_cast<size_t>(layers), 0);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t l = 0; l < layers; ++l) {
+      if (fp8) {
+        float scale;
+        std::memcpy(&scale, scales.data() + (t * layers + l) * kFp8ScaleBytes, sizeof(scale));
+        if (!ValidFp8Scale(scale)) return BadScale(scale, names[l], t);
+      }
       const uint8_t* row = bytes.data() + ((t * layers + l) * hidden) * size;
       bool any = false;
       if (const int64_t i = CheckEncoded(row, hidden, dtype, &any); i >= 0) {
-        const float value = DecodeValues(std::span<const uint8_t>(row + size * i, size), dtype)[0];
+        const float value = fp8 ? Fp8E4m3ToFloat(row[i])
+                                : DecodeValues(std::span<const uint8_t>(row + size * i, size), dtype)[0];
         return absl::DataLossError(absl::StrCat("non-finite value (", value, ") in ", names[l], " row ", t,
                                                 " column ", i));
       }
@@ -60,12 +75,34 @@ absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtyp
 
 namespace {
 
+// The findings of a tensor's fp8 rows (scale, then values, each).
+TensorFindings Fp8FindingsOf(const std::string& bytes, int64_t hidden) {
+  TensorFindings found;
+  const int64_t row_bytes = RowBytes(OutputDType::kFp8, hidden);
+  const int64_t rows = static_cast<int64_t>(bytes.size()) / row_bytes;
+  for (int64_t t = 0; t < rows && found.bad_index < 0; ++t) {
+    const char* row = bytes.data() + t * row_bytes;
+    float scale;
+    std::memcpy(&scale, row, sizeof(scale));
+    if (!ValidFp8Scale(scale)) {
+      found.bad_index = t * hidden;
+      found.bad_value = scale;
+      found.bad_scale = true;
+    } else if (const int64_t i = CheckFp8Bytes(row + kFp8ScaleBytes, hidden, &found.nonzero); i >= 0) {
+      found.bad_index = t * hidden + i;
+      found.bad_value = Fp8E4m3ToFloat(static_cast<uint8_t>(row[kFp8ScaleBytes + i]));
+    }
+  }
+  return found;
+}
+
 // The tensor's findings: its own, or made here from its bytes.
 TensorFindings FindingsOf(const SampleTensors& sample, const SampleTensor& tensor) {
   if (tensor.findings.has_value()) return *tensor.findings;
   const std::string bytes = TensorString(tensor);
   const int64_t size = OutputDTypeSize(sample.dtype);
   TensorFindings found;
+  if (sample.dtype == OutputDType::kFp8) return Fp8FindingsOf(bytes, sample.hidden);
   found.bad_index = CheckEncoded(bytes.data(), static_cast<int64_t>(bytes.size()) / size, sample.dtype,
                                  &found.nonzero);
   if (found.bad_index >= 0) {
@@ -92,6 +129,7 @@ absl::Status CheckedStatus(const std::vector<TensorFindings>& found, int64_t hid
   }
   if (bad_row >= 0) {
     const TensorFindings& f = found[first + bad];
+    if (f.bad_scale) return BadScale(f.bad_value, names[bad], bad_row);
     const float value = std::isfinite(f.bad_value) ? std::copysign(INFINITY, f.bad_value) : f.bad_value;
     return absl::DataLossError(absl::StrCat("non-finite value (", value, ") in ", names[bad], " row ", bad_row,
                                             " column ", f.bad_index % hidden));
@@ -177,6 +215,33 @@ std::optional<uint64_t> KnownXxh64(const SampleTensor& tensor) {
   return tensor.findings->checksum;
 }
 
+// Appends `piece` to `out`, joined with the last piece when they lie end to end.
+void AppendJoined(const BytePiece& piece, std::vector<BytePiece>* out) {
+  if (!out->empty() && out->back().data() + out->back().size() == piece.data()) {
+    out->back() = BytePiece(out->back().data(), out->back().size() + piece.size());
+  } else {
+    out->push_back(piece);
+  }
+}
+
+// fp8 rows (a scale, then `hidden` bytes, each) as two tensors' pieces: the
+// values and the scales, in row order.
+void SplitFp8Rows(const std::vector<BytePiece>& rows, int64_t count, int64_t hidden, std::vector<BytePiece>* values,
+                  std::vector<BytePiece>* scales) {
+  PieceReader reader(rows);
+  std::vector<BytePiece> taken;
+  std::vector<BytePiece> out_values;
+  for (int64_t r = 0; r < count; ++r) {
+    taken.clear();
+    reader.Take(static_cast<uint64_t>(kFp8ScaleBytes), &taken);
+    for (const BytePiece& piece : taken) AppendJoined(piece, scales);
+    taken.clear();
+    reader.Take(static_cast<uint64_t>(hidden), &taken);
+    for (const BytePiece& piece : taken) AppendJoined(piece, &out_values);
+  }
+  *values = std::move(out_values);
+}
+
 std::string PiecesXxh64Hex(const std::vector<BytePiece>& pieces) {
   Xxh64Stream hash;
   for (const BytePiece& piece : pieces) hash.Update(piece.data(), piece.size());
@@ -207,14 +272,23 @@ absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
     writer.AddPieces(name, type, std::move(shape), std::move(pieces));
   };
   const DType type = ToSafetensorsDType(sample.dtype);
-  const std::optional<uint64_t> hidden_xxh64 = layers == 1 ? KnownXxh64(sample.tensors[0]) : std::nullopt;
+  const bool fp8 = sample.dtype == OutputDType::kFp8;
+  std::vector<BytePiece> hidden_scales, final_scales;
+  if (fp8) {
+    SplitFp8Rows(hidden_pieces, tokens * layers, sample.hidden, &hidden_pieces, &hidden_scales);
+    SplitFp8Rows(final_pieces, sample.has_final_norm() ? tokens : 0, sample.hidden, &final_pieces, &final_scales);
+  }
+  const std::optional<uint64_t> hidden_xxh64 =
+      layers == 1 && !fp8 ? KnownXxh64(sample.tensors[0]) : std::nullopt;
   add("hidden_states", type, {tokens, layers, sample.hidden}, std::move(hidden_pieces), hidden_xxh64);
+  if (fp8) add("hidden_states_scales", DType::kF32, {tokens, layers, 1}, std::move(hidden_scales));
   const std::vector<int64_t> ids(input.input_ids.begin(), input.input_ids.end());
   add("token_ids", DType::kI64, {tokens}, {AsBytes(ids)});
   if (input.loss_mask) add("loss_mask", DType::kI64, {tokens}, {AsBytes(*input.loss_mask)});
   if (sample.has_final_norm()) {
     add("final_norm_hidden_states", type, {tokens, sample.hidden}, std::move(final_pieces),
-        KnownXxh64(sample.tensors.back()));
+        fp8 ? std::nullopt : KnownXxh64(sample.tensors.back()));
+    if (fp8) add("final_norm_hidden_states_scales", DType::kF32, {tokens, 1}, std::move(final_scales));
   }
   const bool has_last = !sample.capture_ids.empty() && sample.capture_ids.back() == info.num_layers;
   writer.SetMetadata("format", "pt");

@@ -1,9 +1,11 @@
 // sample_file.h: the on-disk format of one extracted sample (docs/design.md,
 // "On-disk format"): hs_{i}.safetensors holding
-//   hidden_states            [T, L, H]  bf16 | fp16 | fp32, layers in ascending capture id
+//   hidden_states            [T, L, H]  bf16 | fp16 | fp32 | F8_E4M3, layers in ascending capture id
+//   hidden_states_scales     [T, L, 1]  F32, fp8 only: each row's scale (format/fp8.h)
 //   token_ids                [T]        int64
 //   loss_mask                [T]        int64, when the input line has one
 //   final_norm_hidden_states [T, H]     when the post-norm state was asked for
+//   final_norm_hidden_states_scales [T, 1]  F32, with it for fp8
 // and string metadata: sample id and index, capture ids, the layer convention,
 // pre/post-norm, model name (and, when known, model_revision: xxh64 of the
 // checkpoint's config.json, and compute_precision), dtype, xxh64 checksums of
@@ -42,11 +44,13 @@ struct SampleFileInfo {
 };
 
 // Checks the values of `layers` interleaved [tokens, layers, hidden] tensors
-// in `dtype`: every value finite, no layer all zeros. `names[l]` names layer l
-// in errors (e.g. "capture id 30").
+// in `dtype`: every value finite, no layer all zeros; for fp8 also every one
+// of the [tokens, layers] float32 `scales` finite and positive (checked
+// before its row's values). `names[l]` names layer l in errors (e.g.
+// "capture id 30").
 absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtype, int64_t tokens,
                                 int64_t layers, int64_t hidden,
-                                const std::vector<std::string>& names);
+                                const std::vector<std::string>& names, std::span<const uint8_t> scales = {});
 
 // What CheckEncodedValues reports for the sample's hidden states [T, L, H]
 // (layers named by `names`), then for its final norm ("the final-norm

@@ -52,7 +52,7 @@ class SampleFileCheck {
     CheckMetadata();
     absl::StatusOr<OutputDType> dtype = ParseOutputDType(e_.dtype);
     if (!dtype.ok()) {
-      errors_.push_back(absl::StrCat("journal dtype '", e_.dtype, "' is not bf16, fp16 or fp32"));
+      errors_.push_back(absl::StrCat("journal dtype '", e_.dtype, "' is not bf16, fp16, fp32 or fp8"));
       return errors_;
     }
     const nlohmann::json checksums = nlohmann::json::parse(MetaValue("checksums_xxh64"), nullptr, false);
@@ -148,6 +148,11 @@ class SampleFileCheck {
     const DType value_type = ToSafetensorsDType(dtype);
     std::set<std::string> expected = {"hidden_states", "token_ids"};
     hs_ = ExpectTensor("hidden_states", value_type, {tokens, static_cast<int64_t>(e_.capture_ids.size()), hidden_});
+    const int64_t layers = static_cast<int64_t>(e_.capture_ids.size());
+    if (dtype == OutputDType::kFp8) {
+      expected.insert("hidden_states_scales");
+      hs_scales_ = ExpectTensor("hidden_states_scales", DType::kF32, {tokens, layers, 1});
+    }
     ids_ = ExpectTensor("token_ids", DType::kI64, {tokens});
     if (!e_.loss_mask_xxh64.empty()) {
       expected.insert("loss_mask");
@@ -156,6 +161,10 @@ class SampleFileCheck {
     if (e_.final_norm) {
       expected.insert("final_norm_hidden_states");
       final_norm_ = ExpectTensor("final_norm_hidden_states", value_type, {tokens, hidden_});
+      if (dtype == OutputDType::kFp8) {
+        expected.insert("final_norm_hidden_states_scales");
+        final_scales_ = ExpectTensor("final_norm_hidden_states_scales", DType::kF32, {tokens, 1});
+      }
     }
     for (const auto& [name, t] : tensors_) {
       if (!expected.count(name)) errors_.push_back(absl::StrCat("unexpected tensor ", name, " (not in the journal)"));
@@ -208,17 +217,22 @@ class SampleFileCheck {
 
   // Every value finite, no layer all zeros.
   void CheckValues(OutputDType dtype) {
-    if (hs_ != nullptr) {
+    const bool fp8 = dtype == OutputDType::kFp8;  // the values need their scales (missing: reported)
+    if (hs_ != nullptr && (!fp8 || hs_scales_ != nullptr)) {
       std::vector<std::string> names;
       for (int id : e_.capture_ids) names.push_back(absl::StrCat("hidden_states capture id ", id));
       const int64_t layers = static_cast<int64_t>(e_.capture_ids.size());
-      if (absl::Status s = CheckEncodedValues(Data(*hs_), dtype, e_.tokens, layers, hidden_, names); !s.ok()) {
+      const std::span<const uint8_t> scales = hs_scales_ != nullptr ? Data(*hs_scales_) : std::span<const uint8_t>();
+      if (absl::Status s = CheckEncodedValues(Data(*hs_), dtype, e_.tokens, layers, hidden_, names, scales);
+          !s.ok()) {
         errors_.push_back(std::string(s.message()));
       }
     }
-    if (final_norm_ != nullptr) {
+    if (final_norm_ != nullptr && (!fp8 || final_scales_ != nullptr)) {
+      const std::span<const uint8_t> scales =
+          final_scales_ != nullptr ? Data(*final_scales_) : std::span<const uint8_t>();
       if (absl::Status s = CheckEncodedValues(Data(*final_norm_), dtype, e_.tokens, 1, hidden_,
-                                              {"final_norm_hidden_states"});
+                                              {"final_norm_hidden_states"}, scales);
           !s.ok()) {
         errors_.push_back(std::string(s.message()));
       }
@@ -236,6 +250,8 @@ class SampleFileCheck {
   const TensorInfo* ids_ = nullptr;
   const TensorInfo* mask_ = nullptr;
   const TensorInfo* final_norm_ = nullptr;
+  const TensorInfo* hs_scales_ = nullptr;     // fp8
+  const TensorInfo* final_scales_ = nullptr;  // fp8, with the final norm
 };
 
 }  // namespace

@@ -7,12 +7,15 @@
 
 #include <cmath>
 #include <filesystem>
+#include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_join.h"
 #include "base/file_util.h"
+#include "format/safetensors.h"
 #include "format/sample_file.h"
 #include "format/test_values.h"
 #include "gtest/gtest.h"
@@ -63,7 +66,8 @@ FloatStates MakeStates() {
 }
 
 // Writes the sample (after `edit` changes its states or input) and journals it.
-Written Write(const std::function<void(FloatStates&, InputSample&)>& edit = nullptr) {
+Written Write(const std::function<void(FloatStates&, InputSample&)>& edit = nullptr,
+              OutputDType dtype = OutputDType::kBf16) {
   FloatStates states = MakeStates();
   InputSample input = MakeInput();
   if (edit) edit(states, input);
@@ -73,7 +77,7 @@ Written Write(const std::function<void(FloatStates&, InputSample&)>& edit = null
   info.model_revision = "rev";
   info.compute_precision = "fp32";
   const std::string path = (OwnDir() / SampleFileName(input.index)).string();
-  const absl::Status s = WriteSampleFile(path, input, EncodeStates(states, OutputDType::kBf16), info);
+  const absl::Status s = WriteSampleFile(path, input, EncodeStates(states, dtype), info);
   EXPECT_TRUE(s.ok()) << s;
   Written w;
   w.bytes = ReadFileToString(path).value_or("");
@@ -87,7 +91,7 @@ Written Write(const std::function<void(FloatStates&, InputSample&)>& edit = null
   e.xxh64 = Xxh64Hex(w.bytes.data(), w.bytes.size());
   e.capture_ids = states.capture_ids;
   e.final_norm = !states.final_norm.empty();
-  e.dtype = "bf16";
+  e.dtype = OutputDTypeName(dtype);
   e.model = "tiny";
   e.model_revision = "rev";
   e.compute_precision = "fp32";
@@ -140,7 +144,7 @@ const Damage kDamage[] = {
     {"model revision", [](Written& w) { w.entry.model_revision = "rev2"; }, "metadata model_revision 'rev'"},
     {"compute precision", [](Written& w) { w.entry.compute_precision = "bf16"; }, "metadata compute_precision 'fp32'"},
     {"capture ids", [](Written& w) { w.entry.capture_ids = {2, 3}; }, "metadata capture_ids '[2,4]', the journal says [2,3]"},
-    {"journal dtype", [](Written& w) { w.entry.dtype = "int8"; }, "journal dtype 'int8' is not bf16, fp16 or fp32"},
+    {"journal dtype", [](Written& w) { w.entry.dtype = "int8"; }, "journal dtype 'int8' is not bf16, fp16, fp32 or fp8"},
     {"token count", [](Written& w) { w.entry.tokens = 2; }, "hidden_states is BF16 [3, 2, 4], expected BF16 [2, 2, 4]"},
     {"final norm journaled, not written", [](Written& w) { w = WriteWith([](FloatStates& s, InputSample&) { s.final_norm.clear(); });
                                                            w.entry.final_norm = true; }, "no tensor final_norm_hidden_states"},
@@ -186,6 +190,69 @@ TEST(SampleFileCheckerTest, AFlippedDataByteFailsBothHashes) {
   const std::string all = absl::StrJoin(Check(w, &w.input), "\n");
   EXPECT_NE(all.find("(changed or corrupted since it was written)"), std::string::npos) << all;
   EXPECT_NE(all.find("data hashes to"), std::string::npos) << all;
+}
+
+// The bytes of tensor `name` within a written file.
+char* TensorBytes(Written& w, const std::string& name) {
+  const absl::StatusOr<SafetensorsHeader> h =
+      ParseSafetensors({reinterpret_cast<const uint8_t*>(w.bytes.data()), w.bytes.size()}, "hs_3");
+  EXPECT_TRUE(h.ok()) << h.status();
+  for (const TensorInfo& t : h->tensors) {
+    if (t.name == name) return w.bytes.data() + h->data_start + t.begin;
+  }
+  ADD_FAILURE() << "no tensor " << name;
+  return w.bytes.data();
+}
+
+TEST(SampleFileCheckerTest, Fp8FileHasScalesAndVerifies) {
+  const Written w = Write(nullptr, OutputDType::kFp8);
+  EXPECT_EQ(Check(w, &w.input), std::vector<std::string>());
+  const absl::StatusOr<SafetensorsHeader> h =
+      ParseSafetensors({reinterpret_cast<const uint8_t*>(w.bytes.data()), w.bytes.size()}, "hs_3");
+  ASSERT_TRUE(h.ok()) << h.status();
+  std::map<std::string, std::string> layout;
+  for (const TensorInfo& t : h->tensors) layout[t.name] = std::string(DTypeName(t.dtype)) + " " + std::to_string(t.num_bytes());
+  EXPECT_EQ(layout["hidden_states"], "F8_E4M3 24");  // [3, 2, 4]
+  EXPECT_EQ(layout["hidden_states_scales"], "F32 24");  // [3, 2, 1]
+  EXPECT_EQ(layout["final_norm_hidden_states"], "F8_E4M3 12");
+  EXPECT_EQ(layout["final_norm_hidden_states_scales"], "F32 12");
+  // Row 1 of capture id 4 holds 1.5, 2, -1, -0.5: amax 2, scale 2 / 448.
+  float scale;
+  std::memcpy(&scale, TensorBytes(const_cast<Written&>(w), "hidden_states_scales") + 4 * (1 * 2 + 1), 4);
+  EXPECT_EQ(scale, 2.0f / 448);
+}
+
+TEST(SampleFileCheckerTest, Fp8BadScalesAndPayloadAreReported) {
+  struct Case {
+    const char* name;
+    float scale;  // written into row 1 of capture id 4, or NaN payload when 1
+    const char* message;
+  };
+  const Case cases[] = {
+      {"nan scale", NAN, "scale (nan) of hidden_states capture id 4 row 1 is not finite and positive"},
+      {"inf scale", INFINITY, "scale (inf) of hidden_states capture id 4 row 1 is not finite and positive"},
+      {"zero scale", 0.0f, "scale (0) of hidden_states capture id 4 row 1 is not finite and positive"},
+      {"negative scale", -2.0f, "scale (-2) of hidden_states capture id 4 row 1 is not finite and positive"},
+      {"nan payload", 1.0f, "non-finite value (nan) in hidden_states capture id 4 row 1 column 2"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Written w = Write(nullptr, OutputDType::kFp8);
+    if (c.scale == 1.0f) {
+      TensorBytes(w, "hidden_states")[(1 * 2 + 1) * kHidden + 2] = 0x7f;
+    } else {
+      std::memcpy(TensorBytes(w, "hidden_states_scales") + 4 * (1 * 2 + 1), &c.scale, 4);
+    }
+    const std::string all = absl::StrJoin(Check(w, &w.input), "\n");
+    EXPECT_NE(all.find(c.message), std::string::npos) << all;
+    EXPECT_NE(all.find("data hashes to"), std::string::npos) << all;  // the checksum covers them too
+  }
+  Written w = Write(nullptr, OutputDType::kFp8);
+  const float nan = NAN;
+  std::memcpy(TensorBytes(w, "final_norm_hidden_states_scales") + 4 * 2, &nan, 4);
+  const std::string all = absl::StrJoin(Check(w, &w.input), "\n");
+  EXPECT_NE(all.find("scale (nan) of final_norm_hidden_states row 2 is not finite and positive"), std::string::npos)
+      << all;
 }
 
 }  // namespace

@@ -48,7 +48,7 @@ struct SampleTensors {
   bool dropped = false;                    // verified on arrival, bytes not kept
 
   bool has_final_norm() const { return tensors.size() > capture_ids.size(); }
-  int64_t row_bytes() const { return hidden * OutputDTypeSize(dtype); }
+  int64_t row_bytes() const { return RowBytes(dtype, hidden); }
   // Bytes of every tensor, or of the layers only (not the final norm).
   int64_t bytes() const;
   int64_t layer_bytes() const;

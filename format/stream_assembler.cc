@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "format/fp8.h"
 #include "format/tensor_encoding.h"
 #include "format/uncached_copy.h"
 
@@ -266,6 +267,10 @@ void StreamAssembler::CopyIntoSample(const char* bytes, size_t length, int64_t o
 
 void StreamAssembler::HashAndCheck(const char* bytes, size_t length) {
   hash_->Update(bytes, length);
+  if (sample_.dtype == OutputDType::kFp8) {
+    CheckFp8Rows(bytes, length);
+    return;
+  }
   const size_t size = static_cast<size_t>(OutputDTypeSize(sample_.dtype));
   if (carried_ > 0) {  // complete the value the last piece began
     const size_t n = std::min(size - carried_, length);
@@ -299,6 +304,38 @@ void StreamAssembler::CheckValues(const char* bytes, int64_t count) {
     }
   }
   values_ += count;
+}
+
+void StreamAssembler::CheckFp8Rows(const char* bytes, size_t length) {
+  // values_ counts the tensor's bytes here; a row is its scale, then its values.
+  TensorFindings& found = *sample_.tensors[current_].findings;
+  while (length > 0) {
+    const int64_t row = values_ / row_bytes_, at = values_ % row_bytes_;
+    size_t n;
+    if (at < kFp8ScaleBytes) {  // the scale, which may be split between pieces
+      n = std::min(length, static_cast<size_t>(kFp8ScaleBytes - at));
+      std::memcpy(carry_ + at, bytes, n);
+      float scale;
+      std::memcpy(&scale, carry_, sizeof(scale));
+      if (at + static_cast<int64_t>(n) == kFp8ScaleBytes && found.bad_index < 0 && !ValidFp8Scale(scale)) {
+        found.bad_index = row * sample_.hidden;
+        found.bad_value = scale;
+        found.bad_scale = true;
+      }
+    } else {
+      n = std::min(length, static_cast<size_t>(row_bytes_ - at));
+      bool any = false;
+      const int64_t bad = CheckFp8Bytes(bytes, static_cast<int64_t>(n), &any);
+      found.nonzero |= any;
+      if (bad >= 0 && found.bad_index < 0) {
+        found.bad_index = row * sample_.hidden + (at - kFp8ScaleBytes) + bad;
+        found.bad_value = Fp8E4m3ToFloat(static_cast<uint8_t>(bytes[bad]));
+      }
+    }
+    bytes += n;
+    length -= n;
+    values_ += static_cast<int64_t>(n);
+  }
 }
 
 absl::Status StreamAssembler::Consume(const grpc::ByteBuffer& message) {

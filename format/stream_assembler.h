@@ -126,6 +126,9 @@ class StreamAssembler {
   // `count` whole values of the current tensor at `bytes` (any alignment):
   // the first bad one and whether any is non-zero go to the tensor's findings.
   void CheckValues(const char* bytes, int64_t count);
+  // HashAndCheck's check for fp8: each row's scale (finite and positive) and
+  // values (no NaN), pieces split anywhere.
+  void CheckFp8Rows(const char* bytes, size_t length);
   absl::Status OnTrailer(const v1::Trailer& t);
 
   const StreamExpectation expect_;
@@ -140,7 +143,7 @@ class StreamAssembler {
   std::vector<int> tensors_;  // capture ids in order, then -1 for the final norm
   size_t current_ = 0;        // the tensor being received
   int64_t rows_ = 0;          // rows of it received
-  int64_t values_ = 0;        // of it checked (whole values)
+  int64_t values_ = 0;        // of it checked (whole values; fp8: bytes)
   char carry_[8];             // the first bytes of a value split between two pieces
   size_t carried_ = 0;
   std::optional<TensorHash> hash_;  // of the current tensor's bytes, as the header says

@@ -93,7 +93,7 @@ std::vector<v1::ExtractResponse> Stream(OutputDType dtype, bool final_norm, cons
   o.checksum = checksum;
   o.sample_id = "s-1";
   o.dtype = dtype;
-  o.max_chunk_bytes = 2 * shape.hidden * OutputDTypeSize(dtype);
+  o.max_chunk_bytes = 2 * RowBytes(dtype, shape.hidden);
   o.token_ids_hash = TokenIdsHash(TokenIds(shape.tokens));
   o.model_name = "tiny";
   o.num_layers = 7;
@@ -165,7 +165,7 @@ TEST(StreamAssemblerTest, OnlyAnXxh64StreamLendsItsChecksumsToTheFile) {
 }
 
 TEST(StreamAssemblerTest, EncoderStreamAssemblesToTheFileBytes) {
-  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32, OutputDType::kFp8}) {
     for (bool final_norm : {false, true}) {
       SCOPED_TRACE(OutputDTypeName(dtype) + (final_norm ? " with final norm" : ""));
       const std::vector<v1::ExtractResponse> stream = Stream(dtype, final_norm);
@@ -397,13 +397,14 @@ std::vector<grpc::ByteBuffer> Sliced(const std::vector<v1::ExtractResponse>& str
 // copy (slices cut at odd lengths, rows interleaved across layers).
 TEST(StreamAssemblerTest, ALargeSampleAssemblesToTheFileBytesFromPiecesCutAnywhere) {
   const Shape large{300, 1792};  // bf16: 3 layers of 300 x 1792 = 3.2 MB, and a final norm
-  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
-    const std::vector<v1::ExtractResponse> stream = Stream(dtype, true, kIds, ChecksumKind::kXxh3, large);
-    const SampleTensors want = EncodeStates(MakeStates(true, kIds, large), dtype);
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32, OutputDType::kFp8}) {
+    const Shape shape = dtype == OutputDType::kFp8 ? Shape{600, 1792} : large;  // fp8: half the bytes a row
+    const std::vector<v1::ExtractResponse> stream = Stream(dtype, true, kIds, ChecksumKind::kXxh3, shape);
+    const SampleTensors want = EncodeStates(MakeStates(true, kIds, shape), dtype);
     ASSERT_GE(want.layer_bytes(), int64_t{2} << 20);
     for (const std::vector<size_t>& cuts : std::vector<std::vector<size_t>>{{size_t{1} << 20}, {4093, 7, 1}}) {
       SCOPED_TRACE(OutputDTypeName(dtype) + ", cuts of " + std::to_string(cuts[0]) + "...");
-      StreamAssembler a(Expect(dtype, true, kIds, ChecksumKind::kXxh3, large));
+      StreamAssembler a(Expect(dtype, true, kIds, ChecksumKind::kXxh3, shape));
       for (const grpc::ByteBuffer& message : Sliced(stream, cuts)) ASSERT_TRUE(a.Consume(message).ok());
       ASSERT_TRUE(a.complete());
       const SampleTensors got = a.Take();
@@ -525,7 +526,7 @@ TEST(StreamAssemblerTest, KeptSlicesWriteTheFileTheAssembledCopyWrites) {
   input.loss_mask = std::vector<int64_t>{0, 1, 1, 0, 1};
   const SampleFileInfo info = FileInfo();
   const std::string dir = OwnDir();
-  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32, OutputDType::kFp8}) {
     for (const std::vector<int>& ids : {kIds, std::vector<int>{3}}) {
       for (bool final_norm : {true, false}) {
         const std::vector<v1::ExtractResponse> stream = Stream(dtype, final_norm, ids);

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "format/fp8.h"
 #include "kernels/fp16.h"
 
 // The loops are built for AVX-512 (x86-64-v4: F, BW, VL, ...) and AVX2 as well
@@ -164,6 +165,7 @@ HSX_VECTOR_CLONES uint32_t CheckFloatBits(const unsigned char* in, int64_t n, ui
 }  // namespace
 
 int64_t CheckEncoded(const void* bytes, int64_t count, OutputDType dtype, bool* nonzero) {
+  if (dtype == OutputDType::kFp8) return CheckFp8Bytes(bytes, count, nonzero);
   const auto* in = static_cast<const unsigned char*>(bytes);
   uint32_t nz = 0;
   uint32_t bad;
@@ -273,6 +275,8 @@ TensorFindings EncodeTensor(const void* src, ElementType type, int64_t count, Ou
         case OutputDType::kFp32:
           bad = CheckF32(bits, n, limit, &nonzero);
           std::memcpy(out, bits, n * 4);
+          break;
+        case OutputDType::kFp8:  // rows with scales: EncodeFp8Tensor (fp8.h)
           break;
       }
     }

@@ -34,6 +34,9 @@ struct TensorFindings {
   // meaningless.
   int64_t bad_index = -1;
   float bad_value = 0;
+  // fp8: the bad value is the scale of row bad_index / hidden (not finite,
+  // or not positive); bad_value holds it.
+  bool bad_scale = false;
 };
 
 // Encodes `count` values at `src` (activation type kF32 or kBf16) into
@@ -93,7 +96,8 @@ OutputDType DTypeOfRows(ElementType type);
 ElementType RowsOfDType(OutputDType dtype);
 
 // The receiving side's check of values already encoded: the index of the
-// first of `count` values at `bytes` (little-endian `dtype`) that is not
+// first of `count` values at `bytes` (little-endian `dtype`; for fp8 e4m3
+// bytes without their scales, CheckFp8Bytes) that is not
 // finite in its own dtype (all exponent bits set), or -1. ORs into *nonzero
 // whether any value is neither +0 nor -0. Vectorised like EncodeTensor;
 // `bytes` needs no alignment (values are read where they arrived).

@@ -68,6 +68,16 @@ inline std::string Encoded(const std::vector<float>& values, OutputDType dtype) 
   return out;
 }
 
+// Rows of `hidden` values encoded one by one (what fp8 needs: a scale per row).
+inline std::string EncodedRows(const std::vector<float>& values, int64_t hidden, OutputDType dtype) {
+  if (dtype != OutputDType::kFp8 || hidden < 1) return Encoded(values, dtype);
+  std::string out;
+  for (size_t at = 0; at < values.size(); at += static_cast<size_t>(hidden)) {
+    AppendEncoded(std::span<const float>(values.data() + at, static_cast<size_t>(hidden)), dtype, &out);
+  }
+  return out;
+}
+
 // Tensors of [T, H] rows of `row_bytes` each, as the file's [T, L, H]
 // hidden_states holds them: row t of every tensor, then row t + 1.
 inline std::string InterleaveRows(const std::vector<std::string>& tensors, int64_t row_bytes) {
@@ -96,8 +106,18 @@ struct FloatStates {
   std::vector<float> final_norm;     // [tokens, hidden], empty unless captured
 };
 
-inline std::vector<float> TensorValues(const SampleTensor& tensor, OutputDType dtype) {
+inline std::vector<float> TensorValues(const SampleTensor& tensor, OutputDType dtype, int64_t hidden = 0) {
   const std::string bytes = TensorString(tensor);
+  if (dtype == OutputDType::kFp8) {  // row by row: each has its scale
+    std::vector<float> out;
+    const size_t row = static_cast<size_t>(RowBytes(dtype, hidden));
+    for (size_t at = 0; at + row <= bytes.size(); at += row) {
+      const std::vector<float> v =
+          DecodeValues(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()) + at, row), dtype);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  }
   return DecodeValues(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), dtype);
 }
 
@@ -110,13 +130,13 @@ inline FloatStates Widen(const SampleTensors& sample) {
   const int64_t n = static_cast<int64_t>(sample.capture_ids.size());
   out.hidden_states.resize(static_cast<size_t>(sample.tokens * n * sample.hidden));
   for (int64_t l = 0; l < n; ++l) {
-    const std::vector<float> values = TensorValues(sample.tensors[l], sample.dtype);
+    const std::vector<float> values = TensorValues(sample.tensors[l], sample.dtype, sample.hidden);
     for (int64_t t = 0; t < sample.tokens; ++t) {
       std::copy_n(values.begin() + t * sample.hidden, sample.hidden,
                   out.hidden_states.begin() + (t * n + l) * sample.hidden);
     }
   }
-  if (sample.has_final_norm()) out.final_norm = TensorValues(sample.tensors.back(), sample.dtype);
+  if (sample.has_final_norm()) out.final_norm = TensorValues(sample.tensors.back(), sample.dtype, sample.hidden);
   return out;
 }
 
@@ -141,9 +161,9 @@ inline SampleTensors EncodeStates(const FloatStates& states, OutputDType dtype) 
       const auto row = states.hidden_states.begin() + (t * n + l) * states.hidden;
       rows.insert(rows.end(), row, row + states.hidden);
     }
-    blocks->push_back(Encoded(rows, dtype));
+    blocks->push_back(EncodedRows(rows, states.hidden, dtype));
   }
-  if (!states.final_norm.empty()) blocks->push_back(Encoded(states.final_norm, dtype));
+  if (!states.final_norm.empty()) blocks->push_back(EncodedRows(states.final_norm, states.hidden, dtype));
   for (size_t k = 0; k < blocks->size(); ++k) out.AddTensor(k < n ? states.capture_ids[k] : -1, (*blocks)[k].data());
   for (const std::string& block : *blocks) out.held_bytes += static_cast<int64_t>(block.size());
   out.owner = std::move(blocks);

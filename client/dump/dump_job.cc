@@ -125,7 +125,7 @@ absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
                           const SampleTensors& sample) {
   const std::string where = Where(input);
   const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());
-  const int64_t size = OutputDTypeSize(sample.dtype);
+  const int64_t row_bytes = RowBytes(sample.dtype, sample.hidden);
   const int64_t tokens = static_cast<int64_t>(input.input_ids.size());
   if (sample.dropped && spec.keep_states) {
     return absl::InternalError(absl::StrCat(where, ": the states were dropped on arrival, but are to be kept"));
@@ -141,14 +141,14 @@ absl::Status VerifySample(const InputSample& input, const ExtractSpec& spec,
   if (sample.tokens != tokens) {
     return absl::DataLossError(absl::StrCat(where, ": ", sample.tokens, " rows of states for ", tokens, " tokens"));
   }
-  if (sample.hidden < 1 || !LayersWhole(sample, tokens * sample.hidden * size)) {
+  if (sample.hidden < 1 || !LayersWhole(sample, tokens * row_bytes)) {
     return absl::DataLossError(absl::StrCat(where, ": ", sample.layer_bytes(), " bytes of states for [",
                                             tokens, ", ", layers, ", ", sample.hidden, "] ",
                                             OutputDTypeName(sample.dtype)));
   }
   const int64_t final_norm_bytes = sample.bytes() - sample.layer_bytes();
   if (sample.has_final_norm() != spec.capture.final_norm() ||
-      (sample.has_final_norm() && final_norm_bytes != tokens * sample.hidden * size)) {
+      (sample.has_final_norm() && final_norm_bytes != tokens * row_bytes)) {
     return absl::DataLossError(absl::StrCat(where, ": final norm state ",
                                             spec.capture.final_norm() ? "missing or misshapen" : "not requested"));
   }
@@ -237,7 +237,7 @@ absl::Status CheckJournalEntry(const JournalEntry& e, const std::string& path, i
 
 int64_t SampleStateBytes(const InputSample& input, const DumpOptions& options) {
   const int64_t tensors = static_cast<int64_t>(options.capture.ids().size()) + (options.capture.final_norm() ? 1 : 0);
-  return static_cast<int64_t>(input.input_ids.size()) * tensors * options.hidden_size * OutputDTypeSize(options.dtype);
+  return static_cast<int64_t>(input.input_ids.size()) * tensors * RowBytes(options.dtype, options.hidden_size);
 }
 
 namespace {

@@ -55,7 +55,8 @@ ABSL_FLAG(std::string, out, "", "Output directory; sample i (0-based line among 
           "journal/shard-I-of-N.jsonl for shard I of N > 1. Rerunning resumes: samples journaled in any "
           "journal of the directory are skipped, and one whose file is missing or not the journaled size is "
           "redone.");
-ABSL_FLAG(std::string, dtype, "bf16", "Output dtype: bf16, fp16 or fp32.");
+ABSL_FLAG(std::string, dtype, "bf16",
+          "Output dtype: bf16, fp16, fp32 or fp8 (e4m3 with a float32 scale per token per layer, docs/formats.md).");
 ABSL_FLAG(int, concurrency, 64, "Samples in flight at once.");
 ABSL_FLAG(std::string, max_in_flight_bytes, "4GiB", "Bytes of hidden states in flight at once (received "
           "or being written; e.g. 500MB, 8GiB); fewer samples are started when they are long.");
@@ -365,7 +366,7 @@ int main(int argc, char** argv) {
       "  hsx-dump (--model DIR | --server HOST:PORT[,HOST:PORT...]) --input samples.jsonl --out OUT\n"
       "           [--capture eagle3|all|speculators|specforge|modelopt|2,30,58,61]\n"
       "           [--final-norm] [--precision bf16|fp32]\n"
-      "           [--dtype bf16|fp16|fp32] [--concurrency N] [--shard I/N] [--layout flat|nested]\n"
+      "           [--dtype bf16|fp16|fp32|fp8] [--concurrency N] [--shard I/N] [--layout flat|nested]\n"
       "           [--max-failures N] [--retry-quarantined]\n"
       "           [--deadline S] [--retries N] [--auth-token-file F] [--tls-ca F] [--tls-cert F --tls-key F]\n"
       "           [--device cpu|cuda] [--tp N] [--threads N] [--max-batch-tokens N]\n\n"

@@ -6,8 +6,11 @@
 //   its safetensors header is valid, hidden_states is [T, L, H] in the
 //   journaled dtype with the journaled capture ids, token_ids [T] int64,
 //   loss_mask [T] int64 (0/1) when journaled, final_norm_hidden_states [T, H]
-//   when journaled, nothing else; the metadata agrees with the journal and its
-//   per-tensor checksums with the data; values are finite, no layer all zeros;
+//   when journaled, for fp8 their float32 scales (hidden_states_scales
+//   [T, L, 1], final_norm_hidden_states_scales [T, 1]), nothing else; the
+//   metadata agrees with the journal and its per-tensor checksums with the
+//   data; values are finite (fp8: every scale finite and positive), no layer
+//   all zeros;
 //   with --input: token_ids, loss_mask and the id equal the input line's, and
 //   every input sample (of --shard) is journaled;
 //   files on disk that the journal does not list are incomplete: a warning

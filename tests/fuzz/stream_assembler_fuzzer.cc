@@ -149,7 +149,7 @@ Shadow MakeShadow(FuzzedDataProvider& in) {
   s.expect.model_name = "m";
   s.expect.checksum = shape & 32 ? hsx::ChecksumKind::kXxh3 : hsx::ChecksumKind::kXxh64;
   s.name_checksum = (shape & 64) != 0;
-  s.row_bytes = s.hidden * hsx::OutputDTypeSize(s.expect.dtype);
+  s.row_bytes = hsx::RowBytes(s.expect.dtype, s.hidden);
   s.tensors = s.expect.capture_ids;
   if (*s.expect.final_norm) s.tensors.push_back(-1);
   s.received.resize(s.tensors.size());

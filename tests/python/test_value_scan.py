@@ -14,7 +14,9 @@ from hsx.stream_decoder import _check_values, _Reject, _ValueScan
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -2.5, 1e-40, 65504.0, 3e38]
 
 
-@pytest.mark.parametrize("dtype", sorted(NUMPY_DTYPES))
+# fp8 rows carry their scales and are checked whole (hsx.fp8.first_problem; the fp8 cases of the
+# shared stream table), not scanned.
+@pytest.mark.parametrize("dtype", sorted(set(NUMPY_DTYPES) - {"fp8"}))
 def test_scan_agrees_with_check_values(dtype):
     rng = random.Random(dtype)
     np_dtype = NUMPY_DTYPES[dtype]

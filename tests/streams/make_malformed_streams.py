@@ -35,8 +35,9 @@ HIDDEN = 4
 LAYERS = 8
 MODEL = "fake"
 ROWS_PER_CHUNK = 2
-SIZES = {"bf16": 2, "fp16": 2, "fp32": 4}
-PROTO_DTYPE = {"bf16": "DTYPE_BF16", "fp16": "DTYPE_FP16", "fp32": "DTYPE_FP32"}
+SIZES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+SCALE_BYTES = {"fp8": 4}  # fp8: each row is its float32 scale, then its e4m3 values
+PROTO_DTYPE = {"bf16": "DTYPE_BF16", "fp16": "DTYPE_FP16", "fp32": "DTYPE_FP32", "fp8": "DTYPE_FP8_E4M3"}
 PROTO_CHECKSUM = {"xxh64": "CHECKSUM_XXH64", "xxh3": "CHECKSUM_XXH3_64"}
 FINAL = -1
 
@@ -49,6 +50,10 @@ def values(rng, count, dtype):
     """`count` finite, non-zero values of `dtype`, little-endian."""
     if dtype == "fp32":
         return b"".join(struct.pack("<f", rng.choice((-1, 1)) * rng.uniform(0.5, 3.0)) for _ in range(count))
+    if dtype == "fp8":  # rows of HIDDEN: a scale in [0.001, 0.02), then e4m3 codes (never 0x7f / 0xff, NaN)
+        return b"".join(struct.pack("<f", rng.uniform(0.001, 0.02))
+                        + bytes(rng.randrange(0x01, 0x7f) | rng.choice((0, 0x80)) for _ in range(HIDDEN))
+                        for _ in range(count // HIDDEN))
     lo, hi = (0x3C00, 0x4100) if dtype == "bf16" else (0x3800, 0x4200)  # about 0.5 .. 8 either way
     return b"".join((rng.randrange(lo, hi) | rng.choice((0, 0x8000))).to_bytes(2, "little") for _ in range(count))
 
@@ -74,11 +79,16 @@ class Stream:
                         "model_name": MODEL}
 
     def row_bytes(self):
-        return HIDDEN * SIZES[self.dtype]
+        return HIDDEN * SIZES[self.dtype] + SCALE_BYTES.get(self.dtype, 0)
 
     def set_value(self, capture, row, column, raw):
-        at = (row * HIDDEN + column) * SIZES[self.dtype]
+        at = row * self.row_bytes() + SCALE_BYTES.get(self.dtype, 0) + column * SIZES[self.dtype]
         self.data[capture][at:at + len(raw)] = raw
+
+    def set_scale(self, capture, row, scale):
+        """fp8: row `row`'s scale, as float32 bits."""
+        at = row * self.row_bytes()
+        self.data[capture][at:at + 4] = struct.pack("<f", scale)
 
     def chunks(self, capture):
         rb = self.row_bytes()
@@ -364,10 +374,60 @@ def checksum_and_status_cases():
     return out
 
 
+def fp8_cases():
+    """fp8 (e4m3 with a float32 scale per row): a stream both accept, every scale finite and positive, no NaN
+    payload byte, and the checksum covering scales and payload."""
+    out = []
+    add = out.append
+    add(case("ok_fp8", "fp8 requested and sent: rows of a scale and e4m3 bytes", "ok", "",
+             stream=Stream(dtype="fp8", seed=8)))
+    add(case("ok_fp8_final_norm", "fp8 with the final-norm state, in XXH3", "ok", "",
+             stream=Stream(dtype="fp8", final_norm=True, seed=9, checksum="xxh3")))
+    for name, scale, text in (("nan", float("nan"), "nan"), ("inf", float("inf"), "inf"), ("zero", 0.0, "0"),
+                              ("negative", -0.5, "-0.5")):
+        bad = Stream(dtype="fp8", seed=10)
+        bad.set_scale(4, 1, scale)
+        add(case(f"fp8_scale_{name}", f"fp8: the scale of capture id 4 row 1 is {text} (checksums match)",
+                 "data_loss", f"scale ({text}) of capture id 4 row 1 is not finite and positive", stream=bad))
+    fin = Stream(dtype="fp8", final_norm=True, seed=11)
+    fin.set_scale(FINAL, 4, -0.0)
+    add(case("fp8_final_norm_scale", "fp8: the final-norm state's row 4 has scale -0 (checksums match)",
+             "data_loss", "scale (-0) of the final-norm state row 4 is not finite and positive", stream=fin))
+    nan = Stream(dtype="fp8", seed=12)
+    nan.set_value(5, 2, 3, b"\xff")
+    add(case("fp8_payload_nan", "fp8: a NaN byte (0xff) in capture id 5 (checksums match)", "data_loss",
+             "non-finite value (nan) in capture id 5 row 2 column 3", stream=nan))
+
+    def flip_payload(m):
+        data = bytearray(m[chunk_at(m, 4, 2)]["chunk"]["data"])
+        data[4 + 1] ^= 0x01  # row 2's value 1
+        m[chunk_at(m, 4, 2)]["chunk"]["data"] = bytes(data)
+    add(case("fp8_payload_corrupted", "fp8: a payload byte of capture id 4 changed in transit", "data_loss",
+             "capture id 4: the received bytes hash to", stream=Stream(dtype="fp8", seed=13), edit=flip_payload))
+
+    def flip_scale(m):
+        data = bytearray(m[chunk_at(m, 8, 0)]["chunk"]["data"])
+        data[Stream(dtype="fp8").row_bytes() + 1] ^= 0x10  # row 1's scale, still finite and positive
+        m[chunk_at(m, 8, 0)]["chunk"]["data"] = bytes(data)
+    add(case("fp8_scale_corrupted", "fp8: a scale of capture id 8 changed in transit (still a valid scale)",
+             "data_loss", "capture id 8: the received bytes hash to", stream=Stream(dtype="fp8", seed=14),
+             edit=flip_scale))
+
+    def no_scales(m):
+        m[1]["chunk"]["data"] = m[1]["chunk"]["data"][:2 * HIDDEN]
+    add(case("fp8_rows_without_scales", "fp8: a chunk of 2 rows holds the values without their scales",
+             "data_loss", f"holds {2 * HIDDEN} bytes, expected {2 * (HIDDEN + 4)} (whole rows",
+             stream=Stream(dtype="fp8", seed=15), edit=no_scales))
+    add(case("fp8_served_bf16_requested", "fp8 rows where bf16 was requested (the header says fp8)", "data_loss",
+             "the header has dtype DTYPE_FP8_E4M3, requested DTYPE_BF16", stream=Stream(dtype="fp8"),
+             request={"dtype": "bf16"}))
+    return out
+
+
 def cases():
     """Every case, in the table's order."""
     return (control_cases() + fault_cases() + header_and_order_cases() + trailer_and_row_cases() + value_cases()
-            + checksum_and_status_cases())
+            + checksum_and_status_cases() + fp8_cases())
 
 
 def table():

@@ -20,7 +20,9 @@ class OnlineDataset(IterableDataset):
     """Yields hsx.Sample objects (torch tensors), the shape Client and read_sample
     give: hidden_states [T, L, H], token_ids [T] int64, loss_mask [T] int64 when the
     sample has one, final_norm_hidden_states [T, H] with final_norm=True; .index is
-    the sample's position in `samples`, .sample_id its "id" (or the index).
+    the sample's position in `samples`, .sample_id its "id" (or the index). With
+    dtype="fp8" the states travel as e4m3 with a scale per token per layer (half of bf16's
+    bytes) and are yielded dequantized, as bf16 tensors (hsx.fp8).
 
     samples: a sequence of dicts with "input_ids" and optionally "loss_mask", "id".
     servers: addresses; each consumer spreads its samples over all of them, round-robin.

@@ -4,7 +4,7 @@
 all give a `Sample`: a dict from the names of an hsx-dump file's tensors to
 arrays (numpy; torch tensors with torch=True / in OnlineDataset):
 
-    hidden_states             [T, L, H]  bf16 / fp16 / fp32, layers in ascending capture id
+    hidden_states             [T, L, H]  bf16 / fp16 / fp32 (fp8 dequantized to bf16, hsx.fp8), layers ascending
     token_ids                 [T]        int64, the sample's token ids
     loss_mask                 [T]        int64 (0/1), when the input had one
     final_norm_hidden_states  [T, H]     as hidden_states, when the final norm was extracted

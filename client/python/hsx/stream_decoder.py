@@ -10,12 +10,14 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from . import fp8
 from .arrays import NUMPY_DTYPES, to_torch
 from .response_parser import ChunkView
 from .sample import Sample
 from .v1 import hsx_pb2
 
-DTYPES = {"bf16": hsx_pb2.DTYPE_BF16, "fp16": hsx_pb2.DTYPE_FP16, "fp32": hsx_pb2.DTYPE_FP32}
+DTYPES = {"bf16": hsx_pb2.DTYPE_BF16, "fp16": hsx_pb2.DTYPE_FP16, "fp32": hsx_pb2.DTYPE_FP32,
+          "fp8": hsx_pb2.DTYPE_FP8_E4M3}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 FINAL_NORM = -1
 # ExtractRequest.checksum: what a client may ask the Trailer's checksums to be (docs/api.md, "Checksums").
@@ -139,6 +141,8 @@ class StreamDecoder:
             raise IntegrityError(f"{where}: the stream ended without a trailer ({self._current} of "
                                  f"{len(self._tensors)} tensors complete)")
         layers = len(self._header.capture_ids)
+        if self._expect.dtype == "fp8":
+            return self._finish_fp8(where, token_ids, loss_mask, use_torch, index)
         checks = [(self._hidden_states, [_tensor_name(c) for c in self._header.capture_ids], self._values[:layers])]
         if self._final is not None:
             checks.append((self._final[:, None, :], ["the final-norm state"], self._values[layers:]))
@@ -154,6 +158,22 @@ class StreamDecoder:
             raise IntegrityError(f"{where}: {reject}") from None
         return make_sample(self._hidden_states, self._final, list(self._header.capture_ids), self._expect.sample_id,
                            token_ids, loss_mask, use_torch, index)
+
+    def _finish_fp8(self, where: str, token_ids: Sequence[int], loss_mask: Sequence[int] | None, use_torch: bool,
+                    index: int | None) -> Sample:
+        """finish() for fp8: the rows (scale, then values) split, checked (every scale
+        finite and positive, no NaN, no layer all zeros) and dequantized."""
+        values, scales = fp8.split_rows(self._hidden_states)
+        problem = fp8.first_problem(values, scales, [_tensor_name(c) for c in self._header.capture_ids])
+        final = None
+        if problem is None and self._final is not None:
+            final_values, final_scales = fp8.split_rows(self._final)
+            problem = fp8.first_problem(final_values[:, None, :], final_scales[:, None, :], ["the final-norm state"])
+            final = fp8.dequantize(final_values, final_scales)
+        if problem is not None:
+            raise IntegrityError(f"{where}: {problem}")
+        return make_sample(fp8.dequantize(values, scales), final, list(self._header.capture_ids),
+                           self._expect.sample_id, token_ids, loss_mask, use_torch, index)
 
     def _dispatch(self, response: hsx_pb2.ExtractResponse | ChunkView) -> None:
         if self._trailer:
@@ -212,6 +232,10 @@ class StreamDecoder:
         tokens, hidden = e.num_tokens, h.hidden_size
         self._row_bytes = hidden * dtype.itemsize
         self._dtype = dtype
+        if e.dtype == "fp8":  # rows of a scale and H bytes, kept as bytes until finish() splits them
+            dtype, hidden = np.dtype(np.uint8), hidden + fp8.SCALE_BYTES
+            self._row_bytes, self._dtype = hidden, dtype
+        self._row_values = hidden
         # Chunks go straight into their final places: captured layers into the
         # [T, L, H] array, the final norm into its own.
         self._hidden_states = np.empty((tokens, len(ids), hidden), dtype=dtype)
@@ -221,7 +245,7 @@ class StreamDecoder:
             self._final = np.empty((tokens, hidden), dtype=dtype)
             self._targets.append(self._final)
             self._tensors = ids + [FINAL_NORM]
-        self._values = [_ValueScan(e.dtype) for _ in self._tensors]
+        self._values = [_ValueScan(e.dtype) for _ in self._tensors] if e.dtype != "fp8" else []
         self._checksum = checksum
         self._hasher = _HASHERS[checksum]()
 
@@ -245,8 +269,9 @@ class StreamDecoder:
         # The rows are read where grpcio put them: hashed, copied into place once, scanned.
         self._hasher.update(c.data)
         self._targets[self._current][rows:rows + c.num_rows] = np.frombuffer(c.data, dtype=self._dtype).reshape(
-            c.num_rows, self._header.hidden_size)
-        self._values[self._current].scan(c.data)
+            c.num_rows, self._row_values)
+        if self._values:
+            self._values[self._current].scan(c.data)
         self._rows += c.num_rows
         if self._rows == tokens:
             self._digests.append(self._hasher.intdigest())

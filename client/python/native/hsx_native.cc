@@ -39,6 +39,7 @@
 
 #include "base/cli.h"
 #include "format/encoding.h"
+#include "format/fp8.h"
 #include "format/sample_file.h"
 #include "format/state_bytes_pool.h"
 #include "format/stream_assembler.h"
@@ -76,10 +77,23 @@ Outcome DataLoss(std::string message) {
   return o;
 }
 
+// fp8 rows (a scale, then `hidden` e4m3 bytes, each) as a block of bf16
+// values, from `pool` when there is one (pages already mapped, as the
+// assembled samples' blocks).
+std::shared_ptr<TensorBytes> Fp8ToBf16(const TensorBytes& rows, int64_t hidden, StateBytesPool* pool) {
+  const int64_t count = static_cast<int64_t>(rows.size) / RowBytes(OutputDType::kFp8, hidden);
+  const size_t size = static_cast<size_t>(count * hidden) * sizeof(uint16_t);
+  auto values = std::make_shared<StateBytes>(pool != nullptr ? pool->Take(size) : StateBytes(size));
+  char* data = values->data();
+  DequantizeFp8ToBf16(reinterpret_cast<const uint8_t*>(rows.data), count, hidden, reinterpret_cast<uint16_t*>(data));
+  return std::make_shared<TensorBytes>(TensorBytes{std::move(values), data, size});
+}
+
 // The verdict on a stream that ended (as remote_extractor.cc's Attempt::OnDone
 // judges one): the assembler's error first (it cancelled the call), then the
 // call's status, then completeness, then the values.
-Outcome Judge(StreamAssembler& assembler, const absl::Status& error, const grpc::Status& status) {
+Outcome Judge(StreamAssembler& assembler, const absl::Status& error, const grpc::Status& status,
+              StateBytesPool* pool = nullptr) {
   if (!error.ok()) return DataLoss(std::string(error.message()));
   if (!status.ok()) {
     Outcome o;
@@ -105,6 +119,10 @@ Outcome Judge(StreamAssembler& assembler, const absl::Status& error, const grpc:
   };
   o.hidden_states = block(sample.capture_ids.empty() ? nullptr : &sample.tensors[0], sample.layer_bytes());
   if (sample.has_final_norm()) o.final_norm = block(&sample.tensors.back(), sample.tensors.back().bytes);
+  if (sample.dtype == OutputDType::kFp8) {  // handed on dequantized, as bf16 (hsx.fp8)
+    o.hidden_states = Fp8ToBf16(*o.hidden_states, sample.hidden, pool);
+    if (o.final_norm != nullptr) o.final_norm = Fp8ToBf16(*o.final_norm, sample.hidden, pool);
+  }
   return o;
 }
 
@@ -239,7 +257,7 @@ class Channel {
     }
     const grpc::Status status = reader->Finish();
     Unregister(&context);
-    return Judge(assembler, error, status);
+    return Judge(assembler, error, status, pool_.get());
   }
 
   // Runs one unary call of `method` (e.g. "/hsx.v1.HiddenStates/GetModelInfo")

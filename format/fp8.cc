@@ -1,0 +1,206 @@
+// fp8.cc: e4m3 conversion, the scale rule and the row encoding. The loops
+// are branch-free over uint32_t so that GCC vectorises them (-O3, see
+// format/CMakeLists.txt).
+#include "format/fp8.h"
+
+#include <algorithm>
+#include <array>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+// As in tensor_encoding.cc: AVX-512 and AVX2 clones of the row loops beside
+// the baseline, picked at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HSX_FP8_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define HSX_FP8_CLONES
+#endif
+
+namespace hsx {
+namespace {
+
+constexpr uint32_t kMinNormalBits = 0x3c800000u;  // 2^-6, e4m3's smallest normal
+constexpr uint32_t kMaxBits = 0x43e00000u;        // 448
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// FloatToFp8E4m3 on bits, written for the vectoriser: no branches, the
+// three cases selected with masks.
+inline uint8_t ToE4m3(uint32_t u) {
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7fffffffu;
+  // Normal: rebias the exponent (127 -> 7) and round the mantissa to 3 bits.
+  const uint32_t normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  // Subnormal (|x| < 2^-6): multiples of 2^-9; adding 2^23 rounds |x| * 512
+  // to the nearest even integer (0..8; 8 is the smallest normal's bits).
+  const uint32_t sub = Bits(FromBits(a) * 512.0f + 8388608.0f) - 0x4b000000u;
+  const uint32_t is_sub = 0u - static_cast<uint32_t>(a < kMinNormalBits);
+  const uint32_t is_max = 0u - static_cast<uint32_t>(a >= kMaxBits);
+  const uint32_t m = (((sub & is_sub) | (normal & ~is_sub)) & ~is_max) | (0x7eu & is_max);
+  return static_cast<uint8_t>(sign | m);
+}
+
+// The largest |value| of n float32 values (as bits: for finite values the
+// integer order is the float order).
+HSX_FP8_CLONES uint32_t AbsMaxBits(const uint32_t* in, int64_t n) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, in[i] & 0x7fffffffu);
+  return largest;
+}
+
+HSX_FP8_CLONES void QuantizeRow(const uint32_t* in, int64_t n, float scale, uint8_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = ToE4m3(Bits(FromBits(in[i]) / scale));
+}
+
+// The same two loops over bf16 rows, widened on the fly.
+HSX_FP8_CLONES uint32_t AbsMaxBf16Bits(const uint16_t* in, int64_t n) {
+  uint16_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) largest = std::max<uint16_t>(largest, in[i] & 0x7fffu);
+  return static_cast<uint32_t>(largest) << 16;
+}
+
+HSX_FP8_CLONES void QuantizeBf16Row(const uint16_t* in, int64_t n, float scale, uint8_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = ToE4m3(Bits(FromBits(static_cast<uint32_t>(in[i]) << 16) / scale));
+}
+
+// e4m3 bytes times `scale`, as bf16. The byte's exponent and mantissa bits
+// shifted into float32's (<< 20) read as 2^(e - 127) (1 + m / 8), or for
+// e = 0 as the subnormal m 2^-129; either times 2^120 is the e4m3 value.
+HSX_FP8_CLONES void DequantizeRow(const uint8_t* in, int64_t n, float scale, uint16_t* out) {
+  const float factor = 0x1p120f;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = in[i];
+    const float magnitude = FromBits((b & 0x7fu) << 20) * factor;
+    const uint32_t u = Bits(magnitude * scale) | ((b & 0x80u) << 24);
+    out[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+
+// A row of finite values whose largest |value| is `amax`, encoded into `out`.
+void EncodeRow(const uint32_t* bits, int64_t hidden, float amax, char* out) {
+  const float scale = Fp8RowScale(amax);
+  std::memcpy(out, &scale, sizeof(scale));
+  QuantizeRow(bits, hidden, scale, reinterpret_cast<uint8_t*>(out + kFp8ScaleBytes));
+}
+
+std::array<float, 256> MakeTable() {
+  std::array<float, 256> t{};
+  for (int b = 0; b < 256; ++b) {
+    const int exponent = (b >> 3) & 0xf, mantissa = b & 7;
+    float v = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
+                            : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
+    if ((b & 0x7f) == 0x7f) v = NAN;
+    t[b] = (b & 0x80) ? -v : v;
+  }
+  return t;
+}
+
+const std::array<float, 256>& Table() {
+  static const std::array<float, 256> table = MakeTable();
+  return table;
+}
+
+// Row `t` of `src` (kBf16 or kF32): the largest |value|'s float32 bits
+// (inf or NaN bits when some value is not finite).
+uint32_t RowAbsMaxBits(const void* src, ElementType type, int64_t t, int64_t hidden) {
+  return type == ElementType::kBf16 ? AbsMaxBf16Bits(static_cast<const uint16_t*>(src) + t * hidden, hidden)
+                                    : AbsMaxBits(static_cast<const uint32_t*>(src) + t * hidden, hidden);
+}
+
+// Value i of row t as float32.
+float RowValue(const void* src, ElementType type, int64_t t, int64_t hidden, int64_t i) {
+  if (type == ElementType::kBf16) return FromBits(uint32_t{static_cast<const uint16_t*>(src)[t * hidden + i]} << 16);
+  return static_cast<const float*>(src)[t * hidden + i];
+}
+
+}  // namespace
+
+uint8_t FloatToFp8E4m3(float value) { return ToE4m3(Bits(value)); }
+
+float Fp8E4m3ToFloat(uint8_t bits) { return Table()[bits]; }
+
+float Fp8RowScale(float amax) {
+  if (!(amax > 0)) return 1.0f;
+  return std::max(amax / kFp8Max, FLT_MIN);
+}
+
+void EncodeFp8Row(const float* values, int64_t hidden, char* out) {
+  const auto* bits = reinterpret_cast<const uint32_t*>(values);
+  EncodeRow(bits, hidden, FromBits(AbsMaxBits(bits, hidden)), out);
+}
+
+void DecodeFp8Row(const uint8_t* row, int64_t hidden, float* out) {
+  float scale;
+  std::memcpy(&scale, row, sizeof(scale));
+  const std::array<float, 256>& table = Table();
+  for (int64_t i = 0; i < hidden; ++i) out[i] = table[row[kFp8ScaleBytes + i]] * scale;
+}
+
+void DequantizeFp8ToBf16(const uint8_t* rows, int64_t count, int64_t hidden, uint16_t* out) {
+  const int64_t row_bytes = hidden + kFp8ScaleBytes;
+  for (int64_t r = 0; r < count; ++r) {
+    float scale;
+    std::memcpy(&scale, rows + r * row_bytes, sizeof(scale));
+    DequantizeRow(rows + r * row_bytes + kFp8ScaleBytes, hidden, scale, out + r * hidden);
+  }
+}
+
+TensorFindings EncodeFp8Tensor(const void* src, ElementType type, int64_t tokens, int64_t hidden, char* dst,
+                               ChecksumKind checksum) {
+  TensorFindings result;
+  result.checksum_kind = checksum;
+  TensorHash hash(checksum);
+  const int64_t row_bytes = hidden + kFp8ScaleBytes;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const uint32_t largest = RowAbsMaxBits(src, type, t, hidden);
+    if (largest >= 0x7f800000u) {  // rare: locate the value, the sample fails
+      for (int64_t i = 0; i < hidden; ++i) {
+        const float v = RowValue(src, type, t, hidden, i);
+        if (!std::isfinite(v)) {
+          result.bad_index = t * hidden + i;
+          result.bad_value = v;
+          break;
+        }
+      }
+      break;
+    }
+    result.nonzero |= largest != 0;
+    char* out = dst + t * row_bytes;
+    const float scale = Fp8RowScale(FromBits(largest));
+    std::memcpy(out, &scale, sizeof(scale));
+    auto* payload = reinterpret_cast<uint8_t*>(out + kFp8ScaleBytes);
+    if (type == ElementType::kBf16) {
+      QuantizeBf16Row(static_cast<const uint16_t*>(src) + t * hidden, hidden, scale, payload);
+    } else {
+      QuantizeRow(static_cast<const uint32_t*>(src) + t * hidden, hidden, scale, payload);
+    }
+    hash.Update(out, static_cast<size_t>(row_bytes));
+  }
+  result.checksum = hash.Digest();
+  return result;
+}
+
+int64_t CheckFp8Bytes(const void* bytes, int64_t count, bool* nonzero) {
+  const auto* in = static_cast<const uint8_t*>(bytes);
+  uint8_t largest = 0;
+  for (int64_t i = 0; i < count; ++i) largest = std::max<uint8_t>(largest, in[i] & 0x7fu);
+  *nonzero = *nonzero || largest != 0;
+  if (largest != 0x7fu) return -1;
+  for (int64_t i = 0; i < count; ++i) {
+    if ((in[i] & 0x7fu) == 0x7fu) return i;
+  }
+  return -1;
+}
+
+}  // namespace hsx

@@ -1,0 +1,66 @@
+// fp8.h: the fp8 output dtype: float8 e4m3 (OCP "e4m3fn": 4 exponent bits,
+// bias 7, 3 mantissa bits, no infinities, 0x7f and 0xff are NaN, largest
+// finite 448) with one float32 scale per row (per token per layer).
+//
+// The scale rule (docs/formats.md, "fp8"): a row's scale is its largest
+// absolute value divided by 448, at least FLT_MIN (the smallest normal
+// float32), and 1 for a row of zeros; each value is stored as
+// e4m3(value / scale), rounded to nearest even (a quotient of 448 or more in
+// magnitude, which rounding of the division can give, saturates to 448). A
+// value is read back as e4m3 * scale (in float32). Every scale is therefore
+// finite and positive, which both decoders require.
+//
+// An encoded row is its scale (4 bytes, little-endian float32) followed by
+// its `hidden` e4m3 bytes: RowBytes(kFp8, hidden) = hidden + 4 bytes. The
+// stream sends rows so (the checksum covers scales and payload); the file
+// splits them into hidden_states (F8_E4M3) and hidden_states_scales (F32).
+#ifndef HSX_FORMAT_FP8_H_
+#define HSX_FORMAT_FP8_H_
+
+#include <cstdint>
+
+#include "format/tensor_encoding.h"
+#include "format/tensor_hash.h"
+#include "kernels/backend.h"
+
+namespace hsx {
+
+inline constexpr float kFp8Max = 448.0f;
+inline constexpr int64_t kFp8ScaleBytes = 4;
+
+// e4m3 bits of `value` (finite), rounded to nearest even; magnitudes of 448
+// or more give +-448.
+uint8_t FloatToFp8E4m3(float value);
+// The value of e4m3 bits (NaN for 0x7f and 0xff).
+float Fp8E4m3ToFloat(uint8_t bits);
+
+// The scale of a row whose largest absolute value is `amax` (finite, >= 0).
+float Fp8RowScale(float amax);
+// What a decoder accepts as a scale: finite and greater than zero.
+inline bool ValidFp8Scale(float scale) { return scale > 0 && scale <= 3.4028234663852886e38f; }
+
+// One row of `hidden` finite values into `out` (RowBytes(kFp8, hidden) bytes).
+void EncodeFp8Row(const float* values, int64_t hidden, char* out);
+// The inverse: `hidden` values of the encoded row at `row` (any alignment).
+void DecodeFp8Row(const uint8_t* row, int64_t hidden, float* out);
+
+// `rows` encoded rows of `hidden` values (RowBytes(kFp8, hidden) bytes each,
+// scales valid) as bf16 values into `out` (rows * hidden): e4m3 * scale in
+// float32, rounded to nearest even; what DecodeFp8Row then FloatToBf16 give,
+// vectorised (the Python client's native path hands samples on so).
+void DequantizeFp8ToBf16(const uint8_t* rows, int64_t count, int64_t hidden, uint16_t* out);
+
+// EncodeTensor for fp8: `tokens` rows of `hidden` values at `src` (activation
+// type kF32 or kBf16) into `dst`, which holds tokens * (hidden + 4) bytes,
+// checked (the first non-finite value stops it, as EncodeTensor) and hashed
+// (the encoded bytes, scales included).
+TensorFindings EncodeFp8Tensor(const void* src, ElementType type, int64_t tokens, int64_t hidden, char* dst,
+                               ChecksumKind checksum);
+
+// The receiver's check of `count` e4m3 bytes: the index of the first NaN
+// (0x7f or 0xff), or -1; ORs into *nonzero whether any is neither +0 nor -0.
+int64_t CheckFp8Bytes(const void* bytes, int64_t count, bool* nonzero);
+
+}  // namespace hsx
+
+#endif  // HSX_FORMAT_FP8_H_
