@@ -6,6 +6,7 @@ paths), hsx.OnlineDataset and hsx.read_sample give the same dequantized values; 
 with a corrupted scale or payload is refused by hsx-verify and by read_sample."""
 
 import json
+import shutil
 import struct
 
 import ml_dtypes
@@ -140,9 +141,7 @@ def corrupt(path, name, offset, raw):
 def test_corrupted_files_are_refused_by_both_readers(run, dumps, tmp_path, what, name, offset, raw, message):
     samples, inputs, base = dumps
     out = tmp_path / "out"
-    out.mkdir()
-    for f in (base / "remote").iterdir():
-        (out / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(base / "remote", out)  # the files, the journal and the status/ directory
     i = next(i for i, r in enumerate(samples) if len(r["input_ids"]) >= 3)
     corrupt(out / f"hs_{i}.safetensors", name, offset, raw)
     proc = run("hsx-verify", out, "--input", inputs, expect_ok=False)

@@ -87,29 +87,15 @@ def native_sample(outcome: Any, expect: StreamExpectation, loss_mask: Sequence[i
         raise NativeRpcError(_STATUS_CODES.get(outcome.code, grpc.StatusCode.UNKNOWN), outcome.message)
     if outcome.kind != "ok":
         raise IntegrityError(f"sample {expect.sample_id!r}: {outcome.message}")
-    dtype = NUMPY_DTYPES[expect.dtype]
-    if expect.dtype == "fp8":
-        return _native_fp8_sample(outcome, expect, loss_mask, use_torch, index)
+    # fp8: the module checked the rows (scales included) as they arrived and hands them on
+    # dequantized to bf16 (format/fp8.h's DequantizeFp8ToBf16: what hsx.fp8.dequantize gives, bit
+    # for bit).
+    dtype = NUMPY_DTYPES["bf16" if expect.dtype == "fp8" else expect.dtype]
     hidden_states = np.frombuffer(outcome.hidden_states, dtype).reshape(
         outcome.tokens, len(outcome.capture_ids), outcome.hidden)
     final_norm = None
     if outcome.final_norm is not None:
         final_norm = np.frombuffer(outcome.final_norm, dtype).reshape(outcome.tokens, outcome.hidden)
-    return make_sample(hidden_states, final_norm, list(outcome.capture_ids), expect.sample_id, expect.token_ids,
-                       loss_mask, use_torch, index)
-
-
-def _native_fp8_sample(outcome: Any, expect: StreamExpectation, loss_mask: Sequence[int] | None, use_torch: bool,
-                       index: int | None) -> Sample:
-    """native_sample for fp8: the module checked the rows (scales included) as they
-    arrived and hands them on dequantized to bf16 (format/fp8.h's
-    DequantizeFp8ToBf16: what hsx.fp8.dequantize gives, bit for bit)."""
-    bf16 = NUMPY_DTYPES["bf16"]
-    hidden_states = np.frombuffer(outcome.hidden_states, bf16).reshape(
-        outcome.tokens, len(outcome.capture_ids), outcome.hidden)
-    final_norm = None
-    if outcome.final_norm is not None:
-        final_norm = np.frombuffer(outcome.final_norm, bf16).reshape(outcome.tokens, outcome.hidden)
     return make_sample(hidden_states, final_norm, list(outcome.capture_ids), expect.sample_id, expect.token_ids,
                        loss_mask, use_torch, index)
 
