@@ -30,7 +30,7 @@ struct Fp8RowKernels {
 };
 
 const Fp8RowKernels& PortableFp8Kernels();
-// Null where the CPU lacks AVX-512 (F and BW) or the build is not for x86-64.
+// Null where the CPU lacks AVX-512 (F, BW, DQ, VL) or the build is not for x86-64.
 const Fp8RowKernels* Avx512Fp8Kernels();
 // The AVX-512 set where there is one, else the portable set.
 const Fp8RowKernels& BestFp8Kernels();

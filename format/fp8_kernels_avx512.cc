@@ -8,6 +8,8 @@
 // masked loads and stores.
 #include "format/fp8_kernels.h"
 
+#include "format/fp8.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 // GCC 12's AVX-512 headers start intrinsics from a deliberately uninitialised
 // vector, which -O3 reports as a false -Wmaybe-uninitialized.
@@ -24,22 +26,41 @@ namespace hsx {
 #ifdef HSX_FP8_AVX512
 namespace {
 
-#define HSX_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define HSX_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 
-// e4m3 codes (in the low byte of each lane) of 16 float32 quotients.
-HSX_AVX512 inline __m512i E4m3Codes(__m512 q) {
-  const __m512i u = _mm512_castps_si512(q);
-  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
-  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
-  __m512i normal = _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7ffff)), odd);
-  normal = _mm512_sub_epi32(_mm512_srli_epi32(normal, 20), _mm512_set1_epi32(120 << 3));
-  normal = _mm512_min_epu32(normal, _mm512_set1_epi32(0x7e));
-  const __m512 shifted = _mm512_add_ps(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)),
-                                       _mm512_set1_ps(8388608.0f));
-  const __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(shifted), _mm512_set1_epi32(0x4b000000));
+// e4m3 codes of 16 float32 quotients without their signs (0..0x7e, one a
+// 32-bit lane).
+HSX_AVX512 inline __m512i MagnitudeCodes(__m512 q) {
+  // |q|, at most 448 (vrangeps 0b1010: the smaller magnitude, sign cleared).
+  const __m512 m = _mm512_range_ps(q, _mm512_set1_ps(kFp8Max), 0x0a);
+  const __m512i a = _mm512_castps_si512(m);
+  // Normal: the rounding bias 0x7ffff, plus 1 where the lowest kept mantissa
+  // bit (bit 20) is set, and the exponent's rebias (127 -> 7) in one constant.
+  __m512i normal = _mm512_add_epi32(a, _mm512_set1_epi32(0x7ffff - (120 << 23)));
+  normal = _mm512_mask_add_epi32(normal, _mm512_test_epi32_mask(a, _mm512_set1_epi32(1 << 20)), normal,
+                                 _mm512_set1_epi32(1));
+  normal = _mm512_srli_epi32(normal, 20);
+  // Subnormal (below 2^-6): |q| * 512 + 2^23 rounds to the nearest even integer.
+  const __m512 shifted = _mm512_fmadd_ps(m, _mm512_set1_ps(512.0f), _mm512_set1_ps(8388608.0f));
   const __mmask16 is_sub = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(0x3c800000));
-  return _mm512_or_si512(_mm512_mask_blend_epi32(is_sub, normal, sub), sign);
+  return _mm512_mask_sub_epi32(normal, is_sub, _mm512_castps_si512(shifted), _mm512_set1_epi32(0x4b000000));
+}
+
+// The full codes (sign in bit 7) of 16 float32 quotients.
+HSX_AVX512 inline __m512i E4m3Codes(__m512 q) {
+  const __m512i sign = _mm512_srli_epi32(_mm512_castps_si512(q), 24);
+  return _mm512_ternarylogic_epi32(MagnitudeCodes(q), sign, _mm512_set1_epi32(0x80), 0xf8);  // a | (b & c)
+}
+
+// The codes of 32 bf16 values `x` divided by `s`, one a 16-bit lane: the
+// values widened by interleaving with zeros (lanes out of order within each
+// 128-bit block, put back in order by the pack), the sign from the input.
+HSX_AVX512 inline __m512i Bf16Codes(__m512i x, __m512 s) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i low = MagnitudeCodes(_mm512_div_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, x)), s));
+  const __m512i high = MagnitudeCodes(_mm512_div_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, x)), s));
+  const __m512i sign = _mm512_srli_epi16(x, 8);
+  return _mm512_ternarylogic_epi32(_mm512_packus_epi32(low, high), sign, _mm512_set1_epi16(0x80), 0xf8);
 }
 
 // The largest of 16 unsigned lanes (stored and scanned: GCC 12's reduction
@@ -70,21 +91,16 @@ HSX_AVX512 void QuantizeF32(const uint32_t* in, int64_t n, float scale, uint8_t*
   }
 }
 
-HSX_AVX512 inline __m512 WidenBf16(__m256i h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 HSX_AVX512 void QuantizeBf16(const uint16_t* in, int64_t n, float scale, uint8_t* out) {
   const __m512 s = _mm512_set1_ps(scale);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 x = WidenBf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(E4m3Codes(_mm512_div_ps(x, s))));
+  for (; i + 32 <= n; i += 32) {
+    const __m512i codes = Bf16Codes(_mm512_loadu_si512(in + i), s);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi16_epi8(codes));
   }
   if (i < n) {
-    const __mmask16 m = TailMask(n - i);
-    const __m512 x = WidenBf16(_mm256_maskz_loadu_epi16(m, in + i));
-    _mm512_mask_cvtepi32_storeu_epi8(out + i, m, E4m3Codes(_mm512_div_ps(x, s)));
+    const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << (n - i)) - 1u);
+    _mm512_mask_cvtepi16_storeu_epi8(out + i, m, Bf16Codes(_mm512_maskz_loadu_epi16(m, in + i), s));
   }
 }
 
@@ -124,7 +140,7 @@ HSX_AVX512 uint32_t AbsMaxBf16(const uint16_t* in, int64_t n) {
 bool CpuHasAvx512() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 }
 
 }  // namespace
