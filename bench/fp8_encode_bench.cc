@@ -3,7 +3,9 @@
 // vectorises, as in its AVX-512 clone), on rows of hidden size 7168 from
 // bf16 and from float32 activations. "rows" is the row loops alone (largest
 // |value|, then the quantisation); "tensor" is EncodeFp8Tensor as the server
-// runs it (checks and the xxh3 checksum of the encoded bytes included).
+// runs it (checks and the xxh3 checksum of the encoded bytes included);
+// "dequantize" is the receiving side's DequantizeFp8ToBf16 loop (the Python
+// client's native path) over the encoded rows.
 //
 // Not a test. Interleaved repeats; prints CPU-ns per value (median and
 // range) and each AVX-512 median over the portable one from the same run.
@@ -109,6 +111,16 @@ int main(int argc, char** argv) {
                        hsx::EncodeFp8TensorWith(k, src, type, tokens, hidden, out.data(), hsx::ChecksumKind::kXxh3);
                      }, {}, {}});
   }
+  std::vector<uint16_t> bf16_out(tokens * hidden);
+  cases.push_back({"dequantize", [&](const Fp8RowKernels& k) {
+                     const int64_t row_bytes = hidden + hsx::kFp8ScaleBytes;
+                     for (int64_t t = 0; t < tokens; ++t) {
+                       const auto* row = reinterpret_cast<const uint8_t*>(out.data() + t * row_bytes);
+                       float scale;
+                       std::memcpy(&scale, row, sizeof(scale));
+                       k.dequantize_bf16(row + hsx::kFp8ScaleBytes, hidden, scale, bf16_out.data() + t * hidden);
+                     }
+                   }, {}, {}});
   const double values = static_cast<double>(tokens * hidden);
   for (int r = 0; r < repeats; ++r) {
     for (Case& c : cases) {

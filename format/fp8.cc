@@ -130,7 +130,8 @@ float RowValue(const void* src, ElementType type, int64_t t, int64_t hidden, int
 }  // namespace
 
 const Fp8RowKernels& PortableFp8Kernels() {
-  static const Fp8RowKernels kernels{"portable", AbsMaxBits, AbsMaxBf16Bits, QuantizeRow, QuantizeBf16Row};
+  static const Fp8RowKernels kernels{"portable", AbsMaxBits, AbsMaxBf16Bits, QuantizeRow, QuantizeBf16Row,
+                                     DequantizeRow};
   return kernels;
 }
 
@@ -156,11 +157,12 @@ void DecodeFp8Row(const uint8_t* row, int64_t hidden, float* out) {
 }
 
 void DequantizeFp8ToBf16(const uint8_t* rows, int64_t count, int64_t hidden, uint16_t* out) {
+  const Fp8RowKernels& kernels = BestFp8Kernels();
   const int64_t row_bytes = hidden + kFp8ScaleBytes;
   for (int64_t r = 0; r < count; ++r) {
     float scale;
     std::memcpy(&scale, rows + r * row_bytes, sizeof(scale));
-    DequantizeRow(rows + r * row_bytes + kFp8ScaleBytes, hidden, scale, out + r * hidden);
+    kernels.dequantize_bf16(rows + r * row_bytes + kFp8ScaleBytes, hidden, scale, out + r * hidden);
   }
 }
 

@@ -1,13 +1,15 @@
 // fp8_kernels.h: the row loops of the fp8 encoding (format/fp8.h): the
 // largest |value| of a row and the quantisation of a row by its scale, for
-// float32 and bf16 rows.
+// float32 and bf16 rows, and the receiver's dequantisation of a row to bf16.
 //
 // Two sets that give the same results bit for bit: the portable one (plain
 // loops that GCC vectorises, with AVX-512 and AVX2 clones) and an AVX-512
 // one written with intrinsics (a division, then e4m3 rounding on the
-// quotient's bits, 16 values a step), which is several times faster.
-// BestFp8Kernels() is what the encoder uses; the tests check the AVX-512 set
-// against the portable one and bench/fp8_encode_bench times both.
+// quotient's bits, 32 bf16 values a step; dequantisation through a table of
+// the row's 128 magnitudes), which is faster (bench/fp8_encode_bench).
+// BestFp8Kernels() is what EncodeFp8Tensor, EncodeFp8Row and
+// DequantizeFp8ToBf16 use; the tests check the AVX-512 set against the
+// scalar contract and the portable set.
 #ifndef HSX_FORMAT_FP8_KERNELS_H_
 #define HSX_FORMAT_FP8_KERNELS_H_
 
@@ -27,6 +29,9 @@ struct Fp8RowKernels {
   // out[i] = FloatToFp8E4m3(value_i / scale) for n values.
   void (*quantize_f32)(const uint32_t* in, int64_t n, float scale, uint8_t* out);
   void (*quantize_bf16)(const uint16_t* in, int64_t n, float scale, uint8_t* out);
+  // The receiving side: out[i] = bf16 of e4m3 in[i] times scale (what
+  // DequantizeFp8ToBf16 does for each row).
+  void (*dequantize_bf16)(const uint8_t* in, int64_t n, float scale, uint16_t* out);
 };
 
 const Fp8RowKernels& PortableFp8Kernels();

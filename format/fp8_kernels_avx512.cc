@@ -8,6 +8,8 @@
 // masked loads and stores.
 #include "format/fp8_kernels.h"
 
+#include <array>
+
 #include "format/fp8.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -135,6 +137,39 @@ HSX_AVX512 uint32_t AbsMaxBf16(const uint16_t* in, int64_t n) {
   return MaxLane(halves) << 16;
 }
 
+// Dequantisation by a table: the row's 128 magnitudes (codes 0..127, by the
+// portable loop, so the same bf16 bits), looked up 32 codes a step
+// (vpermt2w over two 64-entry halves, chosen by bit 6), the sign (bit 7)
+// moved to bf16's bit 15.
+HSX_AVX512 inline __m512i Bf16Values(__m512i codes, const __m512i table[4]) {
+  const __m512i low = _mm512_permutex2var_epi16(table[0], codes, table[1]);
+  const __m512i high = _mm512_permutex2var_epi16(table[2], codes, table[3]);
+  const __m512i magnitude = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(codes, _mm512_set1_epi16(0x40)), low, high);
+  return _mm512_ternarylogic_epi32(magnitude, _mm512_slli_epi16(codes, 8), _mm512_set1_epi16(-0x8000), 0xf8);
+}
+
+HSX_AVX512 void DequantizeBf16(const uint8_t* in, int64_t n, float scale, uint16_t* out) {
+  static constexpr std::array<uint8_t, 128> kCodes = [] {
+    std::array<uint8_t, 128> codes{};
+    for (int c = 0; c < 128; ++c) codes[c] = static_cast<uint8_t>(c);
+    return codes;
+  }();
+  alignas(64) uint16_t magnitudes[128];
+  PortableFp8Kernels().dequantize_bf16(kCodes.data(), 128, scale, magnitudes);
+  __m512i table[4];
+  for (int k = 0; k < 4; ++k) table[k] = _mm512_load_si512(magnitudes + 32 * k);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
+    _mm512_storeu_si512(out + i, Bf16Values(codes, table));
+  }
+  if (i < n) {
+    const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << (n - i)) - 1u);
+    const __m512i codes = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, in + i));
+    _mm512_mask_storeu_epi16(out + i, m, Bf16Values(codes, table));
+  }
+}
+
 #undef HSX_AVX512
 
 bool CpuHasAvx512() {
@@ -146,7 +181,7 @@ bool CpuHasAvx512() {
 }  // namespace
 
 const Fp8RowKernels* Avx512Fp8Kernels() {
-  static const Fp8RowKernels kernels{"avx512", AbsMaxF32, AbsMaxBf16, QuantizeF32, QuantizeBf16};
+  static const Fp8RowKernels kernels{"avx512", AbsMaxF32, AbsMaxBf16, QuantizeF32, QuantizeBf16, DequantizeBf16};
   static const bool available = CpuHasAvx512();
   return available ? &kernels : nullptr;
 }

@@ -3,8 +3,8 @@
 // fp8_test.cc checks against a nearest-value search): for every finite bf16
 // value under a set of scales, for random float32 values and scales, at every
 // row tail length (writing nothing past the row), and for the largest
-// |value| and the whole tensor encoder against the portable loops. Skipped
-// where the CPU lacks AVX-512.
+// |value|, the dequantisation and the whole tensor encoder against the
+// portable loops. Skipped where the CPU lacks AVX-512.
 #include "format/fp8_kernels.h"
 
 #include <cfloat>
@@ -139,6 +139,23 @@ TEST(Fp8KernelsTest, AbsMaxSeesTheLargestAndNonFiniteValuesAnywhere) {
         EXPECT_EQ(k.abs_max_f32(f32.data(), n), special & 0x7fffffffu) << n << " " << at;
         EXPECT_EQ(k.abs_max_bf16(bf16.data(), n), special & 0x7fff0000u) << n << " " << at;
       }
+    }
+  }
+}
+
+TEST(Fp8KernelsTest, DequantizationGivesThePortableValues) {
+  SKIP_WITHOUT_AVX512();
+  const Fp8RowKernels& k = Avx512OrSkip();
+  // Every code, in rows of every length up to 300 (tails), under scales
+  // small, large and subnormal-making; guard values after the row.
+  std::vector<uint8_t> codes(300);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i * 37 + i / 256);
+  for (float scale : {1.0f, 0.0123f, 3.7e5f, 1e-37f, FLT_MIN, 7.6e34f}) {
+    for (int64_t n = 0; n <= 300; n += (n < 70 ? 1 : 23)) {
+      std::vector<uint16_t> fast(n + 32, 0xcccc), slow(n + 32, 0xcccc);
+      k.dequantize_bf16(codes.data(), n, scale, fast.data());
+      PortableFp8Kernels().dequantize_bf16(codes.data(), n, scale, slow.data());
+      ASSERT_TRUE(fast == slow) << "scale " << scale << " n " << n;
     }
   }
 }
