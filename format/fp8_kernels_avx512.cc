@@ -16,8 +16,10 @@
 // GCC 12's AVX-512 headers start intrinsics from a deliberately uninitialised
 // vector, which -O3 reports as a false -Wmaybe-uninitialized.
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #define HSX_FP8_AVX512 1
