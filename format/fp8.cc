@@ -1,6 +1,7 @@
 // fp8.cc: e4m3 conversion, the scale rule and the row encoding. The loops
 // are branch-free over uint32_t so that GCC vectorises them (-O3, see
-// format/CMakeLists.txt).
+// format/CMakeLists.txt); they are the portable set of format/fp8_kernels.h,
+// which the encoder uses where the CPU lacks AVX-512.
 #include "format/fp8.h"
 
 #include <algorithm>
@@ -8,6 +9,8 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+
+#include "format/fp8_kernels.h"
 
 // As in tensor_encoding.cc: AVX-512 and AVX2 clones of the row loops beside
 // the baseline, picked at load time.
@@ -91,7 +94,7 @@ HSX_FP8_CLONES void DequantizeRow(const uint8_t* in, int64_t n, float scale, uin
 void EncodeRow(const uint32_t* bits, int64_t hidden, float amax, char* out) {
   const float scale = Fp8RowScale(amax);
   std::memcpy(out, &scale, sizeof(scale));
-  QuantizeRow(bits, hidden, scale, reinterpret_cast<uint8_t*>(out + kFp8ScaleBytes));
+  BestFp8Kernels().quantize_f32(bits, hidden, scale, reinterpret_cast<uint8_t*>(out + kFp8ScaleBytes));
 }
 
 std::array<float, 256> MakeTable() {
@@ -113,9 +116,9 @@ const std::array<float, 256>& Table() {
 
 // Row `t` of `src` (kBf16 or kF32): the largest |value|'s float32 bits
 // (inf or NaN bits when some value is not finite).
-uint32_t RowAbsMaxBits(const void* src, ElementType type, int64_t t, int64_t hidden) {
-  return type == ElementType::kBf16 ? AbsMaxBf16Bits(static_cast<const uint16_t*>(src) + t * hidden, hidden)
-                                    : AbsMaxBits(static_cast<const uint32_t*>(src) + t * hidden, hidden);
+uint32_t RowAbsMaxBits(const Fp8RowKernels& k, const void* src, ElementType type, int64_t t, int64_t hidden) {
+  return type == ElementType::kBf16 ? k.abs_max_bf16(static_cast<const uint16_t*>(src) + t * hidden, hidden)
+                                    : k.abs_max_f32(static_cast<const uint32_t*>(src) + t * hidden, hidden);
 }
 
 // Value i of row t as float32.
@@ -125,6 +128,12 @@ float RowValue(const void* src, ElementType type, int64_t t, int64_t hidden, int
 }
 
 }  // namespace
+
+const Fp8RowKernels& PortableFp8Kernels() {
+  static const Fp8RowKernels kernels{"portable", AbsMaxBits, AbsMaxBf16Bits, QuantizeRow, QuantizeBf16Row,
+                                     DequantizeRow};
+  return kernels;
+}
 
 uint8_t FloatToFp8E4m3(float value) { return ToE4m3(Bits(value)); }
 
@@ -137,7 +146,7 @@ float Fp8RowScale(float amax) {
 
 void EncodeFp8Row(const float* values, int64_t hidden, char* out) {
   const auto* bits = reinterpret_cast<const uint32_t*>(values);
-  EncodeRow(bits, hidden, FromBits(AbsMaxBits(bits, hidden)), out);
+  EncodeRow(bits, hidden, FromBits(BestFp8Kernels().abs_max_f32(bits, hidden)), out);
 }
 
 void DecodeFp8Row(const uint8_t* row, int64_t hidden, float* out) {
@@ -148,22 +157,28 @@ void DecodeFp8Row(const uint8_t* row, int64_t hidden, float* out) {
 }
 
 void DequantizeFp8ToBf16(const uint8_t* rows, int64_t count, int64_t hidden, uint16_t* out) {
+  const Fp8RowKernels& kernels = BestFp8Kernels();
   const int64_t row_bytes = hidden + kFp8ScaleBytes;
   for (int64_t r = 0; r < count; ++r) {
     float scale;
     std::memcpy(&scale, rows + r * row_bytes, sizeof(scale));
-    DequantizeRow(rows + r * row_bytes + kFp8ScaleBytes, hidden, scale, out + r * hidden);
+    kernels.dequantize_bf16(rows + r * row_bytes + kFp8ScaleBytes, hidden, scale, out + r * hidden);
   }
 }
 
 TensorFindings EncodeFp8Tensor(const void* src, ElementType type, int64_t tokens, int64_t hidden, char* dst,
                                ChecksumKind checksum) {
+  return EncodeFp8TensorWith(BestFp8Kernels(), src, type, tokens, hidden, dst, checksum);
+}
+
+TensorFindings EncodeFp8TensorWith(const Fp8RowKernels& kernels, const void* src, ElementType type, int64_t tokens,
+                                   int64_t hidden, char* dst, ChecksumKind checksum) {
   TensorFindings result;
   result.checksum_kind = checksum;
   TensorHash hash(checksum);
   const int64_t row_bytes = hidden + kFp8ScaleBytes;
   for (int64_t t = 0; t < tokens; ++t) {
-    const uint32_t largest = RowAbsMaxBits(src, type, t, hidden);
+    const uint32_t largest = RowAbsMaxBits(kernels, src, type, t, hidden);
     if (largest >= 0x7f800000u) {  // rare: locate the value, the sample fails
       for (int64_t i = 0; i < hidden; ++i) {
         const float v = RowValue(src, type, t, hidden, i);
@@ -181,9 +196,9 @@ TensorFindings EncodeFp8Tensor(const void* src, ElementType type, int64_t tokens
     std::memcpy(out, &scale, sizeof(scale));
     auto* payload = reinterpret_cast<uint8_t*>(out + kFp8ScaleBytes);
     if (type == ElementType::kBf16) {
-      QuantizeBf16Row(static_cast<const uint16_t*>(src) + t * hidden, hidden, scale, payload);
+      kernels.quantize_bf16(static_cast<const uint16_t*>(src) + t * hidden, hidden, scale, payload);
     } else {
-      QuantizeRow(static_cast<const uint32_t*>(src) + t * hidden, hidden, scale, payload);
+      kernels.quantize_f32(static_cast<const uint32_t*>(src) + t * hidden, hidden, scale, payload);
     }
     hash.Update(out, static_cast<size_t>(row_bytes));
   }
