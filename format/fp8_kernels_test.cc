@@ -46,17 +46,12 @@ std::vector<float> Scales() {
   return s;
 }
 
-const Fp8RowKernels& Avx512OrSkip() {
-  static const Fp8RowKernels none{};
-  return Avx512Fp8Kernels() ? *Avx512Fp8Kernels() : none;
-}
-
 #define SKIP_WITHOUT_AVX512() \
   if (Avx512Fp8Kernels() == nullptr) GTEST_SKIP() << "no AVX-512 on this CPU"
 
 TEST(Fp8KernelsTest, EveryBf16ValueUnderEachScale) {
   SKIP_WITHOUT_AVX512();
-  const Fp8RowKernels& k = Avx512OrSkip();
+  const Fp8RowKernels& k = *Avx512Fp8Kernels();  // after SKIP_WITHOUT_AVX512
   const std::vector<uint16_t> in = AllFiniteBf16();
   std::vector<uint32_t> wide(in.size());
   for (size_t i = 0; i < in.size(); ++i) wide[i] = uint32_t{in[i]} << 16;
@@ -78,7 +73,7 @@ TEST(Fp8KernelsTest, EveryBf16ValueUnderEachScale) {
 
 TEST(Fp8KernelsTest, RandomFloat32ValuesAndScales) {
   SKIP_WITHOUT_AVX512();
-  const Fp8RowKernels& k = Avx512OrSkip();
+  const Fp8RowKernels& k = *Avx512Fp8Kernels();  // after SKIP_WITHOUT_AVX512
   std::mt19937 rng(11);
   std::vector<uint32_t> in(1 << 16);
   std::vector<uint8_t> got(in.size());
@@ -99,7 +94,7 @@ TEST(Fp8KernelsTest, RandomFloat32ValuesAndScales) {
 
 TEST(Fp8KernelsTest, EveryTailLengthWritesOnlyTheRow) {
   SKIP_WITHOUT_AVX512();
-  const Fp8RowKernels& k = Avx512OrSkip();
+  const Fp8RowKernels& k = *Avx512Fp8Kernels();  // after SKIP_WITHOUT_AVX512
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 2.0f);
   for (int64_t n = 0; n <= 80; ++n) {
@@ -128,7 +123,7 @@ TEST(Fp8KernelsTest, EveryTailLengthWritesOnlyTheRow) {
 
 TEST(Fp8KernelsTest, AbsMaxSeesTheLargestAndNonFiniteValuesAnywhere) {
   SKIP_WITHOUT_AVX512();
-  const Fp8RowKernels& k = Avx512OrSkip();
+  const Fp8RowKernels& k = *Avx512Fp8Kernels();  // after SKIP_WITHOUT_AVX512
   for (int64_t n : {1, 31, 32, 33, 100, 7168}) {
     for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
       for (uint32_t special : {0xc2f60000u, 0x7f800000u, 0xffc00000u, 0x00010000u}) {  // -123, inf, NaN, tiny
@@ -145,7 +140,7 @@ TEST(Fp8KernelsTest, AbsMaxSeesTheLargestAndNonFiniteValuesAnywhere) {
 
 TEST(Fp8KernelsTest, DequantizationGivesThePortableValues) {
   SKIP_WITHOUT_AVX512();
-  const Fp8RowKernels& k = Avx512OrSkip();
+  const Fp8RowKernels& k = *Avx512Fp8Kernels();  // after SKIP_WITHOUT_AVX512
   // Every code, in rows of every length up to 300 (tails), under scales
   // small, large and subnormal-making; guard values after the row.
   std::vector<uint8_t> codes(300);

@@ -168,6 +168,15 @@ absl::Status CheckSampleValues(const SampleTensors& sample, const std::vector<st
 
 namespace {
 
+// Appends `piece` to `out`, joined with the last piece when they lie end to end.
+void AppendJoined(const BytePiece& piece, std::vector<BytePiece>* out) {
+  if (!out->empty() && out->back().data() + out->back().size() == piece.data()) {
+    out->back() = BytePiece(out->back().data(), out->back().size() + piece.size());
+  } else {
+    out->push_back(piece);
+  }
+}
+
 // The sample's hidden states and final norm as pieces in file order,
 // hidden_states' rows walked t-major (row t of every layer, then row t + 1),
 // pieces that lie end to end in memory joined. False when the tensors are
@@ -194,13 +203,7 @@ bool FilePieces(const SampleTensors& sample, std::vector<BytePiece>* hidden, std
     for (PieceReader& reader : readers) {
       row_pieces.clear();
       if (!reader.Take(static_cast<uint64_t>(row), &row_pieces)) return false;
-      for (const BytePiece& piece : row_pieces) {
-        if (!hidden->empty() && hidden->back().data() + hidden->back().size() == piece.data()) {
-          hidden->back() = BytePiece(hidden->back().data(), hidden->back().size() + piece.size());
-        } else {
-          hidden->push_back(piece);
-        }
-      }
+      for (const BytePiece& piece : row_pieces) AppendJoined(piece, hidden);
     }
   }
   return true;
@@ -213,15 +216,6 @@ std::optional<uint64_t> KnownXxh64(const SampleTensor& tensor) {
     return std::nullopt;
   }
   return tensor.findings->checksum;
-}
-
-// Appends `piece` to `out`, joined with the last piece when they lie end to end.
-void AppendJoined(const BytePiece& piece, std::vector<BytePiece>* out) {
-  if (!out->empty() && out->back().data() + out->back().size() == piece.data()) {
-    out->back() = BytePiece(out->back().data(), out->back().size() + piece.size());
-  } else {
-    out->push_back(piece);
-  }
 }
 
 // fp8 rows (a scale, then `hidden` bytes, each) as two tensors' pieces: the

@@ -40,10 +40,6 @@ std::vector<std::string> FilesIn(const std::string& dir, const char* sub, const 
   return paths;
 }
 
-absl::Status Errno(const std::string& path, absl::string_view what) {
-  return absl::InternalError(absl::StrCat(path, ": ", what, ": ", std::strerror(errno)));
-}
-
 template <typename T>
 T Field(const json& object, const char* key, T fallback) {
   auto it = object.find(key);
@@ -58,16 +54,9 @@ T Field(const json& object, const char* key, T fallback) {
 // Writes `text` to a new file `path` and fsyncs it.
 absl::Status WriteNewFile(const std::string& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno(path, "cannot create");
-  absl::Status status;
-  size_t written = 0;
-  while (written < text.size() && status.ok()) {
-    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) status = Errno(path, "write failed");
-    if (n > 0) written += static_cast<size_t>(n);
-  }
-  if (status.ok() && ::fdatasync(fd) != 0) status = Errno(path, "fsync failed");
+  if (fd < 0) return ErrnoStatus(path, "cannot create");
+  absl::Status status = WriteAll(fd, text, path, "write failed");
+  if (status.ok() && ::fdatasync(fd) != 0) status = ErrnoStatus(path, "fsync failed");
   ::close(fd);
   return status;
 }
@@ -181,19 +170,12 @@ absl::Status AppendQuarantine(const std::string& path, const QuarantineEntry& en
   fs::create_directories(fs::path(path).parent_path(), error);
   if (error) return absl::InternalError(absl::StrCat(path, ": cannot create its directory: ", error.message()));
   const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno(path, "cannot open");
+  if (fd < 0) return ErrnoStatus(path, "cannot open");
   while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
   }
   const std::string line = QuarantineLine(entry);
-  absl::Status status;
-  size_t written = 0;
-  while (written < line.size() && status.ok()) {
-    const ssize_t n = ::write(fd, line.data() + written, line.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) status = Errno(path, "append failed");
-    if (n > 0) written += static_cast<size_t>(n);
-  }
-  if (status.ok() && ::fdatasync(fd) != 0) status = Errno(path, "fsync failed");
+  absl::Status status = WriteAll(fd, line, path, "append failed");
+  if (status.ok() && ::fdatasync(fd) != 0) status = ErrnoStatus(path, "fsync failed");
   ::close(fd);  // drops the lock
   return status;
 }
@@ -227,7 +209,7 @@ absl::Status WriteShardStatus(const std::string& path, const ShardStatus& status
   const std::string staging = absl::StrFormat("%s.tmp.%08x", path, random());
   if (absl::Status s = WriteNewFile(staging, ShardStatusJson(status)); !s.ok()) return s;
   if (::rename(staging.c_str(), path.c_str()) != 0) {
-    absl::Status s = Errno(path, "rename failed");
+    absl::Status s = ErrnoStatus(path, "rename failed");
     ::unlink(staging.c_str());
     return s;
   }

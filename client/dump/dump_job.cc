@@ -93,24 +93,18 @@ std::string DamagedFile(const std::string& dir, const JournalScan::Line& line) {
   return "";
 }
 
-// Every captured layer has exactly `bytes` bytes (of states kept or dropped).
-// Creates a subdirectory of the nested layout, durably (its parent synced),
-// once per process.
+// Creates a subdirectory of the nested layout if it is missing, durably (its
+// parent synced when it was created here).
 absl::Status MakeSubdirectory(const std::string& path) {
-  static std::mutex mutex;
-  static std::set<std::string> made;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (made.count(path)) return absl::OkStatus();
   std::error_code error;
   if (std::filesystem::create_directory(path, error)) {
-    if (absl::Status s = SyncDirectory(std::filesystem::path(path).parent_path().string()); !s.ok()) return s;
-  } else if (error) {
-    return absl::InternalError(absl::StrCat(path, ": cannot create: ", error.message()));
+    return SyncDirectory(std::filesystem::path(path).parent_path().string());
   }
-  made.insert(path);
+  if (error) return absl::InternalError(absl::StrCat(path, ": cannot create: ", error.message()));
   return absl::OkStatus();
 }
 
+// Every captured layer has exactly `bytes` bytes (of states kept or dropped).
 bool LayersWhole(const SampleTensors& sample, int64_t bytes) {
   if (sample.tensors.size() < sample.capture_ids.size()) return false;
   for (size_t l = 0; l < sample.capture_ids.size(); ++l) {

@@ -20,16 +20,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/file_util.h"
 #include "format/xxh64_stream.h"
 
 namespace hsx {
 namespace {
 
 using json = nlohmann::json;
-
-absl::Status Errno(const std::string& path, absl::string_view what) {
-  return absl::InternalError(absl::StrCat(path, ": ", what, ": ", std::strerror(errno)));
-}
 
 // Reads [offset, offset + size) of an open file.
 absl::StatusOr<std::string> ReadRange(int fd, uint64_t offset, uint64_t size, const std::string& path) {
@@ -39,7 +36,7 @@ absl::StatusOr<std::string> ReadRange(int fd, uint64_t offset, uint64_t size, co
     const ssize_t n = ::pread(fd, bytes.data() + done, size - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Errno(path, "read failed");
+      return ErrnoStatus(path, "read failed");
     }
     if (n == 0) break;  // shrank meanwhile
     done += static_cast<uint64_t>(n);
@@ -218,12 +215,12 @@ absl::StatusOr<JournalScan> ReadJournal(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-    return Errno(path, "cannot open");
+    return ErrnoStatus(path, "cannot open");
   }
   struct stat st;
   absl::StatusOr<std::string> bytes =
       ::fstat(fd, &st) == 0 ? ReadRange(fd, 0, static_cast<uint64_t>(st.st_size), path)
-                            : absl::StatusOr<std::string>(Errno(path, "cannot stat"));
+                            : absl::StatusOr<std::string>(ErrnoStatus(path, "cannot stat"));
   ::close(fd);
   if (!bytes.ok()) return bytes.status();
   return ParseJournal(*bytes, 1, path);
@@ -231,7 +228,7 @@ absl::StatusOr<JournalScan> ReadJournal(const std::string& path) {
 
 absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno(path, "cannot open");
+  if (fd < 0) return ErrnoStatus(path, "cannot open");
   Xxh64Stream hash;
   std::vector<char> buffer(1 << 20);
   FileDigest digest;
@@ -240,7 +237,7 @@ absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
     const ssize_t n = ::read(fd, buffer.data(), buffer.size());
     if (n < 0) {
       if (errno == EINTR) continue;
-      status = Errno(path, "read failed");
+      status = ErrnoStatus(path, "read failed");
       break;
     }
     if (n == 0) break;
@@ -259,10 +256,10 @@ FileDigest ToFileDigest(const WrittenDigest& written) {
 
 absl::Status SyncDirectory(const std::string& dir) {
   const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Errno(dir, "cannot open directory");
+  if (fd < 0) return ErrnoStatus(dir, "cannot open directory");
   const int rc = ::fsync(fd);
   ::close(fd);
-  if (rc != 0 && errno != EINVAL) return Errno(dir, "directory fsync failed");
+  if (rc != 0 && errno != EINVAL) return ErrnoStatus(dir, "directory fsync failed");
   return absl::OkStatus();
 }
 
@@ -280,10 +277,10 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path) 
       if (absl::Status s = SyncDirectory(dir); !s.ok()) return s;
     }
   }
-  if (journal->fd_ < 0) return Errno(path, "cannot open");
+  if (journal->fd_ < 0) return ErrnoStatus(path, "cannot open");
   FileLock lock(journal->fd_);
   struct stat st;
-  if (::fstat(journal->fd_, &st) != 0) return Errno(path, "cannot stat");
+  if (::fstat(journal->fd_, &st) != 0) return ErrnoStatus(path, "cannot stat");
   absl::StatusOr<std::string> bytes = ReadRange(journal->fd_, 0, static_cast<uint64_t>(st.st_size), path);
   if (!bytes.ok()) return bytes.status();
   absl::StatusOr<JournalScan> scan = ParseJournal(*bytes, 1, path);
@@ -291,7 +288,7 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& path) 
   if (scan->torn_bytes > 0) {
     if (::ftruncate(journal->fd_, static_cast<off_t>(scan->valid_bytes)) != 0 ||
         ::fdatasync(journal->fd_) != 0) {
-      return Errno(path, "cannot truncate the torn last line");
+      return ErrnoStatus(path, "cannot truncate the torn last line");
     }
     journal->repaired_ = scan->torn_bytes;
     scan->torn_bytes = 0;
@@ -327,7 +324,7 @@ int64_t Journal::JournaledLine(int64_t index) const {
 
 absl::Status Journal::CatchUp(const CheckEntry& check, uint64_t* repaired) {
   struct stat st;
-  if (::fstat(fd_, &st) != 0) return Errno(path_, "cannot stat");
+  if (::fstat(fd_, &st) != 0) return ErrnoStatus(path_, "cannot stat");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < scanned_) {
     return absl::DataLossError(absl::StrCat(path_, ": shrank from ", scanned_, " to ", size,
@@ -355,7 +352,7 @@ absl::Status Journal::CatchUp(const CheckEntry& check, uint64_t* repaired) {
     // Appends happen under the lock, which we hold: this tail was left by a
     // process that died in the middle of one.
     if (::ftruncate(fd_, static_cast<off_t>(scanned_)) != 0) {
-      return Errno(path_, "cannot truncate a torn last line");
+      return ErrnoStatus(path_, "cannot truncate a torn last line");
     }
     *repaired += scan->torn_bytes;
   }
@@ -373,21 +370,14 @@ absl::StatusOr<bool> Journal::Commit(const JournalEntry& entry,
   if (JournaledLineLocked(entry.index) != entry.supersedes) return false;
   if (absl::Status s = publish(); !s.ok()) return s;
   const std::string line = JournalLine(entry);
-  size_t written = 0;
-  while (written < line.size()) {
-    const ssize_t n = ::write(fd_, line.data() + written, line.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      absl::Status error = Errno(path_, "append failed");
-      // Leave no partial line behind (the sample stays undeclared).
-      if (::ftruncate(fd_, static_cast<off_t>(scanned_)) != 0) {
-        error = absl::InternalError(absl::StrCat(error.message(), "; and cannot remove the partial line"));
-      }
-      return error;
+  if (absl::Status error = WriteAll(fd_, line, path_, "append failed"); !error.ok()) {
+    // Leave no partial line behind (the sample stays undeclared).
+    if (::ftruncate(fd_, static_cast<off_t>(scanned_)) != 0) {
+      error = absl::InternalError(absl::StrCat(error.message(), "; and cannot remove the partial line"));
     }
-    written += static_cast<size_t>(n);
+    return error;
   }
-  if (::fdatasync(fd_) != 0) return Errno(path_, "fsync failed");
+  if (::fdatasync(fd_) != 0) return ErrnoStatus(path_, "fsync failed");
   scanned_ += line.size();
   journaled_[entry.index] = next_line_++;
   return true;

@@ -141,6 +141,9 @@ def test_array_size_is_the_array_line(fake_bin, tmp_path):
 FAKE_SERVER = """#!/bin/bash
 for a in "$@"; do printf '%s\\n' "$a"; done > "$FAKE_ARGS"
 echo "hsx-server: loaded" >&2
+# The address must not be published before the server says it is ready.
+sleep 0.3
+[ ! -e "$HSX_SERVER_DIR/$(hostname -s)" ] || { echo "published before ready" >&2; exit 9; }
 echo "hsx-server: ready: serving hsx.v1.HiddenStates (health SERVING)" >&2
 # Stay up until the node script has published the address, then copy it and stop.
 for _ in $(seq 100); do [ -e "$HSX_SERVER_DIR/$(hostname -s)" ] && break; sleep 0.1; done

@@ -88,8 +88,11 @@ def test_window_bounds_what_is_in_flight_or_waiting(server, monkeypatch):
     monkeypatch.setattr(hsx.Client, "extract", lambda self, *a, **k: (started.append(1), original(self, *a, **k))[1])
     iterator = iter(hsx.OnlineDataset(rows(40, seed=2), server.address, concurrency=3, seed=0))
     next(iterator)
-    time.sleep(1.0)  # plenty for the remaining 39 had nothing held them back
-    assert len(started) == 4  # the one taken + 3 in the window
+    deadline = time.monotonic() + 10
+    while len(started) < 4 and time.monotonic() < deadline:  # the window fills
+        time.sleep(0.02)
+    time.sleep(0.5)  # plenty for more to start, had nothing held them back
+    assert len(started) == 4  # the one taken + 3 in the window, and no more
     iterator.close()
 
 
@@ -99,16 +102,18 @@ def test_server_killed_and_restarted_mid_epoch_loses_and_repeats_nothing(bin_dir
     address = f"127.0.0.1:{free_port()}"
     servers = [HsxServer(bin_dir, tiny, listen=address, metrics=False).start()]
     dataset = hsx.OnlineDataset(rows(24, seed=9), address, concurrency=3, seed=4)
-    seen = []
+    seen, restart = [], None
     try:
         for sample in dataset:
             seen.append(sample.index)
             if len(seen) == 6:
                 servers[0].kill()
-                threading.Thread(target=lambda: (time.sleep(1.0), servers.append(
-                    HsxServer(bin_dir, tiny, listen=address, metrics=False).start()))).start()
+                restart = threading.Thread(target=lambda: (time.sleep(1.0), servers.append(
+                    HsxServer(bin_dir, tiny, listen=address, metrics=False).start())))
+                restart.start()
     finally:
-        time.sleep(0.1)
+        if restart is not None:
+            restart.join(timeout=60)  # no server started after the others are stopped
         for srv in servers:
             srv.kill()
     assert len(servers) == 2, "the server was never restarted"

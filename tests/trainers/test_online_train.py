@@ -23,8 +23,9 @@ import os
 import re
 import socket
 import subprocess
-import time
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,16 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def isolate_files(monkeypatch, root):
+    """Makes `root` the working directory and the temporary directory of this in-process run,
+    so that sample_files(root) sees any file it writes (relative, or under tempfile's)."""
+    tmp = Path(root) / "tmp"
+    tmp.mkdir(exist_ok=True)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
 
 
 def sample_files(root, allowed=()):
@@ -209,12 +220,14 @@ def modelopt_online(server, model, entries, **config):
         servers=server, model=str(model), answer_only_loss=True, **config))
 
 
-def test_modelopt_trains_online_with_the_losses_of_the_file_run(server, model, modelopt_tokens, tmp_path):
+def test_modelopt_trains_online_with_the_losses_of_the_file_run(server, model, modelopt_tokens, tmp_path,
+                                                                monkeypatch):
     from modelopt.torch.speculative.eagle.utils import OfflineSupervisedDataset
 
     jsonl, d2t = modelopt_tokens
     online = tmp_path / "online"
     online.mkdir()
+    isolate_files(monkeypatch, online)
     dataset = doc_python("modelopt-online", ROWS=read_jsonl(jsonl), MODEL=str(model), HSX_SERVER=server)["train_dataset"]
     losses = modelopt_train(model, d2t, dataset, online)
     assert sample_files(online) == [] and sample_files(jsonl.parent) == [d2t]
@@ -355,6 +368,7 @@ def test_specforge_trains_online_with_the_losses_of_the_file_run(server, model, 
 
     jsonl, parts = specforge_tokens
     lines = read_jsonl(jsonl)
+    isolate_files(monkeypatch, tmp_path)
     loader = doc_python("specforge-online", ROWS=lines, MODEL=str(model), HSX_SERVER=server, MAX_LEN=64, TTT_LENGTH=3,
                         BATCH=2)["loader"]
     losses = specforge_train(loader, parts, model, monkeypatch)

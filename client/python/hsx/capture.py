@@ -14,10 +14,10 @@ id N (the model's layer count) is the last layer's output before the final norm.
 from __future__ import annotations
 
 NAMES = ("eagle3", "all", "speculators", "specforge", "modelopt")
-TRAINERS = ("speculators", "specforge", "modelopt")
 
 
-def _eagle3(num_layers: int) -> list[int]:
+def eagle3_ids(num_layers: int) -> list[int]:
+    """hsx-dump's --capture eagle3: 2, N/2, N-3 and N, in range, ascending, each once."""
     return sorted({i for i in (2, num_layers // 2, num_layers - 3, num_layers) if 0 <= i <= num_layers})
 
 
@@ -26,9 +26,9 @@ def parse_capture(text: str, num_layers: int, final_norm: bool = False) -> tuple
     A trainer preset brings its own final norm; `final_norm` adds it elsewhere.
     Raises ValueError naming the offending part, as CaptureSpec::Parse does."""
     if text == "speculators" or text == "eagle3":
-        ids = _eagle3(num_layers)
+        ids = eagle3_ids(num_layers)
     elif text in ("specforge", "modelopt"):
-        ids, final_norm = [i for i in _eagle3(num_layers) if i < num_layers], True
+        ids, final_norm = [i for i in eagle3_ids(num_layers) if i < num_layers], True
     elif text == "all":
         ids = list(range(num_layers + 1))
     else:

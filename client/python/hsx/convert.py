@@ -56,7 +56,7 @@ import xxhash
 
 from .files import read_sample
 from .journal import JournalError, complete_samples
-from .shard import in_shard, parse_shard
+from .shard import in_shard, shard_arg
 
 SPECFORGE_GROUP = 2000
 IDS_FILE = "sample_ids.jsonl"
@@ -69,11 +69,11 @@ class ConvertError(ValueError):
     """A dump that cannot be converted, or an unusable OUT; the message names the file."""
 
 
-def _samples(directory: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(index, path) of every complete sample, in index order, over all the directory's
-    journals (hsx.journal.complete_samples: the rules of docs/formats.md)."""
+def _samples(directory: str | os.PathLike) -> list[tuple[int, Path, dict]]:
+    """(index, path, journal entry) of every complete sample, in index order, over all the
+    directory's journals (hsx.journal.complete_samples: the rules of docs/formats.md)."""
     try:
-        return [(index, path) for index, path, _ in complete_samples(directory)]
+        return complete_samples(directory)
     except JournalError as error:
         raise ConvertError(str(error)) from None
 
@@ -296,11 +296,12 @@ def _append(journal, entry: dict[str, Any]) -> None:
     os.fsync(journal.fileno())
 
 
-def _digest(samples: list[tuple[int, Path]]) -> str:
-    """Identifies the dump's list of complete samples (index, file, size)."""
+def _digest(samples: list[tuple[int, Path, dict]]) -> str:
+    """Identifies the dump's list of complete samples (index, file, size: the journaled size,
+    which complete_samples checked against the file)."""
     h = xxhash.xxh64()
-    for index, path in samples:
-        h.update(f"{index}\t{path.name}\t{path.stat().st_size}\n".encode())
+    for index, path, entry in samples:
+        h.update(f"{index}\t{path.name}\t{entry['bytes']}\n".encode())
     return h.hexdigest()
 
 
@@ -320,12 +321,12 @@ def _plan(directory, target: str, shard: tuple[int, int]):
     if target not in FORMATS:
         raise ConvertError(f"unknown format {target!r}")
     samples = _samples(directory)
-    mine = [(index, path) for index, path in samples if in_shard(index, shard)]
+    mine = [sample for sample in samples if in_shard(sample[0], shard)]
     if mine:
         _record(target, mine[0][0], mine[0][1], _read(mine[0][1]))  # the format's needs, checked once
     run = {"format": "hsx-convert/1", "to": target, "shards": shard[1],
-           "layer_ids": _read(samples[0][1]).capture_ids if samples else []}
-    return run, {"dump_xxh64": _digest(mine), "samples": len(mine)}, mine
+           "layer_ids": samples[0][2]["capture_ids"] if samples else []}
+    return run, {"dump_xxh64": _digest(mine), "samples": len(mine)}, [(index, path) for index, path, _ in mine]
 
 
 class Result(int):
@@ -388,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("directory", help="an hsx-dump output directory")
     parser.add_argument("--to", required=True, choices=list(FORMATS))
     parser.add_argument("out", help="output directory (new, empty, or this conversion's own to resume)")
-    parser.add_argument("--shard", type=_shard_arg, default=(0, 1), metavar="I/N",
+    parser.add_argument("--shard", type=shard_arg, default=(0, 1), metavar="I/N",
                         help="convert only the samples whose index %% N == I (as hsx-dump's --shard); the N "
                              "shards share OUT, and the last to finish writes sample_ids.jsonl")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (tqdm) on stderr")
@@ -406,13 +407,6 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"shards {', '.join(map(str, result.pending))} are not done yet (the last to finish writes "
               f"{IDS_FILE})")
     return 0
-
-
-def _shard_arg(text: str) -> tuple[int, int]:
-    try:
-        return parse_shard(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 if __name__ == "__main__":

@@ -17,9 +17,3 @@ serves the model the trainer is configured with (hsx.preflight).
 """
 
 from __future__ import annotations
-
-
-def eagle3_capture_ids(num_layers: int) -> list[int]:
-    """hsx-dump's --capture eagle3 (format/capture_spec.cc): 2, N/2, N-3 and N, in range,
-    ascending, each once."""
-    return sorted({i for i in (2, num_layers // 2, num_layers - 3, num_layers) if 0 <= i <= num_layers})

@@ -36,9 +36,9 @@ from modelopt.torch.speculative.plugins.hf_streaming_dataset import (EagleFetchP
                                                                       StreamingConfig, StreamingDataset)
 from pydantic import Field, field_validator
 
+from ..capture import parse_capture
 from ..client import Client
 from ..preflight import config_expectation, preflight
-from . import eagle3_capture_ids
 
 
 class HsxStreamingConfig(StreamingConfig):
@@ -100,7 +100,7 @@ class HsxEagleStreamingDataset(StreamingDataset):
         infos = preflight(cfg.servers, cfg.token, None, cfg.connect_timeout, expect, cfg.capture,
                           source=f"the base model's config ({cfg.model})")
         layers = int(infos[0]["num_layers"])
-        aux = sorted(set(cfg.capture)) if cfg.capture else [i for i in eagle3_capture_ids(layers) if i < layers]
+        aux = sorted(set(cfg.capture)) if cfg.capture else list(parse_capture("modelopt", layers)[0])
         return aux if cfg.final_norm else aux + [layers]
 
     def _connect(self) -> None:

@@ -38,10 +38,10 @@ import torch
 from specforge.runtime.contracts import SCHEMA_VERSION, FeatureHandle, SampleRef
 from specforge.runtime.data_plane.feature_store import FeatureStore
 
+from ..capture import parse_capture
 from ..client import Client
 from ..preflight import config_expectation, preflight
 from ..sharding import Consumer, distributed_rank, epoch_order, share
-from . import eagle3_capture_ids
 
 FEATURE_KEYS = ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state")
 
@@ -83,7 +83,7 @@ class HsxFeatureStore(FeatureStore):
         infos = preflight(self.servers, self.token, None, self.connect_timeout, expect, self.capture,
                           source=f"the target model's config ({self.target_model})")
         layers = int(infos[0]["num_layers"])
-        return self.capture or [i for i in eagle3_capture_ids(layers) if i < layers]
+        return self.capture or list(parse_capture("specforge", layers)[0])
 
     def refs(self, rows: Sequence[Mapping[str, Any]], *, max_len: int, ttt_length: int, run_id: str = "hsx",
              seed: int | None = None, epoch: int = 0, rank: int | None = None,

@@ -33,9 +33,9 @@ from typing import Any
 
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 
+from ..capture import parse_capture
 from ..client import Client
 from ..preflight import check_model, config_expectation, preflight
-from . import eagle3_capture_ids
 
 NAME = "hsx"
 
@@ -119,7 +119,7 @@ class HsxBackend(HiddenStatesBackend):
                           source=f"the verifier's config ({verifier})")
         layers = int(infos[0]["num_layers"])
         target = getattr(args, "target_layer_ids", None)
-        capture = sorted(set(target)) + [layers] if target else eagle3_capture_ids(layers)
+        capture = sorted(set(target)) + [layers] if target else list(parse_capture("speculators", layers)[0])
         check_model(infos[0], capture=capture, target=servers[0])
         return HsxTransfer(data_path, servers, capture, token, args.hsx_retries)
 

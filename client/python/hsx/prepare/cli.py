@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..shard import parse_shard
+from ..shard import shard_arg
 from .masking import Masker, PrepareError, load_tokenizer, tokenizer_fingerprint
 from .run import ON_LONG, Options, Run, Stats
 
@@ -25,13 +25,6 @@ of assistant messages only. Input layouts (per line): ShareGPT {"conversations":
 "sha256:" + 16 hex digits of the SHA-256 of the line's canonical JSON. Beside OUTPUT:
 OUTPUT.report.jsonl (every skipped, dropped or truncated sample) and OUTPUT.freq.json (token
 frequencies). Resumable: after a kill, rerun the same command. Reference: docs/prepare.md."""
-
-
-def _shard(text: str) -> tuple[int, int]:
-    try:
-        return parse_shard(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _positive(text: str) -> int:
@@ -68,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
                    help="a sample over --max-tokens: truncate keeps its first N tokens (dropped if none of them "
                         "is an assistant token), drop leaves it out, error stops the run; each truncated or "
                         "dropped sample is listed in OUTPUT.report.jsonl (default: truncate)")
-    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
+    p.add_argument("--shard", type=shard_arg, default=(0, 1), metavar="I/N",
                    help="process only input lines whose 1-based number L has (L-1) %% N == I (default 0/1)")
     p.add_argument("--strict", action="store_true",
                    help="a conversation that would be skipped (no assistant message, a template that renders "
