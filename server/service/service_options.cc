@@ -56,6 +56,10 @@ ABSL_FLAG(int64_t, inject_device_loss_after_batches, -1,
           "FOR TESTING ONLY: once the server is ready, let this many batches run, then make the last "
           "tensor-parallel rank fail as a lost device does (a sticky CUDA error): the batch and every "
           "later request fail with UNAVAILABLE and health turns NOT_SERVING. -1 (the default): off.");
+ABSL_FLAG(bool, fp8_encode_in_capture, true,
+          "Where a backend's capture copies land on return (the CPU), encode an fp8 request's rows "
+          "on the engine thread as the copy writes them, not on the streaming threads; the bytes "
+          "sent are the same either way (false: the streaming threads encode, for comparisons).");
 
 namespace hsx {
 namespace {
@@ -191,6 +195,7 @@ absl::Status ReadLifecycleFlags(ServiceOptions* o) {
     return absl::InvalidArgumentError("--max-connection-age must be 0 (never) or at least 1s");
   }
   o->inject_device_loss_after_batches = absl::GetFlag(FLAGS_inject_device_loss_after_batches);
+  o->fp8_in_capture = absl::GetFlag(FLAGS_fp8_encode_in_capture);
   if (o->inject_device_loss_after_batches < -1) {
     return absl::InvalidArgumentError("--inject-device-loss-after-batches must be -1 (off) or at least 0");
   }

@@ -64,6 +64,7 @@ struct ServiceOptions {
   absl::Duration max_connection_age = absl::Minutes(5);
   absl::Duration max_connection_age_grace = absl::Minutes(10);
   int64_t inject_device_loss_after_batches = -1;  // testing: -1 off (server/runtime/fault_injection.h)
+  bool fp8_in_capture = true;  // fp8 encoded in the CPU engine's capture copy (WorkItem::encode_buffer)
 
   // Filled by ResolveModelLimits: the capture set of a request with no capture_ids.
   CaptureSpec default_capture;

@@ -49,6 +49,19 @@ def dumps(run, tiny, server, tmp_path_factory):
     return samples, inputs, base
 
 
+def test_engine_encoding_sends_the_bytes_the_streaming_threads_did(run, tiny, bin_dir, dumps, tmp_path):
+    """The server encodes fp8 in the engine's capture copy (the CPU backend); with
+    --fp8_encode_in_capture=false its streaming threads encode, as before. Both send the
+    same bytes: the files (whose checksums are checked on arrival) are identical."""
+    samples, inputs, base = dumps
+    common = ("--input", inputs, "--capture", CAPTURE, "--final-norm", "--dtype", "fp8")
+    with HsxServer(bin_dir, tiny, "--fp8_encode_in_capture=false") as old:
+        run("hsx-dump", "--server", old.address, "--out", tmp_path / "old", *common)
+    for i in range(len(samples)):
+        name = f"hs_{i}.safetensors"
+        assert (tmp_path / "old" / name).read_bytes() == (base / "remote" / name).read_bytes(), name
+
+
 def quantize(x):
     """The documented rule with numpy and ml_dtypes: per row scale = max(amax / 448,
     FLT_MIN), 1 for zeros; values (x / scale) rounded to e4m3 by ml_dtypes."""
