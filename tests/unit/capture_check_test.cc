@@ -10,6 +10,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <condition_variable>
+#include <chrono>
+#include <mutex>
 #include <limits>
 #include <memory>
 #include <string>
@@ -20,12 +23,18 @@
 #include "format/sample_encoding.h"
 #include "format/test_values.h"
 #include "kernels/bf16.h"
+#include "format/test_files.h"
 #include "server/model/capture_views.h"
+#include "server/model/checkpoint.h"
+#include "server/model/random_model.h"
+#include "server/runtime/batcher.h"
+#include "server/runtime/engine.h"
 
 namespace hsx {
 namespace {
 
 using ::hsx::testing::HeapBuffers;
+using ::hsx::testing::TempDir;
 using ::hsx::testing::TrickyValues;
 
 constexpr int kLayers = 6;
@@ -197,6 +206,82 @@ TEST(CaptureCheckFp8, LeavesTheSampleToItsConsumerWhenItCannotEncodeItAll) {
     EXPECT_EQ(sample.dtype, OutputDType::kBf16);
     EXPECT_EQ(sample.owner, rows.owner);
     for (const SampleTensor& tensor : sample.tensors) EXPECT_FALSE(tensor.findings.has_value());
+  }
+}
+
+// The samples of `lengths` tokens (token t of sample i: 1 + (7 i + t) % 50),
+// each submitted twice, as they reach their consumer: [i][0] with a buffer to
+// encode fp8 into, [i][1] without, each asking for `wanted[i]` in fp8.
+std::vector<std::vector<SampleTensors>> Delivered(Batcher& batcher, const std::vector<int64_t>& lengths,
+                                                  const std::vector<CaptureSpec>& wanted) {
+  std::mutex mutex;
+  std::condition_variable done;
+  std::vector<std::vector<SampleTensors>> got(lengths.size(), std::vector<SampleTensors>(2));
+  size_t delivered = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    for (int with_buffer : {1, 0}) {
+      WorkItem item;
+      for (int64_t t = 0; t < lengths[i]; ++t) item.tokens.push_back(static_cast<int32_t>(1 + (7 * i + t) % 50));
+      item.capture = wanted[i];
+      item.row_check = RowCheck{OutputDType::kFp8, i % 2 ? ChecksumKind::kXxh64 : ChecksumKind::kXxh3};
+      if (with_buffer) item.encode_buffer = HeapBuffers();
+      item.deliver = [&, i, with_buffer](absl::StatusOr<SampleTensors> rows) {
+        EXPECT_TRUE(rows.ok()) << rows.status();
+        std::lock_guard<std::mutex> lock(mutex);
+        if (rows.ok()) got[i][1 - with_buffer] = *std::move(rows);
+        ++delivered;
+        done.notify_all();
+      };
+      EXPECT_TRUE(batcher.Submit(std::move(item)).ok());
+    }
+  }
+  std::unique_lock<std::mutex> lock(mutex);
+  if (!done.wait_for(lock, std::chrono::seconds(60), [&] { return delivered == 2 * lengths.size(); })) {
+    ADD_FAILURE() << "samples were never delivered";
+    std::abort();
+  }
+  return got;
+}
+
+// Through the batcher on the CPU engine, whose copy tells the sink of each
+// 128 KiB piece: samples of several capture sets in one batch, one long
+// enough for several pieces and a partial one. Each sample whose consumer gave
+// a buffer arrives as fp8 rows with findings, which EncodeSample sends as they
+// are, allocating nothing: the bytes and findings it gives for the same
+// sample delivered without a buffer (the streaming path's encoding).
+TEST(CaptureCheckFp8, TheBatcherDeliversTheRowsTheStreamingPathWouldSend) {
+  TempDir dir;
+  ModelConfig config = *PresetConfig("tiny");
+  config.num_hidden_layers = 3;
+  ASSERT_TRUE(WriteRandomCheckpoint(config, dir / "m", GeneratorOptions{}).ok());
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir / "m");
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  const int64_t long_sample = 5 * (int64_t{128} << 10) / (config.hidden_size * 2) / 2 + 3;
+  const std::vector<int64_t> lengths = {7, 3, long_sample};
+  const std::vector<CaptureSpec> wanted = {CaptureSpec::All(3, true), *CaptureSpec::Make({1}, false, 3),
+                                           *CaptureSpec::Make({0, 3}, true, 3)};
+  for (const ElementType precision : {ElementType::kBf16, ElementType::kF32}) {
+    SCOPED_TRACE(precision == ElementType::kBf16 ? "bf16" : "f32");
+    absl::StatusOr<std::unique_ptr<Engine>> engine =
+        Engine::Create(**checkpoint, EngineOptions{.tp = 1, .precision = precision, .threads = 1});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    std::vector<std::vector<SampleTensors>> got;
+    {
+      Batcher batcher(**engine, BatcherOptions{.max_batch_tokens = 4096});
+      got = Delivered(batcher, lengths, wanted);
+    }
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "sample " << i);
+      const ChecksumKind checksum = i % 2 ? ChecksumKind::kXxh64 : ChecksumKind::kXxh3;
+      ASSERT_EQ(got[i][0].dtype, OutputDType::kFp8) << "not encoded in the capture copy";
+      ASSERT_EQ(got[i][1].dtype, DTypeOfRows(precision));
+      int allocations = 0;
+      absl::StatusOr<SampleTensors> sent =
+          EncodeSample(got[i][0], OutputDType::kFp8, checksum, HeapBuffers(&allocations));
+      ASSERT_TRUE(sent.ok()) << sent.status();
+      EXPECT_EQ(allocations, 0) << "EncodeSample encoded again";
+      ExpectSame(*sent, OldPath(got[i][1], wanted[i], checksum));
+    }
   }
 }
 
