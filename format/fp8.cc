@@ -173,36 +173,56 @@ TensorFindings EncodeFp8Tensor(const void* src, ElementType type, int64_t tokens
 
 TensorFindings EncodeFp8TensorWith(const Fp8RowKernels& kernels, const void* src, ElementType type, int64_t tokens,
                                    int64_t hidden, char* dst, ChecksumKind checksum) {
-  TensorFindings result;
-  result.checksum_kind = checksum;
-  TensorHash hash(checksum);
-  const int64_t row_bytes = hidden + kFp8ScaleBytes;
-  for (int64_t t = 0; t < tokens; ++t) {
-    const uint32_t largest = RowAbsMaxBits(kernels, src, type, t, hidden);
+  Fp8TensorEncoder encoder(type, hidden, checksum, dst, &kernels);
+  encoder.Update(src, tokens);
+  return encoder.Finish();
+}
+
+Fp8TensorEncoder::Fp8TensorEncoder(ElementType type, int64_t hidden, ChecksumKind checksum, char* dst,
+                                   const Fp8RowKernels* kernels)
+    : kernels_(kernels != nullptr ? *kernels : BestFp8Kernels()),
+      type_(type),
+      hidden_(hidden),
+      dst_(dst),
+      hash_(checksum) {}
+
+void Fp8TensorEncoder::Update(const void* src, int64_t rows) {
+  const int64_t row_bytes = hidden_ + kFp8ScaleBytes;
+  for (int64_t t = 0; t < rows && bad_index_ < 0; ++t) {
+    const uint32_t largest = RowAbsMaxBits(kernels_, src, type_, t, hidden_);
     if (largest >= 0x7f800000u) {  // rare: locate the value, the sample fails
-      for (int64_t i = 0; i < hidden; ++i) {
-        const float v = RowValue(src, type, t, hidden, i);
+      for (int64_t i = 0; i < hidden_; ++i) {
+        const float v = RowValue(src, type_, t, hidden_, i);
         if (!std::isfinite(v)) {
-          result.bad_index = t * hidden + i;
-          result.bad_value = v;
+          bad_index_ = (rows_ + t) * hidden_ + i;
+          bad_value_ = v;
           break;
         }
       }
       break;
     }
-    result.nonzero |= largest != 0;
-    char* out = dst + t * row_bytes;
+    nonzero_ |= largest != 0;
+    char* out = dst_ + (rows_ + t) * row_bytes;
     const float scale = Fp8RowScale(FromBits(largest));
     std::memcpy(out, &scale, sizeof(scale));
     auto* payload = reinterpret_cast<uint8_t*>(out + kFp8ScaleBytes);
-    if (type == ElementType::kBf16) {
-      kernels.quantize_bf16(static_cast<const uint16_t*>(src) + t * hidden, hidden, scale, payload);
+    if (type_ == ElementType::kBf16) {
+      kernels_.quantize_bf16(static_cast<const uint16_t*>(src) + t * hidden_, hidden_, scale, payload);
     } else {
-      kernels.quantize_f32(static_cast<const uint32_t*>(src) + t * hidden, hidden, scale, payload);
+      kernels_.quantize_f32(static_cast<const uint32_t*>(src) + t * hidden_, hidden_, scale, payload);
     }
-    hash.Update(out, static_cast<size_t>(row_bytes));
+    hash_.Update(out, static_cast<size_t>(row_bytes));
   }
-  result.checksum = hash.Digest();
+  rows_ += rows;
+}
+
+TensorFindings Fp8TensorEncoder::Finish() const {
+  TensorFindings result;
+  result.checksum_kind = hash_.kind();
+  result.checksum = hash_.Digest();
+  result.nonzero = nonzero_;
+  result.bad_index = bad_index_;
+  result.bad_value = bad_value_;
   return result;
 }
 

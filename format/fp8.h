@@ -57,6 +57,41 @@ void DequantizeFp8ToBf16(const uint8_t* rows, int64_t count, int64_t hidden, uin
 TensorFindings EncodeFp8Tensor(const void* src, ElementType type, int64_t tokens, int64_t hidden, char* dst,
                                ChecksumKind checksum);
 
+struct Fp8RowKernels;
+
+// EncodeFp8Tensor fed piece by piece: whole rows of one tensor in order, in
+// any number of pieces, encoded into consecutive rows at `dst`; Finish gives
+// what EncodeFp8Tensor gives over all of them at once, and the bytes written
+// are the same. The batcher's capture check encodes so the pieces of rows the
+// CPU engine's capture copy has just written (server/runtime/capture_check.h).
+class Fp8TensorEncoder {
+ public:
+  // Rows of `hidden` values of activation type `type` (kF32 or kBf16); `dst`
+  // holds RowBytes(kFp8, hidden) bytes for every row fed. Null `kernels`:
+  // BestFp8Kernels().
+  Fp8TensorEncoder(ElementType type, int64_t hidden, ChecksumKind checksum, char* dst,
+                   const Fp8RowKernels* kernels = nullptr);
+  Fp8TensorEncoder(const Fp8TensorEncoder&) = delete;
+  Fp8TensorEncoder& operator=(const Fp8TensorEncoder&) = delete;
+
+  // The next `rows` rows at `src`. After a non-finite value the rest is
+  // skipped (bad_index counts values from the first row fed).
+  void Update(const void* src, int64_t rows);
+  int64_t rows() const { return rows_; }
+  TensorFindings Finish() const;
+
+ private:
+  const Fp8RowKernels& kernels_;
+  ElementType type_;
+  int64_t hidden_;
+  char* dst_;
+  TensorHash hash_;
+  int64_t rows_ = 0;
+  bool nonzero_ = false;
+  int64_t bad_index_ = -1;
+  float bad_value_ = 0;
+};
+
 // The receiver's check of `count` e4m3 bytes: the index of the first NaN
 // (0x7f or 0xff), or -1; ORs into *nonzero whether any is neither +0 nor -0.
 int64_t CheckFp8Bytes(const void* bytes, int64_t count, bool* nonzero);

@@ -177,6 +177,12 @@ void Batcher::RunBatch(std::vector<WorkItem> items) {
   const size_t tensors = capture.ids().size() + (capture.final_norm() ? 1 : 0);
   auto check = std::make_unique<CaptureCheck>(checks, engine_.options().precision, tensors,
                                               std::move(values));
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].encode_buffer == nullptr) continue;
+    check->EncodeFp8(static_cast<int64_t>(i), capture, items[i].capture,
+                     static_cast<int64_t>(items[i].tokens.size()), engine_.config().hidden_size,
+                     items[i].encode_buffer);
+  }
   // The copies of the last captures may still run: Deliver waits for them on
   // the delivery thread while the next batch starts here.
   absl::StatusOr<Captures> captures = engine_.Run(batch, capture, Engine::Copies::kFence, check.get());

@@ -63,6 +63,10 @@ struct WorkItem {
   // they are; the batcher's capture check then does it where it can, and
   // the tensors carry what it found (SampleTensor::findings).
   std::optional<RowCheck> row_check = std::nullopt;
+  // Optional, for a row_check of dtype kFp8: gives the buffer the capture
+  // check may encode the sample's rows into (the consumer's pool); the
+  // sample is then delivered as those fp8 rows (CaptureCheck::EncodeFp8).
+  BufferAllocator encode_buffer = nullptr;
 };
 
 struct BatcherOptions {

@@ -9,6 +9,15 @@
 // the findings then go with the sample's tensors (SampleTensor::findings),
 // and EncodeSample does not read the rows again. Elsewhere nothing is fed,
 // nothing is attached, and the consumer checks the rows itself.
+//
+// A consumer that sends fp8 (row_check's dtype kFp8) would encode the rows
+// itself (EncodeSample). Where it gives a buffer to encode into
+// (WorkItem::encode_buffer), the sink encodes each piece as it is written
+// (Fp8TensorEncoder, whole rows only) into a buffer of the sample's own
+// tensors; AttachFindings then hands the sample on as those fp8 rows with
+// their findings, which EncodeSample sends in place: the same bytes and
+// findings as its own encoding gives. A piece that is not whole rows, a
+// failed allocation or rows not all fed leave the sample as it was.
 #ifndef HSX_SERVER_RUNTIME_CAPTURE_CHECK_H_
 #define HSX_SERVER_RUNTIME_CAPTURE_CHECK_H_
 
@@ -17,6 +26,8 @@
 #include <optional>
 #include <vector>
 
+#include "format/fp8.h"
+#include "format/sample_encoding.h"
 #include "format/sample_tensors.h"
 #include "format/tensor_encoding.h"
 #include "kernels/backend.h"
@@ -33,13 +44,37 @@ class CaptureCheck : public CaptureSink {
   CaptureCheck(const std::vector<std::optional<RowCheck>>& checks, ElementType type, size_t tensors,
                std::vector<int64_t> values);
 
+  // Sample `s` (whose check's dtype is kFp8) is encoded as it is written:
+  // of the batch's tensors (`batch`'s ids, then its final norm) those
+  // `wanted` names, `tokens` rows of `hidden` values each, into a buffer
+  // from `allocate`, taken at its first piece.
+  void EncodeFp8(int64_t s, const CaptureSpec& batch, const CaptureSpec& wanted, int64_t tokens, int64_t hidden,
+                 BufferAllocator allocate);
+
   void Written(int64_t sample, size_t tensor, const void* rows, int64_t values) override;
 
   // Gives each tensor of `sample` (the batch's s-th, every captured tensor,
-  // before SelectCaptures) what the check found, when it saw all its rows.
-  void AttachFindings(int64_t s, SampleTensors& sample) const;
+  // before SelectCaptures) what the check found, when it saw all its rows;
+  // or, for a sample encoded into fp8 whole, replaces it by its encoded
+  // tensors (only the wanted ones, with their findings). Once per sample.
+  void AttachFindings(int64_t s, SampleTensors& sample);
 
  private:
+  // One sample encoded into fp8 (EncodeFp8).
+  struct Fp8Sample {
+    std::vector<int> slot;  // per batch tensor: its index among the wanted, or -1
+    std::vector<int> ids;   // the wanted capture ids (then the final norm, if wanted)
+    bool final_norm = false;
+    int64_t tokens = 0;
+    int64_t hidden = 0;
+    BufferAllocator allocate;
+    std::shared_ptr<HostBuffer> buffer;                      // taken at the first piece
+    std::vector<std::unique_ptr<Fp8TensorEncoder>> encoders;  // per wanted tensor
+    bool failed = false;  // not whole rows, or no buffer: the consumer encodes
+  };
+  void WrittenFp8(int64_t sample, Fp8Sample& f, size_t tensor, const void* rows, int64_t values);
+  bool TakeFp8(Fp8Sample& f, SampleTensors& sample);
+
   struct Checked {
     std::unique_ptr<TensorChecker> checker;
     int64_t fed = 0;
@@ -47,6 +82,8 @@ class CaptureCheck : public CaptureSink {
   std::vector<std::vector<Checked>> checked_;  // [sample][tensor]; empty for a sample not checked
   std::vector<std::optional<RowCheck>> checks_;  // per sample
   std::vector<int64_t> values_;                  // per sample: values per tensor
+  ElementType type_;
+  std::vector<std::unique_ptr<Fp8Sample>> fp8_;  // per sample; null unless EncodeFp8
 };
 
 }  // namespace hsx

@@ -41,11 +41,13 @@ absl::Status ExtractReactor::CheckRows(const SampleTensors& s) const {
   const size_t layers = s.capture_ids.size();
   const bool shapes_ok = s.tokens == tokens_ && s.capture_ids == capture_.ids() &&
                          s.tensors.size() == layers + (capture_.final_norm() ? 1 : 0) &&
-                         (s.dtype == OutputDType::kFp32 || s.dtype == OutputDType::kBf16);
+                         (s.dtype == OutputDType::kFp32 || s.dtype == OutputDType::kBf16 ||
+                          (s.dtype == OutputDType::kFp8 && encoder_options_.dtype == OutputDType::kFp8));
   if (shapes_ok) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("the batcher returned states of ", s.tokens, " tokens and ", layers,
-                                          " layers for a request of ", tokens_, " tokens and ",
-                                          capture_.ids().size(), " layers"));
+  return absl::InternalError(absl::StrCat("the batcher returned ", OutputDTypeName(s.dtype), " states of ", s.tokens,
+                                          " tokens and ", layers, " layers for a request of ", tokens_,
+                                          " tokens and ", capture_.ids().size(), " layers in ",
+                                          OutputDTypeName(encoder_options_.dtype)));
 }
 
 void ExtractReactor::Deliver(absl::StatusOr<SampleTensors> rows) {

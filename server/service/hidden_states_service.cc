@@ -228,6 +228,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Accept(grpc::Ca
   item.tokens = std::move(tokens);
   item.capture = valid->capture;
   item.row_check = RowCheck{valid->dtype, valid->checksum};  // what EncodeSample checks in place
+  if (valid->dtype == OutputDType::kFp8) {
+    item.encode_buffer = [this](size_t bytes) { return encoded_pool_.Get(bytes); };  // encoded where made
+  }
   item.abandoned = [reactor] { return reactor->Abandoned(); };
   item.deliver = [this, reactor](absl::StatusOr<SampleTensors> rows) {
     reactor->Deliver(std::move(rows));
