@@ -9,13 +9,14 @@
 #include "server/runtime/capture_check.h"
 
 #include <cstdint>
-#include <cstring>
-#include <condition_variable>
 #include <chrono>
-#include <mutex>
+#include <condition_variable>
+#include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -174,7 +175,8 @@ TEST(CaptureCheckFp8, LeavesTheSampleToItsConsumerWhenItCannotEncodeItAll) {
   const auto failing = [](size_t) -> absl::StatusOr<std::unique_ptr<HostBuffer>> {
     return absl::ResourceExhaustedError("no memory");
   };
-  for (const std::string& how : {"half rows", "a row too many", "a tensor not fed", "no buffer", "not asked to encode", "bf16"}) {
+  for (const std::string_view how :
+       {"half rows", "a row too many", "a tensor not fed", "no buffer", "not asked to encode", "bf16"}) {
     SCOPED_TRACE(how);
     const std::vector<std::optional<RowCheck>> checks =
         how == "bf16" ? std::vector<std::optional<RowCheck>>{RowCheck{OutputDType::kBf16, ChecksumKind::kXxh64}}
