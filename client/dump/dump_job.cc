@@ -327,27 +327,25 @@ class DumpRun {
   }
 
   // The journals of other shards (or of runs with another N, or the shared
-  // journal of an older dump): their samples are done, and must agree with
-  // this run. A damaged file recorded there is not this run's to redo.
+  // journal of an older dump), merged as hsx-verify merges them (a sample
+  // current in two journals is an error naming both lines): their samples are
+  // done, and must agree with this run. A damaged file recorded there is not
+  // this run's to redo.
   absl::Status ReadOtherJournals() {
-    for (const std::string& path : ListJournals(options_.out_dir)) {
-      if (path == journal_->path()) continue;
-      absl::StatusOr<JournalScan> scan = ReadJournal(path);
-      if (!scan.ok()) return scan.status();
-      for (const JournalScan::Line& line : scan->lines) {
-        if (absl::Status s = CheckJournalEntry(line.entry, path, line.number, samples_, options_); !s.ok()) return s;
-        if (!options_.shard.Contains(line.entry.index)) continue;
-        if (journal_->IsJournaled(line.entry.index) || !other_done_.insert(line.entry.index).second) {
-          return absl::DataLossError(absl::StrCat(path, ":", line.number, ": sample ", line.entry.index,
-                                                  " is journaled in two journals; hsx-verify names both lines"));
-        }
-        if (options_.discard) continue;
-        if (const std::string damage = DamagedFile(options_.out_dir, line); !damage.empty()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              damage, ", though ", path, ":", line.number, " records sample ", line.entry.index,
-              " as done; that journal belongs to another shard layout: rerun with the --shard that wrote it, "
-              "or delete its line and the file"));
-        }
+    absl::StatusOr<DumpJournals> journals = ReadDumpJournals(options_.out_dir);
+    if (!journals.ok()) return journals.status();
+    for (const auto& [index, ref] : journals->current) {
+      if (ref.path == journal_->path()) continue;
+      JournalScan::Line line{ref.line, ref.entry};
+      if (absl::Status s = CheckJournalEntry(line.entry, ref.path, line.number, samples_, options_); !s.ok()) return s;
+      if (!options_.shard.Contains(index)) continue;
+      other_done_.insert(index);
+      if (options_.discard) continue;
+      if (const std::string damage = DamagedFile(options_.out_dir, line); !damage.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            damage, ", though ", ref.path, ":", line.number, " records sample ", index,
+            " as done; that journal belongs to another shard layout: rerun with the --shard that wrote it, "
+            "or delete its line and the file"));
       }
     }
     return absl::OkStatus();

@@ -163,6 +163,25 @@ def test_single_shared_journal_of_older_dumps_stays_readable(run, tools, tiny, t
     assert (s["total_samples"], s["done_samples"]) == (10, 10), s
 
 
+def test_a_sample_in_two_shards_journals_stops_a_rerun_naming_both_lines(run, tiny, tmp_path):
+    """A sample current in two journals (a line copied by hand) is refused by hsx-dump's resume
+    with the message hsx-verify and hsx-dump status give: both journals' lines named; nothing
+    is written."""
+    inputs = write_jsonl(tmp_path / "in.jsonl", sample_rows(6, seed=5))
+    out = tmp_path / "out"
+    for i in range(2):
+        run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, "--shard", f"{i}/2")
+    first = (out / "journal" / "shard-0-of-2.jsonl").read_text().splitlines()[0]
+    other = out / "journal" / "shard-1-of-2.jsonl"
+    other.write_text(other.read_text() + first + "\n")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir() if p.is_file())
+    proc = run("hsx-dump", "--model", tiny, "--input", inputs, "--out", out, "--shard", "0/2", expect_ok=False)
+    index = json.loads(first)["index"]
+    assert f"shard-1-of-2.jsonl:4: sample {index} is journaled twice (also at " in proc.stderr, proc.stderr
+    assert "shard-0-of-2.jsonl:1)" in proc.stderr, proc.stderr
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir() if p.is_file()) == before
+
+
 def test_nested_layout_bounds_directories_and_is_read_through_the_journal(run, tiny, tmp_path):
     """--layout nested: sample i in OUT/{i // 1000:05d}/, at most 1000 files a directory; hsx-verify
     --strict and hsx.journal follow the journal; --for speculators refuses it (one directory)."""
