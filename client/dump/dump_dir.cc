@@ -83,6 +83,23 @@ bool IsSampleSubdirectory(const std::string& name) {
   return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+std::vector<std::string> ListDumpFiles(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code error;
+  for (const auto& item : fs::directory_iterator(dir, error)) {
+    const std::string name = item.path().filename().string();
+    if (item.is_directory(error) && IsSampleSubdirectory(name)) {
+      for (const auto& inner : fs::directory_iterator(item.path(), error)) {
+        if (inner.is_regular_file(error)) names.push_back(name + "/" + inner.path().filename().string());
+      }
+    } else if (item.is_regular_file(error)) {
+      names.push_back(name);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 std::string ShardStem(const ShardSpec& shard) { return absl::StrCat("shard-", shard.index, "-of-", shard.count); }
 
 std::string ShardJournalPath(const std::string& dir, const ShardSpec& shard) {

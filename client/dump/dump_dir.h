@@ -44,6 +44,10 @@ std::string SampleRelativePath(int64_t index, SampleLayout layout);
 bool IsSamplePath(const std::string& file, int64_t index);
 // Whether `name` is a directory of the nested layout (digits only).
 bool IsSampleSubdirectory(const std::string& name);
+// The regular files of `dir` and of its nested layout's subdirectories,
+// relative to `dir` ("hs_1.safetensors", "00000/hs_1.safetensors"), sorted;
+// what cannot be read is left out.
+std::vector<std::string> ListDumpFiles(const std::string& dir);
 
 inline constexpr char kJournalDirName[] = "journal";
 inline constexpr char kQuarantineDirName[] = "quarantine";

@@ -62,19 +62,12 @@ void RemoveStaleTemporaries(const std::string& dir, const std::set<int64_t>& don
   std::set<std::string> prefixes;
   for (int64_t index : done) prefixes.insert(SampleFileName(index) + ".");
   std::error_code error;
-  std::vector<std::filesystem::path> files;  // OUT's, and those of the nested layout's subdirectories
-  for (const auto& item : std::filesystem::directory_iterator(dir, error)) {
-    if (item.is_directory(error) && IsSampleSubdirectory(item.path().filename().string())) {
-      for (const auto& inner : std::filesystem::directory_iterator(item.path(), error)) files.push_back(inner.path());
-    } else {
-      files.push_back(item.path());
-    }
-  }
-  for (const std::filesystem::path& path : files) {
-    const std::string name = path.filename().string();
+  for (const std::string& file : ListDumpFiles(dir)) {  // OUT's, and the nested layout's subdirectories'
+    const std::string name = std::filesystem::path(file).filename().string();
     const size_t dot = name.find(".safetensors.");
     if (dot == std::string::npos || !prefixes.count(name.substr(0, dot + 13))) continue;
     if (name.find(".partial.") == std::string::npos && name.find(".tmp.") == std::string::npos) continue;
+    const std::filesystem::path path = std::filesystem::path(dir) / file;
     std::filesystem::remove(path, error);
   }
 }

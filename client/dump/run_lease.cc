@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/dump/dump_dir.h"
 
 namespace hsx {
 namespace {
@@ -57,18 +58,9 @@ RunLease::~RunLease() {
 
 int RunLease::RemoveAbandoned(const std::string& dir) {
   const std::string host = HostName();
-  std::vector<std::string> names;  // relative to dir: its files, and those of the nested layout's subdirectories
+  // Relative to dir: its files, and those of the nested layout's subdirectories.
+  const std::vector<std::string> names = ListDumpFiles(dir);
   std::error_code error;
-  for (const auto& item : std::filesystem::directory_iterator(dir, error)) {
-    const std::string name = item.path().filename().string();
-    if (item.is_directory(error) && !name.empty() && name.find_first_not_of("0123456789") == std::string::npos) {
-      for (const auto& inner : std::filesystem::directory_iterator(item.path(), error)) {
-        names.push_back(name + "/" + inner.path().filename().string());
-      }
-      continue;
-    }
-    names.push_back(name);
-  }
   int removed = 0;
   for (const std::string& name : names) {
     if (!absl::StartsWith(name, kPrefix)) continue;

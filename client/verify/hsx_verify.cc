@@ -302,18 +302,8 @@ void CheckStrayFiles(const std::filesystem::path& root, const JournalIndex& entr
   std::set<std::string> journaled;
   for (const auto& [index, line] : entries) journaled.insert(line->entry.file);
   std::vector<std::string> strays;
-  std::error_code error;
-  std::vector<std::string> names;  // relative to root, the nested layout's subdirectories' files included
-  for (const auto& item : std::filesystem::directory_iterator(root, error)) {
-    const std::string name = item.path().filename().string();
-    if (item.is_directory(error) && hsx::IsSampleSubdirectory(name)) {
-      for (const auto& inner : std::filesystem::directory_iterator(item.path(), error)) {
-        if (inner.is_regular_file(error)) names.push_back(name + "/" + inner.path().filename().string());
-      }
-    } else if (item.is_regular_file(error)) {
-      names.push_back(name);
-    }
-  }
+  // Relative to root, the nested layout's subdirectories' files included.
+  const std::vector<std::string> names = hsx::ListDumpFiles(root.string());
   for (const std::string& name : names) {
     if (name == hsx::kJournalFileName || journaled.count(name)) continue;
     strays.push_back(name);
