@@ -100,6 +100,11 @@ std::vector<std::string> ListDumpFiles(const std::string& dir) {
   return names;
 }
 
+std::string HostName() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof(name) - 1) == 0 ? name : "";
+}
+
 std::string ShardStem(const ShardSpec& shard) { return absl::StrCat("shard-", shard.index, "-of-", shard.count); }
 
 std::string ShardJournalPath(const std::string& dir, const ShardSpec& shard) {

@@ -48,6 +48,8 @@ bool IsSampleSubdirectory(const std::string& name);
 // relative to `dir` ("hs_1.safetensors", "00000/hs_1.safetensors"), sorted;
 // what cannot be read is left out.
 std::vector<std::string> ListDumpFiles(const std::string& dir);
+// This machine's name as status and lease files record it ("" where it has none).
+std::string HostName();
 
 inline constexpr char kJournalDirName[] = "journal";
 inline constexpr char kQuarantineDirName[] = "quarantine";

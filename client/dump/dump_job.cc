@@ -553,10 +553,8 @@ class DumpRun {
     ShardStatus s;
     s.shard = absl::StrCat(options_.shard.index, "/", options_.shard.count);
     s.state = state;
-    char host[256] = {0};
-    ::gethostname(host, sizeof(host) - 1);
-    s.host = host;
-    s.pid = ::getpid();
+    s.host = host_;
+    s.pid = pid_;
     s.started_unix = started_unix_;
     s.updated_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     s.input_samples = static_cast<int64_t>(samples_.size());
@@ -616,6 +614,8 @@ class DumpRun {
   const double started_unix_ =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::mutex status_mutex_;  // WriteStatus, last_snapshot_
+  const std::string host_ = HostName();  // the status file's
+  const int64_t pid_ = ::getpid();
   ProgressSnapshot last_snapshot_;
   std::map<int64_t, int64_t> redo_;  // journaled samples whose file is damaged -> their journal line
   std::unique_ptr<Progress> progress_;

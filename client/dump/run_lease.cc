@@ -16,12 +16,6 @@
 namespace hsx {
 namespace {
 
-std::string HostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "";
-  return name;
-}
-
 std::string LeaseText() { return absl::StrCat("host=", HostName(), "\npid=", ::getpid(), "\n"); }
 
 // The "host=" line of a lease file, or "" when it cannot be read.
