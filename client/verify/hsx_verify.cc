@@ -189,10 +189,12 @@ hsx::JournalScan ScanJournal(const std::string& journal_path, std::vector<Proble
 }
 
 // Adds one journal's entries to `entries` (one per index, over all journals;
-// `first` remembers where each came from); duplicates are harmless only when
-// identical. `input_samples`: the number of --input samples (0: no --input).
+// `journal_of` remembers which journal each came from: a pointer, as the
+// line's number is in the entry); duplicates are harmless only when identical.
+// `input_samples`: the number of --input samples (0: no --input).
 void IndexJournal(const hsx::JournalScan& scan, const std::string& journal_path, size_t input_samples,
-                  JournalIndex* index, std::map<int64_t, std::string>* first, std::vector<Problem>* problems) {
+                  JournalIndex* index, std::map<int64_t, const std::string*>* journal_of,
+                  std::vector<Problem>* problems) {
   JournalIndex& entries = *index;
   for (const hsx::JournalScan::Line& line : scan.lines) {
     const JournalEntry& e = line.entry;
@@ -204,12 +206,12 @@ void IndexJournal(const hsx::JournalScan& scan, const std::string& journal_path,
     }
     auto [it, inserted] = entries.emplace(e.index, &line);
     if (inserted) {
-      (*first)[e.index] = absl::StrCat(journal_path, ":", line.number);
+      (*journal_of)[e.index] = &journal_path;
     } else {
       const bool same = it->second->entry == e;
       problems->push_back({where,
-                           absl::StrCat("sample ", e.index, " is journaled again (first at ", (*first)[e.index],
-                                        same ? ", identical)" : ", with different contents)"),
+                           absl::StrCat("sample ", e.index, " is journaled again (first at ", *(*journal_of)[e.index],
+                                        ":", it->second->number, same ? ", identical)" : ", with different contents)"),
                            !same});
     }
     if (input_samples > 0 && e.index >= static_cast<int64_t>(input_samples)) {
@@ -365,10 +367,10 @@ absl::Status Run(const std::vector<char*>& args) {
   std::vector<hsx::JournalScan> scans;
   scans.reserve(journal_paths.size());  // entries point into them
   JournalIndex entries;
-  std::map<int64_t, std::string> first;
+  std::map<int64_t, const std::string*> journal_of;  // into journal_paths, which stays as it is
   for (const std::string& journal_path : journal_paths) {
     scans.push_back(ScanJournal(journal_path, &problems));
-    IndexJournal(scans.back(), journal_path, samples.size(), &entries, &first, &problems);
+    IndexJournal(scans.back(), journal_path, samples.size(), &entries, &journal_of, &problems);
   }
   const Totals totals = CheckFiles(root, entries, samples, &problems);
   if (!samples.empty()) CheckAllJournaled(dir, samples, *shard, entries, &problems);

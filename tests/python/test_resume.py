@@ -234,11 +234,11 @@ def test_verify_finds_damage(run, tiny, tmp_path):
     proc = verify(run, good, inputs, "--strict")
     assert "5 journaled samples" in proc.stdout
 
-    def damaged(name, change):
+    def damaged(name, change, expect_ok=False):
         d = tmp_path / name
         shutil.copytree(good, d)
         change(d)
-        return run("hsx-verify", d, "--input", inputs, expect_ok=False).stdout
+        return run("hsx-verify", d, "--input", inputs, expect_ok=expect_ok).stdout
 
     def flip_last_byte(d):
         path = d / "hs_1.safetensors"
@@ -257,6 +257,22 @@ def test_verify_finds_damage(run, tiny, tmp_path):
     other = write_jsonl(tmp_path / "other.jsonl", sample_rows(5, seed=12))
     text = run("hsx-verify", good, "--input", other, expect_ok=False).stdout
     assert "token_ids differ from line 1 of the input" in text, text
+    second = (good / "manifest.jsonl").read_text().splitlines()[1]  # line 2 (lines come in completion order)
+    index = json.loads(second)["index"]
+
+    def journaled_again(line):
+        def change(d):
+            (d / "journal").mkdir()
+            (d / "journal" / "shard-0-of-2.jsonl").write_text(line + "\n")
+        return change
+
+    text = damaged("again-same", journaled_again(second), expect_ok=True)  # a warning
+    assert (f"shard-0-of-2.jsonl:1: warning: sample {index} is journaled again (first at {tmp_path}/again-same/"
+            "manifest.jsonl:2, identical)") in text, text
+    changed = json.dumps({**json.loads(second), "bytes": json.loads(second)["bytes"] + 1})
+    text = damaged("again-changed", journaled_again(changed))
+    assert (f"shard-0-of-2.jsonl:1: error: sample {index} is journaled again (first at {tmp_path}/again-changed/"
+            "manifest.jsonl:2, with different contents)") in text, text
     stray = tmp_path / "stray"
     shutil.copytree(good, stray)
     (stray / "hs_7.safetensors").write_bytes(b"left over")
