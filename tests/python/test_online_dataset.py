@@ -152,3 +152,18 @@ def test_a_model_other_than_the_expected_one_fails_at_start(server, field, value
 def test_capture_ids_beyond_the_model_fail_at_start(server):
     with pytest.raises(ModelMismatch, match=r"capture ids \[9\] are not layers"):
         next(iter(hsx.OnlineDataset(rows(4), server.address, capture=[2, 9])))
+
+
+@pytest.mark.parametrize("config,expected", [
+    ({"hidden_size": 64, "vocab_size": 2048, "num_hidden_layers": 4}, {"hidden_size": 64, "vocab_size": 2048,
+                                                                       "num_layers": 4}),
+    ({"vocab_size": 32, "text_config": {"hidden_size": 64, "vocab_size": 4096, "num_hidden_layers": 2}},
+     {"hidden_size": 64, "vocab_size": 4096, "num_layers": 2}),  # K2.5: the language model's, as the server reads
+])
+def test_the_expected_model_comes_from_where_the_server_reads_the_config(tmp_path, config, expected):
+    """config_expectation (the adapters' preflight) reads a nested config's text_config, as hsx-server
+    does, even when the top level has fields of its own (hsx.prepare's vocabulary size, through the
+    same hsx.model_config: test_prepare_cli's "nested-wins")."""
+    from hsx.preflight import config_expectation
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert config_expectation(tmp_path) == expected

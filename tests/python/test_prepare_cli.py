@@ -172,7 +172,9 @@ def test_frequency_file_contract(model, tmp_path, scope):
     ({"vocab_size": 100}, "vocab_size 100 is smaller than the tokenizer's"),
     ({"vocab_size": "big"}, "no positive integer vocab_size"),
     ({"hidden_size": 8}, "no positive integer vocab_size"),
-], ids=["flat", "nested", "smaller", "not-int", "missing"])
+    ({"vocab_size": 32, "text_config": {"vocab_size": 4096}}, 4096),  # the language model's, as the server reads it
+    ({"vocab_size": 4096, "text_config": {"hidden_size": 8}}, "no positive integer text_config.vocab_size"),
+], ids=["flat", "nested", "smaller", "not-int", "missing", "nested-wins", "nested-missing"])
 def test_frequency_vocab_size_is_the_models_not_the_tokenizers(model, tmp_path, config, expected):
     """The trainers check a mapping against the model's vocabulary (config.json), which may be larger
     than the tokenizer: the frequency file says the model's size, and a config that cannot be right is

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from .client import RETRYABLE, Client, ServerError
+from .model_config import language_config
 
 # The ModelInfo fields a trainer's configuration can pin, and the names
 # transformers' config.json gives them.
@@ -90,7 +91,7 @@ def config_expectation(model_dir: str | os.PathLike) -> dict[str, int]:
             config = json.load(f)
     except (OSError, ValueError) as error:
         raise ValueError(f"{path}: cannot read the model's config ({error})") from None
-    config = config.get("text_config", config)  # multimodal configs nest the language model's
+    config = language_config(config)  # multimodal configs nest the language model's
     return {field: int(config[name]) for field, name in CONFIG_NAMES.items() if name in config}
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..shard import shard_arg
+from ..model_config import language_config
 from .masking import Masker, PrepareError, load_tokenizer, tokenizer_fingerprint
 from .run import ON_LONG, Options, Run, Stats
 
@@ -92,7 +93,8 @@ def summary(output: Path, stats: Stats, options: Options) -> str:
 
 def verifier_vocab_size(model_dir: str, tokenizer) -> int:
     """The vocabulary size the frequencies are counted against: the model's own (config.json's
-    `vocab_size`, or `text_config.vocab_size` for a nested config such as K2.5's), which is what
+    `vocab_size`, or `text_config.vocab_size` for a nested config such as K2.5's, as hsx-server
+    reads it: hsx.model_config.language_config), which is what
     each trainer checks a draft mapping against and is often larger than the tokenizer (padded
     embeddings); len(tokenizer) when the directory has no config.json."""
     path = Path(model_dir) / "config.json"
@@ -102,9 +104,10 @@ def verifier_vocab_size(model_dir: str, tokenizer) -> int:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise PrepareError(f"{path}: not readable as JSON ({error})") from None
-    size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    size = language_config(config).get("vocab_size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise PrepareError(f"{path}: no positive integer vocab_size (or text_config.vocab_size)")
+        where = "text_config.vocab_size" if "text_config" in config else "vocab_size"
+        raise PrepareError(f"{path}: no positive integer {where}")
     if size < len(tokenizer):
         raise PrepareError(f"{path}: vocab_size {size} is smaller than the tokenizer's {len(tokenizer)} ids")
     return size
