@@ -66,6 +66,10 @@ def test_hostile_ids_one_file_per_sample_named_by_index(hostile_dump, target):
     assert [e["index"] for e in ids] == list(range(len(HOSTILE)))
     assert [e["file"] for e in ids] == names
     assert [e["id"] for e in ids] == [want for _, want in HOSTILE]  # verbatim, NUL and all
+    if target == "speculators-legacy":  # the side files count and measure every sample
+        assert json.loads((out / "data_config.json").read_text())["num_samples"] == len(HOSTILE)
+        lengths = json.loads((out / "sample_lengths.json").read_text())
+        assert lengths == {str(i): len(row["input_ids"]) for i, row in enumerate(rows)}
     # every file holds its own sample: the two "dup" samples and index 2 vs id "2" did not collide
     for i, row in enumerate(rows):
         record = torch.load(out / names[i], weights_only=True)

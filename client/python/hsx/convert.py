@@ -271,14 +271,17 @@ class _Out:
         merged = lambda: heapq.merge(*(self.lines(i) for i in range(self.shard[1])),  # noqa: E731
                                      key=lambda e: e["index"])
         if target == "speculators-legacy":
+            count = 0
+
             def lengths(f):
+                nonlocal count
                 f.write(b"{")
-                for n, e in enumerate(merged()):
-                    f.write(f'{", " if n else ""}{json.dumps(str(e["index"]))}: {e["tokens"]}'.encode())
+                for count, e in enumerate(merged(), start=1):
+                    f.write(f'{", " if count > 1 else ""}{json.dumps(str(e["index"]))}: {e["tokens"]}'.encode())
                 f.write(b"}")
             _write_atomic(self.out / "sample_lengths.json", lengths)
             config = {"version": "2.0", "generator": "hsx", "layer_ids": self.run["layer_ids"],
-                      "file_pattern": "data_{idx}.pt", "num_samples": sum(1 for _ in merged()),
+                      "file_pattern": "data_{idx}.pt", "num_samples": count,  # counted in the pass above
                       "schema": {"input_ids": "int64 [T]", "loss_mask": "int64 [T]",
                                  "hidden_states": "list of [T, H] tensors, ascending layer id"}}
             _write_atomic(self.out / "data_config.json", lambda f: f.write(json.dumps(config, indent=1).encode()))
