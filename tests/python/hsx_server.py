@@ -14,7 +14,6 @@ import urllib.request
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 LISTEN_RE = re.compile(r"hsx-server: listening on (\S+)")
 METRICS_RE = re.compile(r"hsx-server: metrics on (\S+)")
@@ -67,22 +66,33 @@ class HsxServer:
         return RuntimeError(f"hsx-server exited with {self.proc.returncode}:\n{self.text()}")
 
     def health(self, service=""):
+        from grpc_health.v1 import health_pb2, health_pb2_grpc  # here: the trainers' venv has no grpc_health
         with grpc.insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
 
     def wait_serving(self, timeout=60):
+        """Until grpcio's health client reports SERVING."""
+        from grpc_health.v1 import health_pb2
+        self._wait(lambda: self.health() == health_pb2.HealthCheckResponse.SERVING, "SERVING", timeout)
+
+    def wait_ready(self, timeout=60):
+        """Until the server logs "ready:" (when its health turns SERVING), for environments
+        without grpc_health (the trainers' venv)."""
+        self._wait(lambda: "ready: " in self.text(), "ready", timeout)
+
+    def _wait(self, done, what, timeout):
         deadline = time.time() + timeout
         while True:
             try:
-                if self.health() == health_pb2.HealthCheckResponse.SERVING:
+                if done():
                     return
             except grpc.RpcError:
                 pass
             if self.proc.poll() is not None:
                 raise self._exited()
             if time.time() > deadline:
-                raise TimeoutError(f"hsx-server not SERVING after {timeout}s:\n{self.text()}")
+                raise TimeoutError(f"hsx-server not {what} after {timeout}s:\n{self.text()}")
             time.sleep(0.05)
 
     def signal(self, sig):

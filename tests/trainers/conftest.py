@@ -2,13 +2,12 @@
 tokenizer and chat template beside its weights (`model`) and hsx-server serving
 it on loopback (`server`), once per session."""
 
-import re
 import subprocess
-import time
 
 import pytest
 
 from pipeline import BIN, add_tokenizer
+from hsx_server import HsxServer  # tests/python, on the path through pipeline
 
 
 @pytest.fixture(scope="session")
@@ -21,16 +20,10 @@ def model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def server(model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen([BIN / "hsx-server", "--model", model, "--listen", "127.0.0.1:0"], stderr=sink)
+def server(model):
+    proc = HsxServer(BIN, model, metrics=False).start(timeout=120, wait_serving=False)
     try:
-        deadline = time.time() + 120
-        while "ready:" not in log.read_text():
-            assert proc.poll() is None and time.time() < deadline, log.read_text()
-            time.sleep(0.05)
-        yield re.search(r"listening on (\S+)", log.read_text()).group(1)
+        proc.wait_ready(120)
+        yield proc.address
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        proc.stop()

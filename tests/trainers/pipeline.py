@@ -88,6 +88,19 @@ def write_jsonl(path, lines):
     return path
 
 
+def save_prepared_dataset(lines, path):
+    """What `speculators prepare-data` saves (speculators.data_generation.preprocessing):
+    input_ids, loss_mask and seq_len per row, in the given order, torch format."""
+    from datasets import Dataset
+
+    data = Dataset.from_dict({"input_ids": [r["input_ids"] for r in lines],
+                              "loss_mask": [r["loss_mask"] for r in lines],
+                              "seq_len": [len(r["input_ids"]) for r in lines]})
+    data.set_format(type="torch")
+    data.save_to_disk(str(path))
+    return path
+
+
 def read_jsonl(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 

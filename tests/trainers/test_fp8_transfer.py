@@ -18,21 +18,15 @@ import torch
 from safetensors.torch import load_file
 
 import hsx
-from pipeline import BIN, HIDDEN, rows
+from pipeline import BIN, HIDDEN, rows, save_prepared_dataset
 
 
 @pytest.fixture(scope="module")
 def fp8_data(server, tmp_path_factory):
-    from datasets import Dataset
-
     work = tmp_path_factory.mktemp("fp8")
     data = work / "prepared"
     samples = rows(6, seed=4)
-    prepared = Dataset.from_dict({"input_ids": [r["input_ids"] for r in samples],
-                                  "loss_mask": [r["loss_mask"] for r in samples],
-                                  "seq_len": [len(r["input_ids"]) for r in samples]})
-    prepared.set_format(type="torch")
-    prepared.save_to_disk(str(data))
+    save_prepared_dataset(samples, data)
     inputs = work / "in.jsonl"
     inputs.write_text("".join(json.dumps(r) + "\n" for r in samples))
     for dtype, out in (("fp8", data / "hidden_states"), ("fp32", work / "fp32")):

@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline import BIN, HIDDEN, N, rows, run_steps
+from pipeline import BIN, HIDDEN, N, rows, run_steps, save_prepared_dataset
 
 
 def _stored(path):
@@ -36,19 +36,11 @@ def _stored(path):
 
 @pytest.fixture(scope="session")
 def speculators_data(server, model, tmp_path_factory):
-    from datasets import Dataset
-
     work = tmp_path_factory.mktemp("speculators")
     data = work / "prepared"
     samples = rows(12, seed=1)
-    # What `speculators prepare-data` saves: input_ids, loss_mask, seq_len, rows shuffled,
-    # torch format (speculators.data_generation.preprocessing).
-    random.Random(7).shuffle(samples)
-    prepared = Dataset.from_dict({"input_ids": [r["input_ids"] for r in samples],
-                                  "loss_mask": [r["loss_mask"] for r in samples],
-                                  "seq_len": [len(r["input_ids"]) for r in samples]})
-    prepared.set_format(type="torch")
-    prepared.save_to_disk(str(data))
+    random.Random(7).shuffle(samples)  # speculators' prepare-data shuffles the rows
+    save_prepared_dataset(samples, data)
     proc = run_steps("speculators", {"DATA": data, "WORK": work, "HSX_SERVER": server, "MODEL": model})
     assert "checked for speculators; 0 errors" in proc.stdout, proc.stdout
     return data, samples

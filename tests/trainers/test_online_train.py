@@ -31,7 +31,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import DOCS, HIDDEN, N, VOCAB, doc_block, read_jsonl, rows, run_steps, write_jsonl
+from pipeline import (BIN, DOCS, HIDDEN, N, VOCAB, doc_block, read_jsonl, rows, run_steps, save_prepared_dataset,
+                      write_jsonl)
+from hsx_server import HsxServer
 
 RUNNER = Path(__file__).with_name("speculators_online_run.py")
 STEPS = 10
@@ -72,17 +74,6 @@ def sample_files(root, allowed=()):
 
 # --------------------------------------------------------------------------- speculators
 
-
-def prepared(lines, path):
-    """What `speculators prepare-data` saves: input_ids, loss_mask, seq_len, torch format."""
-    from datasets import Dataset
-
-    data = Dataset.from_dict({"input_ids": [r["input_ids"] for r in lines],
-                              "loss_mask": [r["loss_mask"] for r in lines],
-                              "seq_len": [len(r["input_ids"]) for r in lines]})
-    data.set_format(type="torch")
-    data.save_to_disk(str(path))
-    return path
 
 
 def cpu_flags(work):
@@ -129,12 +120,12 @@ def speculators_rows():
 def test_speculators_trains_online_with_the_losses_of_the_file_run(server, model, speculators_rows, tmp_path):
     online, offline = tmp_path / "online", tmp_path / "offline"
     online.mkdir(), offline.mkdir()
-    data = prepared(speculators_rows, online / "prepared")
+    data = save_prepared_dataset(speculators_rows, online / "prepared")
     losses = speculators_online(model, data, online, server)
     assert sample_files(online, allowed=[online / "out"]) == []
     assert not (data / "hidden_states").exists()
     # The same run on hsx-dump's files (docs/trainers.md's speculators block), file backend.
-    data_files = prepared(speculators_rows, offline / "prepared")
+    data_files = save_prepared_dataset(speculators_rows, offline / "prepared")
     run_steps("speculators", {"DATA": data_files, "WORK": offline, "HSX_SERVER": server, "MODEL": model})
     file_losses = speculators_from_files(model, data_files, offline)
     assert len(losses) >= STEPS and all(0 < x < 100 for x in losses)
@@ -286,25 +277,15 @@ def test_modelopt_dataset_fails_at_start_on_a_wrong_address(model):
 def test_modelopt_dataset_fails_at_start_on_a_refused_token(model, tmp_path):
     from hsx import ServerError
 
-    from pipeline import BIN
-
     (tmp_path / "token").write_text("the-token\n")
-    log = tmp_path / "server.log"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen([BIN / "hsx-server", "--model", model, "--listen", "127.0.0.1:0",
-                                 "--auth-token-file", tmp_path / "token"], stderr=sink)
+    proc = HsxServer(BIN, model, "--auth-token-file", tmp_path / "token", metrics=False).start(wait_serving=False)
     try:
-        deadline = time.time() + 60
-        while "ready:" not in log.read_text():
-            assert proc.poll() is None and time.time() < deadline, log.read_text()
-            time.sleep(0.05)
-        address = re.search(r"listening on (\S+)", log.read_text()).group(1)
-        with pytest.raises(ServerError, match=f"PERMISSION_DENIED: hsx-server {address} refused the token"):
-            modelopt_online(address, model, rows(3, seed=1), token="another-token")[0]
-        assert modelopt_online(address, model, rows(3, seed=1), token="the-token")[0]["input_ids"].shape[0] > 0
+        proc.wait_ready()
+        with pytest.raises(ServerError, match=f"PERMISSION_DENIED: hsx-server {proc.address} refused the token"):
+            modelopt_online(proc.address, model, rows(3, seed=1), token="another-token")[0]
+        assert modelopt_online(proc.address, model, rows(3, seed=1), token="the-token")[0]["input_ids"].shape[0] > 0
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        proc.stop()
 
 
 # --------------------------------------------------------------------------- SpecForge
