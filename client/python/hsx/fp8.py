@@ -24,14 +24,6 @@ SCALE_BYTES = 4
 SCALES = {"hidden_states": "hidden_states_scales", "final_norm_hidden_states": "final_norm_hidden_states_scales"}
 
 
-def split_rows(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows as sent (uint8 [..., 4 + H]: a float32 scale, then H e4m3 bytes) as the
-    file's two tensors: values (e4m3 [..., H]) and scales (float32 [..., 1])."""
-    scales = np.ascontiguousarray(raw[..., :SCALE_BYTES]).view("<f4")
-    values = np.ascontiguousarray(raw[..., SCALE_BYTES:]).view(FP8)
-    return values, scales
-
-
 def first_problem(values: np.ndarray, scales: np.ndarray, names: list[str]) -> str | None:
     """The first thing wrong with [T, L, H] e4m3 values and their [T, L, 1] scales,
     in the C++ checks' order and words, or None: the first bad row (scale not finite
