@@ -16,14 +16,15 @@
 // Three modes share every one of these checks (each piece of a chunk is
 // hashed and value-checked in place, in the received slices; Take()'s
 // tensors carry the findings) and differ only in where the rows go:
-// kAssemble copies them into blocks laid out as the output file's tensors
-// (a sample of 2 MiB or more with non-temporal stores, uncached_copy.h), the
-// Python client's native path: hidden_states [T, L, H] and the final norm
-// [T, H], each tensor's pieces its rows there; for fp8 each row is split as it
-// arrives (ForEachFp8RowPart, fp8.h), its values into hidden_states [T, L, H]
-// and its scale into hidden_states_scales [T, L, 1] (the final norm's into
-// [T, H] and [T, 1]), each row's pieces its scale there, then its values
-// (so tensors[0].pieces[0] starts the scales, pieces[1] the values); kKeepReceived copies nothing
+// kAssemble copies them once, from the received slices, into blocks laid
+// out as the output file's tensors (a sample of 2 MiB or more with
+// non-temporal stores, uncached_copy.h), the Python client's native path:
+// hidden_states [T, L, H] and the final norm [T, H], each tensor's pieces its
+// rows there; fp8 rows are split as they arrive (ForEachFp8RowPart, fp8.h):
+// the values into hidden_states [T, L, H] and the scales into
+// hidden_states_scales [T, L, 1] (the final norm's into [T, H] and [T, 1]),
+// each row's pieces its scale there, then its values (so tensors[0].pieces[0]
+// starts the scales' block and pieces[1] the values'); kKeepReceived copies nothing
 // and keeps references to the received slices instead (grpc::Slice is
 // reference counted): each tensor's pieces are those slices' bytes, in
 // stream order (WriteSampleFile writes the file from them, hsx-dump's disk
