@@ -9,9 +9,10 @@
 // rows split into values and scales as they arrive, the file's layout) with
 // the GIL released, and hands the tensors to Python as writable buffers that
 // numpy wraps without a copy: fp8 dequantized to bf16, or (dequantize=False)
-// the e4m3 values and float32 scales as assembled. Requests, retries, concurrency and the Sample
-// stay in hsx/client.py, which uses its own decoder when this module is not
-// built (client/README.md, "Two receive paths").
+// the e4m3 values and float32 scales as assembled. Requests, retries,
+// concurrency and the Sample stay in hsx/client.py, which uses its own
+// decoder when this module is not built (client/README.md, "Two receive
+// paths").
 //
 // Guarantees: an outcome is "ok" only for a stream the assembler accepted
 // whole (trailer included) whose values pass CheckSampleValues; "data_loss"
@@ -115,9 +116,9 @@ void HandOn(const SampleTensors& sample, bool dequantize, StateBytesPool* pool, 
   const int64_t scales = sample.tokens * kFp8ScaleBytes;
   // Piece k of the first layer's or the final norm's first row (none without one).
   auto piece = [&sample, layers](bool final_norm, size_t k) -> const BytePiece* {
-    const bool has = final_norm ? sample.has_final_norm() : layers > 0;
+    if (final_norm ? !sample.has_final_norm() : layers == 0) return nullptr;
     const SampleTensor& tensor = final_norm ? sample.tensors.back() : sample.tensors.front();
-    return has && tensor.pieces.size() > k ? &tensor.pieces[k] : nullptr;
+    return tensor.pieces.size() > k ? &tensor.pieces[k] : nullptr;
   };
   o->hidden_states = Block(sample, piece(false, fp8 ? 1 : 0), layers * values);
   if (sample.has_final_norm()) o->final_norm = Block(sample, piece(true, fp8 ? 1 : 0), values);
