@@ -12,6 +12,8 @@ Per dtype, one hsx-server, then the sides run interleaved, --repeats times, the 
   disk        hsx-dump --concurrency 4 writing the files
   python      hsx.Client.extract_many(concurrency=4) in a child process, on the receive path
               Client picks (the native module where built; HSX_NATIVE=0 in the environment: grpcio)
+  python-raw  the same with dequantize=False: fp8 handed on as received (e4m3 values and float32
+              scales, no bf16 written); for the other dtypes the same work as python
 CPU is the processes' own accounting: the server's /proc/PID/stat utime+stime before and after
 each client run; hsx-dump's rusage from wait4 (its whole life); the Python children's
 getrusage(RUSAGE_SELF) around the transfer alone (so the interpreter's start and imports,
@@ -26,7 +28,7 @@ and each side's minor page faults per MB streamed, from the same accounting (/pr
 the server, rusage for the clients): a pooled path has next to none.
 
     ~/.cache/hsx/venv/bin/python bench/stream_cost.py [--bin-dir build/bin] [--repeats 3]
-        [--dtypes bf16,fp16,fp32,fp8] [--sides socket,discard,disk,python] [--server-flag=--some-flag ...]
+        [--dtypes bf16,fp16,fp32,fp8] [--sides socket,discard,disk,python,python-raw] [--server-flag=--some-flag ...]
 """
 
 import argparse
@@ -211,20 +213,24 @@ def socket_side(work, total):
 
 # --- the Python client, in a child so that its CPU is its own -----------------------------------
 
-def python_client(address, samples_path, dtype, concurrency, warm=False):
+def python_client(address, samples_path, dtype, concurrency, warm=False, dequantize=True):
     """Prints the bytes, CPU seconds and minor faults of one extract_many pass over the samples;
     warm: after an untimed pass on the same client (its native pool then holds blocks, as in a
-    long job, instead of faulting in fresh memory for the first samples)."""
+    long job, instead of faulting in fresh memory for the first samples); dequantize: Client's
+    (False: fp8 as received)."""
     import hsx
     samples = [json.loads(line) for line in open(samples_path)]
     client = hsx.Client(address)
+    options = dict(concurrency=concurrency, capture=[0], dtype=dtype)
+    if not dequantize:  # only then: bench/python_ab.py runs this with clients older than the keyword
+        options["dequantize"] = False
     if warm:
-        for _ in client.extract_many(samples, concurrency=concurrency, capture=[0], dtype=dtype):
+        for _ in client.extract_many(samples, **options):
             pass
     start, faults = own_cpu(), own_faults()
     total = 0
-    for _, sample in client.extract_many(samples, concurrency=concurrency, capture=[0], dtype=dtype):
-        hs = sample["hidden_states"]  # fp8 arrives dequantized to bf16: count the rows as streamed
+    for _, sample in client.extract_many(samples, **options):
+        hs = sample["hidden_states"]  # fp8 dequantized is bf16: count the rows as streamed (a scale, H bytes)
         total += hs.shape[0] * hs.shape[1] * (hs.shape[2] + 4) if dtype == "fp8" else hs.nbytes
     client.close()
     print(total, own_cpu() - start, own_faults() - faults)
@@ -260,9 +266,9 @@ def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags, nam
                                usage_out=usage)
         return nbytes, cpu, usage["usage"].ru_minflt
 
-    def python():
+    def python(raw=False):
         stdout, _ = child([sys.executable, __file__, "--role", "python", "--address", server.address,
-                           "--samples-path", samples, "--dtype", dtype])
+                           "--samples-path", samples, "--dtype", dtype, *(["--raw"] if raw else [])])
         nbytes, cpu, faults = stdout.split()
         return int(nbytes), float(cpu), int(faults)
 
@@ -271,6 +277,7 @@ def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags, nam
             "discard": hsx_side(server, lambda: dump(True)),
             "disk": hsx_side(server, lambda: dump(False)),
             "python": hsx_side(server, python),
+            "python-raw": hsx_side(server, lambda: python(raw=True)),
         }
         # Warm-up (one pass each) and the byte count the socket pair moves.
         total = None
@@ -302,19 +309,19 @@ def report(dtype, total, runs, hwm, names):
     print(f"\n{dtype}: {total / 1e9:.3f} GB per run; server peak RSS (VmHWM) {hwm / 2**20:.0f} MiB")
     print("server: the whole process; engine: its hsx-engine* threads (the model's gather and capture copy);"
           " streaming: server - engine, per run")
-    print(f"{'side':8} {'server ns/B':>22} {'engine ns/B':>22} {'streaming ns/B':>22} {'client ns/B':>22}"
+    print(f"{'side':10} {'server ns/B':>22} {'engine ns/B':>22} {'streaming ns/B':>22} {'client ns/B':>22}"
           f" {'server/send':>11} {'stream/send':>11} {'client/recv':>11} {'client/discard':>14}")
     for name in names:
         server = [r[0] for r in runs[name]]
         client = [r[1] for r in runs[name]]
         engine = [r[2] for r in runs[name]]
         streaming = [r[0] - r[2] for r in runs[name]]
-        print(f"{name:8} {fmt(server):>22} {fmt(engine):>22} {fmt(streaming):>22} {fmt(client):>22} "
+        print(f"{name:10} {fmt(server):>22} {fmt(engine):>22} {fmt(streaming):>22} {fmt(client):>22} "
               f"{statistics.median(server) / sock_send:11.2f} {statistics.median(streaming) / sock_send:11.2f} "
               f"{statistics.median(client) / sock_recv:11.2f} {statistics.median(client) / discard_client:14.2f}")
     print("minor page faults per MB streamed (median [min-max]): the whole server (engine included), the client")
     for name in names:
-        print(f"{name:8} server {fmt([r[3] for r in runs[name]], 1)}   client {fmt([r[4] for r in runs[name]], 1)}")
+        print(f"{name:10} server {fmt([r[3] for r in runs[name]], 1)}   client {fmt([r[4] for r in runs[name]], 1)}")
 
 
 def main():
@@ -324,7 +331,8 @@ def main():
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--sides", default="socket,discard,disk,python",
-                        help="which sides to run (socket and discard always run: the ratios need them)")
+                        help="which sides to run, of socket, discard, disk, python, python-raw (socket and "
+                             "discard always run: the ratios need them)")
     parser.add_argument("--server-flag", action="append", default=[], help="extra hsx-server flag (repeatable)")
     # Internal: the child processes' roles.
     parser.add_argument("--role", choices=["send", "recv", "python"], help=argparse.SUPPRESS)
@@ -335,13 +343,14 @@ def main():
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
     parser.add_argument("--samples-path", help=argparse.SUPPRESS)
     parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "send":
         return socket_sender(args.port, args.bytes)
     if args.role == "recv":
         return socket_receiver(args.port_file, args.bytes)
     if args.role == "python":
-        return python_client(args.address, args.samples_path, args.dtype, 4, args.warm)
+        return python_client(args.address, args.samples_path, args.dtype, 4, args.warm, not args.raw)
     if args.repeats < 3:
         parser.error("--repeats must be at least 3 (a median and a range need them)")
     bin_dir = Path(args.bin_dir)
@@ -349,8 +358,12 @@ def main():
         print(f"stream_cost: hidden 7168, vocab 32000, --capture 0, {args.samples} samples of 512-2048 tokens, "
               f"concurrency 4, {args.repeats} interleaved repeats; value = median [min-max] CPU-ns per byte; "
               f"ratios of medians")
-        names = ["socket", "discard"] + [n for n in ("disk", "python") if n in args.sides.split(",")]
-        if "python" in names:
+        sides = args.sides.split(",")
+        unknown = set(sides) - {"socket", "discard", "disk", "python", "python-raw"}
+        if unknown:
+            parser.error(f"--sides: unknown {', '.join(sorted(unknown))}")
+        names = ["socket", "discard"] + [n for n in ("disk", "python", "python-raw") if n in sides]
+        if "python" in names or "python-raw" in names:
             import hsx
             path = "native (hsx._native)" if hsx.Client("127.0.0.1:1").native else "grpcio"
             print(f"python side: hsx.Client's {path} receive path")

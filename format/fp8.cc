@@ -156,14 +156,9 @@ void DecodeFp8Row(const uint8_t* row, int64_t hidden, float* out) {
   for (int64_t i = 0; i < hidden; ++i) out[i] = table[row[kFp8ScaleBytes + i]] * scale;
 }
 
-void DequantizeFp8ToBf16(const uint8_t* rows, int64_t count, int64_t hidden, uint16_t* out) {
+void DequantizeFp8ToBf16(const uint8_t* values, const float* scales, int64_t count, int64_t hidden, uint16_t* out) {
   const Fp8RowKernels& kernels = BestFp8Kernels();
-  const int64_t row_bytes = hidden + kFp8ScaleBytes;
-  for (int64_t r = 0; r < count; ++r) {
-    float scale;
-    std::memcpy(&scale, rows + r * row_bytes, sizeof(scale));
-    kernels.dequantize_bf16(rows + r * row_bytes + kFp8ScaleBytes, hidden, scale, out + r * hidden);
-  }
+  for (int64_t r = 0; r < count; ++r) kernels.dequantize_bf16(values + r * hidden, hidden, scales[r], out + r * hidden);
 }
 
 TensorFindings EncodeFp8Tensor(const void* src, ElementType type, int64_t tokens, int64_t hidden, char* dst,

@@ -17,6 +17,8 @@
 #ifndef HSX_FORMAT_FP8_H_
 #define HSX_FORMAT_FP8_H_
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "format/tensor_encoding.h"
@@ -44,11 +46,35 @@ void EncodeFp8Row(const float* values, int64_t hidden, char* out);
 // The inverse: `hidden` values of the encoded row at `row` (any alignment).
 void DecodeFp8Row(const uint8_t* row, int64_t hidden, float* out);
 
-// `rows` encoded rows of `hidden` values (RowBytes(kFp8, hidden) bytes each,
-// scales valid) as bf16 values into `out` (rows * hidden): e4m3 * scale in
-// float32, rounded to nearest even; what DecodeFp8Row then FloatToBf16 give,
-// vectorised (the Python client's native path hands samples on so).
-void DequantizeFp8ToBf16(const uint8_t* rows, int64_t count, int64_t hidden, uint16_t* out);
+// `count` rows of `hidden` e4m3 values at `values` (count * hidden bytes)
+// with their scales at `scales` (count float32, valid), the file's layout,
+// as bf16 values into `out` (count * hidden): e4m3 * scale in float32,
+// rounded to nearest even; what DecodeFp8Row then FloatToBf16 give,
+// vectorised (the Python client's native path hands samples on so by
+// default).
+void DequantizeFp8ToBf16(const uint8_t* values, const float* scales, int64_t count, int64_t hidden, uint16_t* out);
+
+// The one place that splits encoded rows into scales and values: the stream
+// assembler's check and its copy into the file's layout, and the sample
+// file's writer, walk rows with it. `bytes` are `length` bytes of encoded
+// rows of `hidden` values (scale, then values, each) that start `position`
+// bytes into them; rows and pieces may be split anywhere. Calls
+// part(row, at, bytes, n) for each run of the bytes that lies within one
+// row's scale (at < kFp8ScaleBytes) or within one row's values, in order:
+// `row` counts from the first row, `at` is the run's offset in its row.
+template <typename Part>
+void ForEachFp8RowPart(int64_t position, const char* bytes, size_t length, int64_t hidden, Part&& part) {
+  const int64_t row_bytes = hidden + kFp8ScaleBytes;
+  while (length > 0) {
+    const int64_t row = position / row_bytes, at = position % row_bytes;
+    const int64_t end = at < kFp8ScaleBytes ? kFp8ScaleBytes : row_bytes;
+    const size_t n = std::min(length, static_cast<size_t>(end - at));
+    part(row, at, bytes, n);
+    bytes += n;
+    length -= n;
+    position += static_cast<int64_t>(n);
+  }
+}
 
 // EncodeTensor for fp8: `tokens` rows of `hidden` values at `src` (activation
 // type kF32 or kBf16) into `dst`, which holds tokens * (hidden + 4) bytes,

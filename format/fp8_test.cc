@@ -1,9 +1,11 @@
 // fp8_test.cc: the e4m3 conversion against a brute-force nearest-value search
 // (ties to even), the scale rule (amax / 448, 1 for zeros, at least
 // FLT_MIN), the row layout (scale, then values), the tensor encoder's
-// findings and checksum, and the receiver's NaN check.
+// findings and checksum, the receiver's NaN check, dequantisation and the
+// split of rows into scales and values.
 #include "format/fp8.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -146,20 +148,56 @@ TEST(Fp8Test, TensorEncoderMatchesRowsChecksAndHashes) {
 TEST(Fp8Test, DequantizeToBf16IsDecodeThenRound) {
   // Every code (NaN aside) under scales small, large and subnormal-making, in rows of 255.
   const int64_t hidden = 254;
-  std::string rows;
+  std::string rows;  // as sent: each row's scale, then its values
+  std::vector<uint8_t> values;  // as the file holds them: the values, and the scales apart
+  std::vector<float> scales;
   for (float scale : {1.0f, 0.0123f, 3.7e5f, 1e-37f}) {
     rows.append(reinterpret_cast<const char*>(&scale), 4);
+    scales.push_back(scale);
     for (int b = 0; b < 256; ++b) {
-      if ((b & 0x7f) != 0x7f) rows.push_back(static_cast<char>(b));
+      if ((b & 0x7f) != 0x7f) {
+        rows.push_back(static_cast<char>(b));
+        values.push_back(static_cast<uint8_t>(b));
+      }
     }
   }
   const auto* bytes = reinterpret_cast<const uint8_t*>(rows.data());
   std::vector<uint16_t> got(4 * hidden);
-  DequantizeFp8ToBf16(bytes, 4, hidden, got.data());
+  DequantizeFp8ToBf16(values.data(), scales.data(), 4, hidden, got.data());
   std::vector<float> want(hidden);
   for (int64_t r = 0; r < 4; ++r) {
     DecodeFp8Row(bytes + r * (hidden + 4), hidden, want.data());
     for (int64_t i = 0; i < hidden; ++i) ASSERT_EQ(got[r * hidden + i], FloatToBf16(want[i])) << r << " " << i;
+  }
+}
+
+// Rows cut into pieces of every size (each piece walked on its own, from
+// its position) come apart into exactly the rows' scales and values, each
+// part within one row's scale or values, with its row and offset.
+TEST(Fp8Test, RowPartsSplitRowsCutAnywhere) {
+  const int64_t hidden = 5, rows = 4, row_bytes = hidden + kFp8ScaleBytes;
+  std::string bytes;
+  for (int i = 0; i < rows * row_bytes; ++i) bytes.push_back(static_cast<char>(i));
+  for (size_t cut = 1; cut <= static_cast<size_t>(row_bytes) + 1; ++cut) {
+    SCOPED_TRACE("pieces of " + std::to_string(cut));
+    std::string scales, values;
+    for (size_t at = 0; at < bytes.size(); at += cut) {
+      const size_t n = std::min(cut, bytes.size() - at);
+      ForEachFp8RowPart(static_cast<int64_t>(at), bytes.data() + at, n, hidden,
+                        [&](int64_t row, int64_t in_row, const char* part, size_t size) {
+                          const bool scale = in_row < kFp8ScaleBytes;
+                          ASSERT_EQ(part - bytes.data(), row * row_bytes + in_row);
+                          ASSERT_LE(in_row + static_cast<int64_t>(size), scale ? kFp8ScaleBytes : row_bytes);
+                          (scale ? scales : values).append(part, size);
+                        });
+    }
+    std::string want_scales, want_values;
+    for (int64_t r = 0; r < rows; ++r) {
+      want_scales.append(bytes, r * row_bytes, kFp8ScaleBytes);
+      want_values.append(bytes, r * row_bytes + kFp8ScaleBytes, hidden);
+    }
+    EXPECT_EQ(scales, want_scales);
+    EXPECT_EQ(values, want_values);
   }
 }
 

@@ -219,19 +219,18 @@ std::optional<uint64_t> KnownXxh64(const SampleTensor& tensor) {
 }
 
 // fp8 rows (a scale, then `hidden` bytes, each) as two tensors' pieces: the
-// values and the scales, in row order.
-void SplitFp8Rows(const std::vector<BytePiece>& rows, int64_t count, int64_t hidden, std::vector<BytePiece>* values,
+// values and the scales, in row order (`rows` may be *values).
+void SplitFp8Rows(const std::vector<BytePiece>& rows, int64_t hidden, std::vector<BytePiece>* values,
                   std::vector<BytePiece>* scales) {
-  PieceReader reader(rows);
-  std::vector<BytePiece> taken;
   std::vector<BytePiece> out_values;
-  for (int64_t r = 0; r < count; ++r) {
-    taken.clear();
-    reader.Take(static_cast<uint64_t>(kFp8ScaleBytes), &taken);
-    for (const BytePiece& piece : taken) AppendJoined(piece, scales);
-    taken.clear();
-    reader.Take(static_cast<uint64_t>(hidden), &taken);
-    for (const BytePiece& piece : taken) AppendJoined(piece, &out_values);
+  int64_t position = 0;
+  for (const BytePiece& piece : rows) {
+    ForEachFp8RowPart(position, reinterpret_cast<const char*>(piece.data()), piece.size(), hidden,
+                      [&](int64_t, int64_t at, const char* part, size_t n) {
+                        AppendJoined(BytePiece(reinterpret_cast<const uint8_t*>(part), n),
+                                     at < kFp8ScaleBytes ? scales : &out_values);
+                      });
+    position += static_cast<int64_t>(piece.size());
   }
   *values = std::move(out_values);
 }
@@ -269,8 +268,8 @@ absl::Status WriteSampleFile(const std::string& path, const InputSample& input,
   const bool fp8 = sample.dtype == OutputDType::kFp8;
   std::vector<BytePiece> hidden_scales, final_scales;
   if (fp8) {
-    SplitFp8Rows(hidden_pieces, tokens * layers, sample.hidden, &hidden_pieces, &hidden_scales);
-    SplitFp8Rows(final_pieces, sample.has_final_norm() ? tokens : 0, sample.hidden, &final_pieces, &final_scales);
+    SplitFp8Rows(hidden_pieces, sample.hidden, &hidden_pieces, &hidden_scales);
+    SplitFp8Rows(final_pieces, sample.hidden, &final_pieces, &final_scales);
   }
   const std::optional<uint64_t> hidden_xxh64 =
       layers == 1 && !fp8 ? KnownXxh64(sample.tensors[0]) : std::nullopt;

@@ -51,26 +51,41 @@ void StreamAssembler::AllocateSample() {
   // Not zero-filled: the chunks write every byte before the trailer is accepted.
   const int64_t tokens = sample_.tokens;
   const int64_t layers = static_cast<int64_t>(sample_.capture_ids.size());
+  const bool fp8 = sample_.dtype == OutputDType::kFp8;
+  // A row's values (all of it but fp8's scale), which the file's states tensors hold.
+  const int64_t values = fp8 ? sample_.hidden : row_bytes_;
   auto blocks = std::make_shared<AssembledBlocks>();
-  blocks->hidden_states = Allocate(tokens * layers * row_bytes_);
-  if (sample_.has_final_norm()) blocks->final_norm = Allocate(tokens * row_bytes_);
-  const auto* hidden = reinterpret_cast<const uint8_t*>(blocks->hidden_states.data());
-  const size_t row = static_cast<size_t>(row_bytes_);
-  for (int64_t l = 0; l < layers; ++l) {
-    std::vector<BytePiece>& pieces = sample_.tensors[l].pieces;
-    if (layers == 1) {
-      pieces.emplace_back(hidden, blocks->hidden_states.size());
-      break;
+  blocks->hidden_states = Allocate(tokens * layers * values);
+  if (sample_.has_final_norm()) blocks->final_norm = Allocate(tokens * values);
+  if (fp8) {
+    blocks->hidden_scales = Allocate(tokens * layers * kFp8ScaleBytes);
+    if (sample_.has_final_norm()) blocks->final_scales = Allocate(tokens * kFp8ScaleBytes);
+  }
+  // Row `slot` of a tensor whose rows lie `stride` rows apart from `first`:
+  // its scale (fp8), then its values.
+  auto add_rows = [&](std::vector<BytePiece>& pieces, const StateBytes& states, const StateBytes& scales,
+                      int64_t first, int64_t stride) {
+    const auto* at = reinterpret_cast<const uint8_t*>(states.data());
+    if (!fp8 && stride == 1) {  // the tensor is the whole block
+      pieces.emplace_back(at, states.size());
+      return;
     }
-    pieces.reserve(static_cast<size_t>(tokens));
-    for (int64_t t = 0; t < tokens; ++t) pieces.emplace_back(hidden + (t * layers + l) * row_bytes_, row);
+    pieces.reserve(static_cast<size_t>(tokens * (fp8 ? 2 : 1)));
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t slot = t * stride + first;
+      if (fp8) pieces.emplace_back(reinterpret_cast<const uint8_t*>(scales.data()) + slot * kFp8ScaleBytes,
+                                   static_cast<size_t>(kFp8ScaleBytes));
+      pieces.emplace_back(at + slot * values, static_cast<size_t>(values));
+    }
+  };
+  for (int64_t l = 0; l < layers; ++l) {
+    add_rows(sample_.tensors[l].pieces, blocks->hidden_states, blocks->hidden_scales, l, layers);
   }
-  if (sample_.has_final_norm()) {
-    sample_.tensors.back().pieces.emplace_back(reinterpret_cast<const uint8_t*>(blocks->final_norm.data()),
-                                               blocks->final_norm.size());
-  }
-  uncached_ = blocks->hidden_states.size() + blocks->final_norm.size() >= kUncachedCopyMinBytes;
-  sample_.held_bytes = static_cast<int64_t>(blocks->hidden_states.size() + blocks->final_norm.size());
+  if (sample_.has_final_norm()) add_rows(sample_.tensors.back().pieces, blocks->final_norm, blocks->final_scales, 0, 1);
+  const size_t held = blocks->hidden_states.size() + blocks->final_norm.size() + blocks->hidden_scales.size() +
+                      blocks->final_scales.size();
+  uncached_ = held >= kUncachedCopyMinBytes;
+  sample_.held_bytes = static_cast<int64_t>(held);
   blocks_ = blocks.get();
   sample_.owner = std::move(blocks);
 }
@@ -244,6 +259,10 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
 }
 
 void StreamAssembler::CopyIntoSample(const char* bytes, size_t length, int64_t offset) {
+  if (sample_.dtype == OutputDType::kFp8) {
+    CopyFp8IntoSample(bytes, length, offset);
+    return;
+  }
   // Rows of one tensor are contiguous in the final norm, interleaved with
   // the other layers in hidden_states: there, copy row piece by row piece.
   const int want = tensors_[current_];
@@ -256,12 +275,34 @@ void StreamAssembler::CopyIntoSample(const char* bytes, size_t length, int64_t o
                           : blocks_->hidden_states.data() + (row * layers + static_cast<int64_t>(current_)) * row_bytes_;
     const size_t n = contiguous ? length - done
                                 : std::min<size_t>(length - done, static_cast<size_t>(row_bytes_ - at % row_bytes_));
-    if (uncached_) {
-      CopyUncached(base + at % row_bytes_, bytes + done, n);
-    } else {
-      std::memcpy(base + at % row_bytes_, bytes + done, n);
-    }
+    CopyBytes(base + at % row_bytes_, bytes + done, n);
     done += n;
+  }
+}
+
+void StreamAssembler::CopyFp8IntoSample(const char* bytes, size_t length, int64_t offset) {
+  // The file's layout: a row's scale to the scales, its values to the states.
+  const bool final_norm = tensors_[current_] < 0;
+  const int64_t layers = static_cast<int64_t>(sample_.capture_ids.size());
+  const int64_t hidden = sample_.hidden;
+  char* states = final_norm ? blocks_->final_norm.data() : blocks_->hidden_states.data();
+  char* scales = final_norm ? blocks_->final_scales.data() : blocks_->hidden_scales.data();
+  ForEachFp8RowPart(rows_ * row_bytes_ + offset, bytes, length, hidden,
+                    [&](int64_t row, int64_t at, const char* part, size_t n) {
+                      const int64_t slot = final_norm ? row : row * layers + static_cast<int64_t>(current_);
+                      if (at < kFp8ScaleBytes) {
+                        std::memcpy(scales + slot * kFp8ScaleBytes + at, part, n);
+                      } else {
+                        CopyBytes(states + slot * hidden + (at - kFp8ScaleBytes), part, n);
+                      }
+                    });
+}
+
+void StreamAssembler::CopyBytes(char* to, const char* from, size_t n) const {
+  if (uncached_) {
+    CopyUncached(to, from, n);
+  } else {
+    std::memcpy(to, from, n);
   }
 }
 
@@ -309,12 +350,9 @@ void StreamAssembler::CheckValues(const char* bytes, int64_t count) {
 void StreamAssembler::CheckFp8Rows(const char* bytes, size_t length) {
   // values_ counts the tensor's bytes here; a row is its scale, then its values.
   TensorFindings& found = *sample_.tensors[current_].findings;
-  while (length > 0) {
-    const int64_t row = values_ / row_bytes_, at = values_ % row_bytes_;
-    size_t n;
+  ForEachFp8RowPart(values_, bytes, length, sample_.hidden, [&](int64_t row, int64_t at, const char* part, size_t n) {
     if (at < kFp8ScaleBytes) {  // the scale, which may be split between pieces
-      n = std::min(length, static_cast<size_t>(kFp8ScaleBytes - at));
-      std::memcpy(carry_ + at, bytes, n);
+      std::memcpy(carry_ + at, part, n);
       float scale;
       std::memcpy(&scale, carry_, sizeof(scale));
       if (at + static_cast<int64_t>(n) == kFp8ScaleBytes && found.bad_index < 0 && !ValidFp8Scale(scale)) {
@@ -322,20 +360,17 @@ void StreamAssembler::CheckFp8Rows(const char* bytes, size_t length) {
         found.bad_value = scale;
         found.bad_scale = true;
       }
-    } else {
-      n = std::min(length, static_cast<size_t>(row_bytes_ - at));
-      bool any = false;
-      const int64_t bad = CheckFp8Bytes(bytes, static_cast<int64_t>(n), &any);
-      found.nonzero |= any;
-      if (bad >= 0 && found.bad_index < 0) {
-        found.bad_index = row * sample_.hidden + (at - kFp8ScaleBytes) + bad;
-        found.bad_value = Fp8E4m3ToFloat(static_cast<uint8_t>(bytes[bad]));
-      }
+      return;
     }
-    bytes += n;
-    length -= n;
-    values_ += static_cast<int64_t>(n);
-  }
+    bool any = false;
+    const int64_t bad = CheckFp8Bytes(part, static_cast<int64_t>(n), &any);
+    found.nonzero |= any;
+    if (bad >= 0 && found.bad_index < 0) {
+      found.bad_index = row * sample_.hidden + (at - kFp8ScaleBytes) + bad;
+      found.bad_value = Fp8E4m3ToFloat(static_cast<uint8_t>(part[bad]));
+    }
+  });
+  values_ += static_cast<int64_t>(length);
 }
 
 absl::Status StreamAssembler::Consume(const grpc::ByteBuffer& message) {

@@ -16,10 +16,15 @@
 // Three modes share every one of these checks (each piece of a chunk is
 // hashed and value-checked in place, in the received slices; Take()'s
 // tensors carry the findings) and differ only in where the rows go:
-// kAssemble copies them into one block laid out as the output file's
-// hidden_states, [T, L, H], and one for the final norm (a sample of 2 MiB or
-// more with non-temporal stores, uncached_copy.h), each tensor's pieces its
-// rows there (the Python client's native path); kKeepReceived copies nothing
+// kAssemble copies them once, from the received slices, into blocks laid
+// out as the output file's tensors (a sample of 2 MiB or more with
+// non-temporal stores, uncached_copy.h), the Python client's native path:
+// hidden_states [T, L, H] and the final norm [T, H], each tensor's pieces its
+// rows there; fp8 rows are split as they arrive (ForEachFp8RowPart, fp8.h):
+// the values into hidden_states [T, L, H] and the scales into
+// hidden_states_scales [T, L, 1] (the final norm's into [T, H] and [T, 1]),
+// each row's pieces its scale there, then its values (so tensors[0].pieces[0]
+// starts the scales' block and pieces[1] the values'); kKeepReceived copies nothing
 // and keeps references to the received slices instead (grpc::Slice is
 // reference counted): each tensor's pieces are those slices' bytes, in
 // stream order (WriteSampleFile writes the file from them, hsx-dump's disk
@@ -113,6 +118,8 @@ class StreamAssembler {
   struct AssembledBlocks {
     StateBytes hidden_states;  // [T, L, H]
     StateBytes final_norm;     // [T, H], or empty
+    StateBytes hidden_scales;  // fp8: [T, L] float32, else empty
+    StateBytes final_scales;   // fp8 with the final norm: [T] float32, else empty
   };
   // A block for one of the sample's tensors (kAssemble), from pool_ if any.
   StateBytes Allocate(int64_t bytes) const;
@@ -120,6 +127,10 @@ class StreamAssembler {
   void AllocateSample();
   // Bytes [offset, offset + length) of the current chunk (kAssemble only).
   void CopyIntoSample(const char* bytes, size_t length, int64_t offset);
+  // The same for fp8: values and scales into their blocks.
+  void CopyFp8IntoSample(const char* bytes, size_t length, int64_t offset);
+  // kAssemble: `n` bytes to `to`, uncached for a large sample.
+  void CopyBytes(char* to, const char* from, size_t n) const;
   // The next `length` bytes of the current tensor's values, which may start
   // or end inside a value (pieces split anywhere): hashed and checked.
   void HashAndCheck(const char* bytes, size_t length);

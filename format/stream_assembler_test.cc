@@ -130,6 +130,23 @@ std::optional<uint64_t> HandedOnXxh64(const SampleTensors& s, size_t k) {
   return found->checksum;
 }
 
+// `size` bytes from where `piece` starts.
+std::string Bytes(const BytePiece& piece, size_t size) {
+  return std::string(reinterpret_cast<const char*>(piece.data()), size);
+}
+
+// fp8 rows as sent (a 4-byte scale, then `hidden` values, each) as the
+// file's two tensors: (the values, the scales).
+std::pair<std::string, std::string> SplitRows(const std::string& rows, int64_t hidden) {
+  std::pair<std::string, std::string> out;
+  const size_t row = static_cast<size_t>(hidden) + 4;
+  for (size_t at = 0; at + row <= rows.size(); at += row) {
+    out.second.append(rows, at, 4);
+    out.first.append(rows, at + 4, row - 4);
+  }
+  return out;
+}
+
 absl::Status Feed(StreamAssembler& a, const std::vector<v1::ExtractResponse>& stream) {
   for (const v1::ExtractResponse& r : stream) {
     if (absl::Status s = a.Consume(r); !s.ok()) return s;
@@ -184,7 +201,18 @@ TEST(StreamAssemblerTest, EncoderStreamAssemblesToTheFileBytes) {
       EXPECT_EQ(hidden, HiddenBytes(want));  // [T, L, H], not layer-major
       EXPECT_EQ(FinalBytes(got), FinalBytes(want));
       // the assembled block is that layout itself: layer 0's first row starts it
-      EXPECT_EQ(std::string(reinterpret_cast<const char*>(got.tensors[0].pieces[0].data()), hidden.size()), hidden);
+      if (dtype != OutputDType::kFp8) {
+        EXPECT_EQ(Bytes(got.tensors[0].pieces[0], hidden.size()), hidden);
+      } else {  // the file's two tensors: row 0's scale starts the scales, its values the values
+        const auto [values, scales] = SplitRows(hidden, kHidden);
+        EXPECT_EQ(Bytes(got.tensors[0].pieces[1], values.size()), values);
+        EXPECT_EQ(Bytes(got.tensors[0].pieces[0], scales.size()), scales);
+        if (final_norm) {
+          const auto [final_values, final_scales] = SplitRows(FinalBytes(want), kHidden);
+          EXPECT_EQ(Bytes(got.tensors.back().pieces[1], final_values.size()), final_values);
+          EXPECT_EQ(Bytes(got.tensors.back().pieces[0], final_scales.size()), final_scales);
+        }
+      }
       // and the values decode back to the states (exact in fp32)
       if (dtype == OutputDType::kFp32) {
         const std::vector<float> values =

@@ -2,8 +2,9 @@
 streams it, hsx-dump (remote and in-process, byte-identical files) writes it, hsx-verify
 accepts it; its bytes equal ml_dtypes' e4m3 rounding of the fp32 states under the
 documented scale rule (an implementation other than ours); hsx.Client (both receive
-paths), hsx.OnlineDataset and hsx.read_sample give the same dequantized values; a file
-with a corrupted scale or payload is refused by hsx-verify and by read_sample."""
+paths), hsx.OnlineDataset and hsx.read_sample give the same dequantized values, and with
+dequantize=False the same e4m3 values and scales (read_sample's of hsx-dump's file, byte for
+byte); a file with a corrupted scale or payload is refused by hsx-verify and by read_sample."""
 
 import json
 import shutil
@@ -114,6 +115,80 @@ def test_online_dataset_yields_dequantized_fp8(dumps, server):
         assert torch.equal(item["final_norm_hidden_states"], ref["final_norm_hidden_states"])
         seen += 1
     assert seen == len(samples)
+
+
+RAW_KEYS = {"hidden_states", "hidden_states_scales", "final_norm_hidden_states", "final_norm_hidden_states_scales",
+            "token_ids"}
+
+
+def as_numpy(value):
+    """A tensor's array (torch: its bytes viewed as numpy, float8 through uint8)."""
+    if isinstance(value, torch.Tensor):
+        return value.view(torch.uint8).numpy() if value.dtype == torch.float8_e4m3fn else value.numpy()
+    return value
+
+
+@pytest.mark.parametrize("use_torch", [False, True], ids=["numpy", "torch"])
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
+def test_client_raw_gives_what_read_sample_raw_gives(dumps, server, native, use_torch):
+    """dequantize=False: each sample is exactly read_sample(hsx-dump's file, dequantize=False):
+    the same tensors (final norm and both scales included), dtypes and bytes, contiguous."""
+    samples, _, base = dumps
+    with hsx.Client(server.address, native=native) as client:
+        got = dict(client.extract_many(samples, concurrency=2, capture=[1, 4, 8], final_norm=True, dtype="fp8",
+                                       torch=use_torch, dequantize=False))
+    assert sorted(got) == list(range(len(samples)))
+    for i, sample in got.items():
+        ref = hsx.read_sample(base / "remote" / f"hs_{i}.safetensors", torch=use_torch, dequantize=False)
+        assert set(sample) == set(ref) == RAW_KEYS, i
+        for key in RAW_KEYS:
+            assert sample[key].dtype == ref[key].dtype and sample[key].shape == ref[key].shape, (i, key)
+            if use_torch:
+                assert sample[key].is_contiguous(), (i, key)
+            else:
+                assert sample[key].flags.c_contiguous, (i, key)
+            assert as_numpy(sample[key]).tobytes() == as_numpy(ref[key]).tobytes(), (i, key)
+        if use_torch:
+            assert sample["hidden_states"].dtype == torch.float8_e4m3fn
+            assert sample["hidden_states_scales"].dtype == torch.float32
+        else:
+            assert sample["hidden_states"].dtype == np.dtype(ml_dtypes.float8_e4m3fn)
+            assert sample["final_norm_hidden_states_scales"].dtype == np.float32
+
+
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
+def test_dequantizing_the_raw_sample_gives_the_default_sample(dumps, server, native):
+    """hsx.fp8.dequantize of a dequantize=False sample is the default (dequantized) sample, bit
+    for bit, on both receive paths (the native one dequantizes in C++)."""
+    samples, _, _ = dumps
+    options = dict(capture=[1, 4, 8], final_norm=True, dtype="fp8")
+    with hsx.Client(server.address, native=native) as client:
+        raw = dict(client.extract_many(samples, concurrency=2, dequantize=False, **options))
+        default = dict(client.extract_many(samples, concurrency=2, **options))
+    for i, sample in raw.items():
+        assert "hidden_states_scales" not in default[i]
+        for key, scales in hsx.fp8.SCALES.items():
+            want = default[i][key]
+            got = hsx.fp8.dequantize(sample[key], sample[scales])
+            assert got.dtype == want.dtype == ml_dtypes.bfloat16 and got.tobytes() == want.tobytes(), (i, key)
+
+
+def test_online_dataset_yields_fp8_as_received(dumps, server):
+    """OnlineDataset(dequantize=False): torch float8_e4m3fn states and float32 scales, what
+    read_sample(torch=True, dequantize=False) gives for the same sample."""
+    samples, _, base = dumps
+    dataset = hsx.OnlineDataset(samples, server.address, concurrency=2, capture=[1, 4, 8], dtype="fp8",
+                                final_norm=True, ordered=True, dequantize=False)
+    seen = []
+    for item in dataset:
+        ref = hsx.read_sample(base / "remote" / f"hs_{item.index}.safetensors", torch=True, dequantize=False)
+        assert set(item) == set(ref) == RAW_KEYS
+        assert item["hidden_states"].dtype == torch.float8_e4m3fn
+        assert item["final_norm_hidden_states_scales"].dtype == torch.float32
+        for key in RAW_KEYS:
+            assert item[key].dtype == ref[key].dtype and as_numpy(item[key]).tobytes() == as_numpy(ref[key]).tobytes()
+        seen.append(item.index)
+    assert seen == list(range(len(samples)))
 
 
 def corrupt(path, name, offset, raw):

@@ -78,26 +78,32 @@ def native_expectation(expect: StreamExpectation) -> dict[str, Any]:
 
 
 def native_sample(outcome: Any, expect: StreamExpectation, loss_mask: Sequence[int] | None = None,
-                  use_torch: bool = False, index: int | None = None) -> Sample:
+                  use_torch: bool = False, index: int | None = None, dequantize: bool = True) -> Sample:
     """The Sample of a stream that hsx._native received and judged (its Outcome), or
     what the pure-Python path raises for the same stream: NativeRpcError for the
     call's status, IntegrityError for a stream that failed a check. The arrays wrap
-    the module's buffers (no copy) and are writable."""
+    the module's buffers (no copy) and are writable. `dequantize` must be what the
+    module was asked (its outcome holds the scales exactly when it was not)."""
     if outcome.kind == "rpc":
         raise NativeRpcError(_STATUS_CODES.get(outcome.code, grpc.StatusCode.UNKNOWN), outcome.message)
     if outcome.kind != "ok":
         raise IntegrityError(f"sample {expect.sample_id!r}: {outcome.message}")
-    # fp8: the module checked the rows (scales included) as they arrived and hands them on
-    # dequantized to bf16 (format/fp8.h's DequantizeFp8ToBf16: what hsx.fp8.dequantize gives, bit
-    # for bit).
-    dtype = NUMPY_DTYPES["bf16" if expect.dtype == "fp8" else expect.dtype]
-    hidden_states = np.frombuffer(outcome.hidden_states, dtype).reshape(
-        outcome.tokens, len(outcome.capture_ids), outcome.hidden)
-    final_norm = None
+    # fp8: the module checked the rows (scales included) as they arrived, split into the file's
+    # e4m3 values and float32 scales, and hands them on so (dequantize=False) or dequantized to
+    # bf16 (format/fp8.h's DequantizeFp8ToBf16: what hsx.fp8.dequantize gives, bit for bit).
+    raw_fp8 = expect.dtype == "fp8" and not dequantize
+    dtype = NUMPY_DTYPES["bf16" if expect.dtype == "fp8" and dequantize else expect.dtype]
+    tokens, layers, hidden = outcome.tokens, len(outcome.capture_ids), outcome.hidden
+    hidden_states = np.frombuffer(outcome.hidden_states, dtype).reshape(tokens, layers, hidden)
+    final_norm = hidden_scales = final_scales = None
     if outcome.final_norm is not None:
-        final_norm = np.frombuffer(outcome.final_norm, dtype).reshape(outcome.tokens, outcome.hidden)
+        final_norm = np.frombuffer(outcome.final_norm, dtype).reshape(tokens, hidden)
+    if raw_fp8:
+        hidden_scales = np.frombuffer(outcome.hidden_scales, np.float32).reshape(tokens, layers, 1)
+        if outcome.final_scales is not None:
+            final_scales = np.frombuffer(outcome.final_scales, np.float32).reshape(tokens, 1)
     return make_sample(hidden_states, final_norm, list(outcome.capture_ids), expect.sample_id, expect.token_ids,
-                       loss_mask, use_torch, index)
+                       loss_mask, use_torch, index, hidden_scales=hidden_scales, final_scales=final_scales)
 
 
 class Client:
@@ -122,6 +128,12 @@ class Client:
     Every stream is checked against the request and the model the server announced
     (GetModelInfo, asked once before the first sample): by StreamDecoder, or by the
     C++ StreamAssembler that hsx-dump uses.
+
+    fp8 samples (dtype="fp8": e4m3 with a float32 scale per token per layer, hsx.fp8) are
+    given dequantized to bf16 by default; extract(..., dequantize=False) gives them as
+    received, the tensors read_sample(path, dequantize=False) gives for hsx-dump's file of
+    the same sample (e4m3 hidden_states and its float32 hidden_states_scales, likewise the
+    final norm): for a trainer that dequantizes on its GPU, half the bytes to copy there.
     """
 
     def __init__(self, target: str, token: str | None = None, tls: bool | dict[str, Any] | None = None,
@@ -206,13 +218,16 @@ class Client:
 
     def extract(self, token_ids: Sequence[int], capture: Sequence[int] | str | None = None,
                 dtype: str | None = None, final_norm: bool = False, torch: bool = False, sample_id: str | None = None,
-                loss_mask: Sequence[int] | None = None, index: int | None = None, checksum: str = "xxh3") -> Sample:
+                loss_mask: Sequence[int] | None = None, index: int | None = None, checksum: str = "xxh3",
+                dequantize: bool = True) -> Sample:
         """One sample's verified states (see hsx.Sample). capture: capture ids, a name
         ("eagle3", "all", or a trainer's exact set "speculators" | "specforge" | "modelopt";
         hsx.capture) or None for the server's default set; dtype: "bf16" | "fp16" | "fp32" | "fp8" | None (the
         server's default); loss_mask: copied into the Sample (it never leaves the client);
         checksum: "xxh3" | "xxh64", how the stream is verified (XXH3 costs a third of
-        XXH64 per byte; a server that predates the choice sends XXH64, which is then verified)."""
+        XXH64 per byte; a server that predates the choice sends XXH64, which is then verified);
+        dequantize: for fp8, True gives bf16 states, False the e4m3 values and their float32
+        *_scales tensors as received (read_sample's keyword; no effect on other dtypes)."""
         token_ids = [int(t) for t in token_ids]
         if dtype is not None and dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
@@ -236,20 +251,22 @@ class Client:
             sample_id=expect.sample_id, token_ids=token_ids, capture_ids=list(capture or []),
             dtype=DTYPES[dtype] if dtype else hsx_pb2.DTYPE_UNSPECIFIED, final_norm=final_norm,
             checksum=CHECKSUMS[checksum])
+        dequantize = bool(dequantize)
         if self._native is not None:
             return self._call(lambda: native_sample(
                 self._native.extract(request.SerializeToString(), native_expectation(expect), self.timeout,
-                                     self._token), expect, loss_mask, torch, index))
+                                     self._token, dequantize), expect, loss_mask, torch, index, dequantize))
         return self._call(lambda: assemble(
             self._extract(request, timeout=self.timeout, metadata=self._metadata),
-            expect, loss_mask=loss_mask, use_torch=torch, index=index))
+            expect, loss_mask=loss_mask, use_torch=torch, index=index, dequantize=dequantize))
 
     def extract_many(self, samples: Iterable[Sequence[int] | Mapping[str, Any]], concurrency: int = 8,
                      **kwargs: Any) -> Iterator[tuple[int, Sample]]:
         """Yields (index, Sample) in completion order, with at most `concurrency`
         samples in flight or waiting to be consumed. samples: token-id lists or
         dicts with "input_ids" (and optionally "id" and "loss_mask"). The Sample's
-        .index is its position in `samples`."""
+        .index is its position in `samples`. kwargs: extract's (capture, dtype,
+        final_norm, torch, checksum, dequantize)."""
         with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
             pending: dict[concurrent.futures.Future, int] = {}
             source = enumerate(samples)

@@ -22,7 +22,11 @@ class OnlineDataset(IterableDataset):
     sample has one, final_norm_hidden_states [T, H] with final_norm=True; .index is
     the sample's position in `samples`, .sample_id its "id" (or the index). With
     dtype="fp8" the states travel as e4m3 with a scale per token per layer (half of bf16's
-    bytes) and are yielded dequantized, as bf16 tensors (hsx.fp8).
+    bytes) and are yielded dequantized, as bf16 tensors (hsx.fp8); with dequantize=False
+    as received: torch.float8_e4m3fn hidden_states with float32 hidden_states_scales
+    [T, L, 1] (and final_norm_hidden_states_scales [T, 1]), what read_sample(...,
+    dequantize=False) gives, for a trainer that dequantizes on its GPU (half the bytes
+    to copy there). dequantize has no effect on other dtypes.
 
     samples: a sequence of dicts with "input_ids" and optionally "loss_mask", "id".
     servers: addresses; each consumer spreads its samples over all of them, round-robin.
@@ -66,7 +70,7 @@ class OnlineDataset(IterableDataset):
                  token: str | None = None, tls: bool | dict[str, Any] | None = None, retries: int = 30,
                  ordered: bool | None = None, seed: int | None = None, rank: int | None = None,
                  world_size: int | None = None, connect_timeout: float = 20.0,
-                 expect: Mapping[str, int] | None = None) -> None:
+                 expect: Mapping[str, int] | None = None, dequantize: bool = True) -> None:
         super().__init__()
         if concurrency < 1:
             raise ValueError(f"concurrency {concurrency}: expected at least 1")
@@ -75,7 +79,7 @@ class OnlineDataset(IterableDataset):
         if not self.servers:
             raise ValueError("servers: expected at least one address")
         self.concurrency = concurrency
-        self.options = dict(capture=capture, dtype=dtype, final_norm=final_norm)
+        self.options = dict(capture=capture, dtype=dtype, final_norm=final_norm, dequantize=dequantize)
         self.client_options = dict(token=token, tls=tls, retries=retries)
         self.ordered = seed is not None if ordered is None else ordered
         self.seed = seed

@@ -10,8 +10,11 @@ scales are the tensors hidden_states_scales [T, L, 1] and final_norm_hidden_stat
 [T, 1] (float32), beside the F8_E4M3 tensors.
 
 hsx.Client, hsx.OnlineDataset and hsx.read_sample give fp8 samples dequantized (bf16,
-the product taken in float32), the same shape as the other dtypes; read_sample(...,
-dequantize=False) gives the stored e4m3 values and their scales.
+the product taken in float32), the same shape as the other dtypes; with dequantize=False
+they give the e4m3 values and their scales as received or stored, the file's tensors
+(a streamed sample's byte for byte those of hsx-dump's file of it; dequantize() of them
+is the default's bf16 bit for bit). Pass it when the trainer dequantizes on its GPU: the
+host then writes and copies one byte a value instead of two.
 """
 
 from __future__ import annotations
@@ -22,14 +25,6 @@ import numpy as np
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 SCALE_BYTES = 4
 SCALES = {"hidden_states": "hidden_states_scales", "final_norm_hidden_states": "final_norm_hidden_states_scales"}
-
-
-def split_rows(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows as sent (uint8 [..., 4 + H]: a float32 scale, then H e4m3 bytes) as the
-    file's two tensors: values (e4m3 [..., H]) and scales (float32 [..., 1])."""
-    scales = np.ascontiguousarray(raw[..., :SCALE_BYTES]).view("<f4")
-    values = np.ascontiguousarray(raw[..., SCALE_BYTES:]).view(FP8)
-    return values, scales
 
 
 def first_problem(values: np.ndarray, scales: np.ndarray, names: list[str]) -> str | None:

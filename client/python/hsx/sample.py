@@ -9,6 +9,13 @@ arrays (numpy; torch tensors with torch=True / in OnlineDataset):
     loss_mask                 [T]        int64 (0/1), when the input had one
     final_norm_hidden_states  [T, H]     as hidden_states, when the final norm was extracted
 
+An fp8 sample asked for with dequantize=False (every one of them takes the keyword) holds
+the states as received or stored instead: hidden_states and final_norm_hidden_states as
+e4m3 (ml_dtypes.float8_e4m3fn / torch.float8_e4m3fn), with hidden_states_scales [T, L, 1]
+and final_norm_hidden_states_scales [T, 1] (float32) beside them; a streamed sample's
+tensors are byte for byte those of hsx-dump's file of it. For a trainer that dequantizes
+on its GPU.
+
 plus attributes:
 
     capture_ids  list[int]   the captured layers, ascending (hidden_states[:, l] is capture_ids[l])

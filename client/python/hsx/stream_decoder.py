@@ -113,6 +113,8 @@ class StreamDecoder:
         self._digests: list[int] = []
         self._hidden_states: np.ndarray | None = None
         self._final: np.ndarray | None = None
+        self._scales: list[np.ndarray] = []  # fp8: the scales of the layers [T, L, 1], then the final norm's [T, 1]
+        self._scale_targets: list[np.ndarray] = []  # fp8: each tensor's scales as bytes [T, 4]
         self._values: list[_ValueScan] = []  # per tensor
 
     @property
@@ -132,8 +134,9 @@ class StreamDecoder:
         raise IntegrityError(f"sample {self._expect.sample_id!r}: {self._error}")
 
     def finish(self, token_ids: Sequence[int], loss_mask: Sequence[int] | None = None,
-               use_torch: bool = False, index: int | None = None) -> Sample:
-        """After the stream ended (status OK): the verified Sample."""
+               use_torch: bool = False, index: int | None = None, dequantize: bool = True) -> Sample:
+        """After the stream ended (status OK): the verified Sample (fp8: dequantized to
+        bf16, or with dequantize=False the e4m3 values and their float32 scales)."""
         where = f"sample {self._expect.sample_id!r}"
         if self._error is not None:
             raise IntegrityError(f"{where}: {self._error}")
@@ -142,7 +145,7 @@ class StreamDecoder:
                                  f"{len(self._tensors)} tensors complete)")
         layers = len(self._header.capture_ids)
         if self._expect.dtype == "fp8":
-            return self._finish_fp8(where, token_ids, loss_mask, use_torch, index)
+            return self._finish_fp8(where, token_ids, loss_mask, use_torch, index, dequantize)
         checks = [(self._hidden_states, [_tensor_name(c) for c in self._header.capture_ids], self._values[:layers])]
         if self._final is not None:
             checks.append((self._final[:, None, :], ["the final-norm state"], self._values[layers:]))
@@ -160,20 +163,22 @@ class StreamDecoder:
                            token_ids, loss_mask, use_torch, index)
 
     def _finish_fp8(self, where: str, token_ids: Sequence[int], loss_mask: Sequence[int] | None, use_torch: bool,
-                    index: int | None) -> Sample:
-        """finish() for fp8: the rows (scale, then values) split, checked (every scale
-        finite and positive, no NaN, no layer all zeros) and dequantized."""
-        values, scales = fp8.split_rows(self._hidden_states)
+                    index: int | None, dequantize: bool) -> Sample:
+        """finish() for fp8: the values and scales (split as they came) checked (every
+        scale finite and positive, no NaN, no layer all zeros), then dequantized unless
+        not asked to."""
+        values, scales, final, final_scales = self._hidden_states, self._scales[0], self._final, None
         problem = fp8.first_problem(values, scales, [_tensor_name(c) for c in self._header.capture_ids])
-        final = None
-        if problem is None and self._final is not None:
-            final_values, final_scales = fp8.split_rows(self._final)
-            problem = fp8.first_problem(final_values[:, None, :], final_scales[:, None, :], ["the final-norm state"])
-            final = fp8.dequantize(final_values, final_scales)
+        if problem is None and final is not None:
+            final_scales = self._scales[-1]
+            problem = fp8.first_problem(final[:, None, :], final_scales[:, None, :], ["the final-norm state"])
         if problem is not None:
             raise IntegrityError(f"{where}: {problem}")
-        return make_sample(fp8.dequantize(values, scales), final, list(self._header.capture_ids),
-                           self._expect.sample_id, token_ids, loss_mask, use_torch, index)
+        if dequantize:
+            values, scales = fp8.dequantize(values, scales), None
+            final, final_scales = (None if final is None else fp8.dequantize(final, final_scales)), None
+        return make_sample(values, final, list(self._header.capture_ids), self._expect.sample_id, token_ids,
+                           loss_mask, use_torch, index, hidden_scales=scales, final_scales=final_scales)
 
     def _dispatch(self, response: hsx_pb2.ExtractResponse | ChunkView) -> None:
         if self._trailer:
@@ -231,20 +236,27 @@ class StreamDecoder:
         dtype = NUMPY_DTYPES[e.dtype]
         tokens, hidden = e.num_tokens, h.hidden_size
         self._row_bytes = hidden * dtype.itemsize
-        self._dtype = dtype
-        if e.dtype == "fp8":  # rows of a scale and H bytes, kept as bytes until finish() splits them
-            dtype, hidden = np.dtype(np.uint8), hidden + fp8.SCALE_BYTES
-            self._row_bytes, self._dtype = hidden, dtype
-        self._row_values = hidden
-        # Chunks go straight into their final places: captured layers into the
-        # [T, L, H] array, the final norm into its own.
+        # Chunks go straight into their final places, the file's layout: captured layers
+        # into the [T, L, H] array, the final norm into its own; fp8 rows (a scale, then H
+        # e4m3 bytes) split as they come, their scales into [T, L, 1] and [T, 1] float32.
         self._hidden_states = np.empty((tokens, len(ids), hidden), dtype=dtype)
-        self._targets = [self._hidden_states[:, l, :] for l in range(len(ids))]
-        self._tensors = ids
+        self._final = np.empty((tokens, hidden), dtype=dtype) if h.final_norm else None
+        self._tensors = ids + ([FINAL_NORM] if h.final_norm else [])
+        self._scales = []
+        if e.dtype == "fp8":
+            self._row_bytes = hidden + fp8.SCALE_BYTES
+            self._scales = [np.empty((tokens, len(ids), 1), dtype=np.float32)]
+            if h.final_norm:
+                self._scales.append(np.empty((tokens, 1), dtype=np.float32))
+        # What a chunk's rows are read as (fp8: bytes), and each tensor's rows as such.
+        self._dtype = np.dtype(np.uint8) if e.dtype == "fp8" else dtype
+        self._row_values = self._row_bytes // self._dtype.itemsize
+        self._targets = [self._hidden_states.view(self._dtype)[:, l, :] for l in range(len(ids))]
+        self._scale_targets = [self._scales[0].view(np.uint8)[:, l, :] for l in range(len(ids))] if self._scales else []
         if h.final_norm:
-            self._final = np.empty((tokens, hidden), dtype=dtype)
-            self._targets.append(self._final)
-            self._tensors = ids + [FINAL_NORM]
+            self._targets.append(self._final.view(self._dtype))
+            if self._scales:
+                self._scale_targets.append(self._scales[-1].view(np.uint8))
         self._values = [_ValueScan(e.dtype) for _ in self._tensors] if e.dtype != "fp8" else []
         self._checksum = checksum
         self._hasher = _HASHERS[checksum]()
@@ -268,8 +280,11 @@ class StreamDecoder:
                           f"{c.num_rows * self._row_bytes} (whole rows of {self._header.hidden_size} values)")
         # The rows are read where grpcio put them: hashed, copied into place once, scanned.
         self._hasher.update(c.data)
-        self._targets[self._current][rows:rows + c.num_rows] = np.frombuffer(c.data, dtype=self._dtype).reshape(
-            c.num_rows, self._row_values)
+        data = np.frombuffer(c.data, dtype=self._dtype).reshape(c.num_rows, self._row_values)
+        if self._scale_targets:  # fp8: each row's scale to the scales, its values to the values
+            self._scale_targets[self._current][rows:rows + c.num_rows] = data[:, :fp8.SCALE_BYTES]
+            data = data[:, fp8.SCALE_BYTES:]
+        self._targets[self._current][rows:rows + c.num_rows] = data
         if self._values:
             self._values[self._current].scan(c.data)
         self._rows += c.num_rows
@@ -309,13 +324,19 @@ class StreamDecoder:
 
 def make_sample(hidden_states: np.ndarray, final_norm: np.ndarray | None, capture_ids: list[int], sample_id: str,
                 token_ids: Sequence[int], loss_mask: Sequence[int] | None, use_torch: bool,
-                index: int | None) -> Sample:
-    """The Sample of a verified stream, whichever decoder received it."""
+                index: int | None, hidden_scales: np.ndarray | None = None,
+                final_scales: np.ndarray | None = None) -> Sample:
+    """The Sample of a verified stream, whichever decoder received it; fp8 not
+    dequantized has its scales too (the file's *_scales tensors)."""
     tensors = {"hidden_states": hidden_states, "token_ids": np.asarray(token_ids, dtype=np.int64)}
+    if hidden_scales is not None:
+        tensors[fp8.SCALES["hidden_states"]] = hidden_scales
     if loss_mask is not None:
         tensors["loss_mask"] = np.asarray(loss_mask, dtype=np.int64)
     if final_norm is not None:
         tensors["final_norm_hidden_states"] = final_norm
+    if final_scales is not None:
+        tensors[fp8.SCALES["final_norm_hidden_states"]] = final_scales
     if use_torch:
         tensors = {k: to_torch(v) for k, v in tensors.items()}
     return Sample(tensors, capture_ids=capture_ids, sample_id=sample_id, index=index)
@@ -378,10 +399,12 @@ class _ValueScan:
 
 
 def assemble(responses: Iterable[hsx_pb2.ExtractResponse | ChunkView], expect: StreamExpectation,
-             loss_mask: Sequence[int] | None = None, use_torch: bool = False, index: int | None = None) -> Sample:
+             loss_mask: Sequence[int] | None = None, use_torch: bool = False, index: int | None = None,
+             dequantize: bool = True) -> Sample:
     """Reads one Extract stream and returns a verified Sample (or raises IntegrityError;
-    a gRPC error of the stream propagates as grpc.RpcError)."""
+    a gRPC error of the stream propagates as grpc.RpcError); fp8 dequantized unless
+    dequantize=False (StreamDecoder.finish)."""
     decoder = StreamDecoder(expect)
     for message in responses:
         decoder.consume(message)
-    return decoder.finish(expect.token_ids, loss_mask, use_torch, index)
+    return decoder.finish(expect.token_ids, loss_mask, use_torch, index, dequantize)

@@ -5,11 +5,14 @@
 // all of hsx-dump --discard (bench/python_ab.py --floor, docs/BENCHMARKS.md).
 // This module runs an Extract call with gRPC's C++ client and hsx's
 // StreamAssembler (the checks hsx-dump runs; kAssemble mode: each chunk is
-// checked, hashed and copied into the [T, L, H] sample 16 KiB at a time) with the
-// GIL released, and hands the tensors to Python as writable buffers that
-// numpy wraps without a copy. Requests, retries, concurrency and the Sample
-// stay in hsx/client.py, which uses its own decoder when this module is not
-// built (client/README.md, "Two receive paths").
+// checked, hashed and copied into the [T, L, H] sample 16 KiB at a time, fp8
+// rows split into values and scales as they arrive, the file's layout) with
+// the GIL released, and hands the tensors to Python as writable buffers that
+// numpy wraps without a copy: fp8 dequantized to bf16, or (dequantize=False)
+// the e4m3 values and float32 scales as assembled. Requests, retries,
+// concurrency and the Sample stay in hsx/client.py, which uses its own
+// decoder when this module is not built (client/README.md, "Two receive
+// paths").
 //
 // Guarantees: an outcome is "ok" only for a stream the assembler accepted
 // whole (trailer included) whose values pass CheckSampleValues; "data_loss"
@@ -68,6 +71,10 @@ struct Outcome {
   int64_t hidden = 0;
   std::shared_ptr<TensorBytes> hidden_states;  // [tokens, layers, hidden]
   std::shared_ptr<TensorBytes> final_norm;     // [tokens, hidden], or none
+  // fp8 not dequantized: the float32 scales, [tokens, layers] and [tokens]
+  // (with the final norm); else none.
+  std::shared_ptr<TensorBytes> hidden_scales;
+  std::shared_ptr<TensorBytes> final_scales;
 };
 
 Outcome DataLoss(std::string message) {
@@ -77,22 +84,57 @@ Outcome DataLoss(std::string message) {
   return o;
 }
 
-// fp8 rows (a scale, then `hidden` e4m3 bytes, each) as a block of bf16
-// values, from `pool` when there is one (pages already mapped, as the
-// assembled samples' blocks).
-std::shared_ptr<TensorBytes> Fp8ToBf16(const TensorBytes& rows, int64_t hidden, StateBytesPool* pool) {
-  const int64_t count = static_cast<int64_t>(rows.size) / RowBytes(OutputDType::kFp8, hidden);
+// fp8 values (`hidden` e4m3 bytes a row) and their scales (a float32 a row)
+// as a block of bf16 values, from `pool` when there is one (pages already
+// mapped, as the assembled samples' blocks).
+std::shared_ptr<TensorBytes> Fp8ToBf16(const TensorBytes& values, const TensorBytes& scales, int64_t hidden,
+                                       StateBytesPool* pool) {
+  const int64_t count = static_cast<int64_t>(values.size) / hidden;
   const size_t size = static_cast<size_t>(count * hidden) * sizeof(uint16_t);
-  auto values = std::make_shared<StateBytes>(pool != nullptr ? pool->Take(size) : StateBytes(size));
-  char* data = values->data();
-  DequantizeFp8ToBf16(reinterpret_cast<const uint8_t*>(rows.data), count, hidden, reinterpret_cast<uint16_t*>(data));
-  return std::make_shared<TensorBytes>(TensorBytes{std::move(values), data, size});
+  auto block = std::make_shared<StateBytes>(pool != nullptr ? pool->Take(size) : StateBytes(size));
+  char* data = block->data();
+  DequantizeFp8ToBf16(reinterpret_cast<const uint8_t*>(values.data), reinterpret_cast<const float*>(scales.data),
+                      count, hidden, reinterpret_cast<uint16_t*>(data));
+  return std::make_shared<TensorBytes>(TensorBytes{std::move(block), data, size});
+}
+
+// The block of `bytes` bytes that `piece` (one of the sample's pieces, or
+// none) starts, which the sample owns.
+std::shared_ptr<TensorBytes> Block(const SampleTensors& sample, const BytePiece* piece, int64_t bytes) {
+  char* data = piece != nullptr ? const_cast<char*>(reinterpret_cast<const char*>(piece->data())) : nullptr;
+  return std::make_shared<TensorBytes>(TensorBytes{sample.owner, data, static_cast<size_t>(bytes)});
+}
+
+// A verified sample's tensors as kAssemble laid them out (stream_assembler.h):
+// layer 0's first row starts the [T, L, H] block, the final norm's its
+// block; fp8 rows' first piece is the scale, the second the values. fp8 is
+// dequantized to bf16 when asked.
+void HandOn(const SampleTensors& sample, bool dequantize, StateBytesPool* pool, Outcome* o) {
+  const bool fp8 = sample.dtype == OutputDType::kFp8;
+  const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());
+  const int64_t values = sample.tokens * (fp8 ? sample.hidden : sample.row_bytes());
+  const int64_t scales = sample.tokens * kFp8ScaleBytes;
+  // Piece k of the first layer's or the final norm's first row (none without one).
+  auto piece = [&sample, layers](bool final_norm, size_t k) -> const BytePiece* {
+    if (final_norm ? !sample.has_final_norm() : layers == 0) return nullptr;
+    const SampleTensor& tensor = final_norm ? sample.tensors.back() : sample.tensors.front();
+    return tensor.pieces.size() > k ? &tensor.pieces[k] : nullptr;
+  };
+  o->hidden_states = Block(sample, piece(false, fp8 ? 1 : 0), layers * values);
+  if (sample.has_final_norm()) o->final_norm = Block(sample, piece(true, fp8 ? 1 : 0), values);
+  if (!fp8) return;
+  o->hidden_scales = Block(sample, piece(false, 0), layers * scales);
+  if (sample.has_final_norm()) o->final_scales = Block(sample, piece(true, 0), scales);
+  if (!dequantize) return;
+  o->hidden_states = Fp8ToBf16(*o->hidden_states, *o->hidden_scales, sample.hidden, pool);
+  if (o->final_norm != nullptr) o->final_norm = Fp8ToBf16(*o->final_norm, *o->final_scales, sample.hidden, pool);
+  o->hidden_scales = o->final_scales = nullptr;
 }
 
 // The verdict on a stream that ended (as remote_extractor.cc's Attempt::OnDone
 // judges one): the assembler's error first (it cancelled the call), then the
 // call's status, then completeness, then the values.
-Outcome Judge(StreamAssembler& assembler, const absl::Status& error, const grpc::Status& status,
+Outcome Judge(StreamAssembler& assembler, const absl::Status& error, const grpc::Status& status, bool dequantize,
               StateBytesPool* pool = nullptr) {
   if (!error.ok()) return DataLoss(std::string(error.message()));
   if (!status.ok()) {
@@ -109,20 +151,7 @@ Outcome Judge(StreamAssembler& assembler, const absl::Status& error, const grpc:
   o.capture_ids = sample.capture_ids;
   o.tokens = sample.tokens;
   o.hidden = sample.hidden;
-  // kAssemble: layer 0's first row starts the [T, L, H] block, the final
-  // norm's one piece is its block.
-  auto block = [&sample](const SampleTensor* first, int64_t bytes) {
-    char* data = first != nullptr && !first->pieces.empty()
-                     ? const_cast<char*>(reinterpret_cast<const char*>(first->pieces[0].data()))
-                     : nullptr;
-    return std::make_shared<TensorBytes>(TensorBytes{sample.owner, data, static_cast<size_t>(bytes)});
-  };
-  o.hidden_states = block(sample.capture_ids.empty() ? nullptr : &sample.tensors[0], sample.layer_bytes());
-  if (sample.has_final_norm()) o.final_norm = block(&sample.tensors.back(), sample.tensors.back().bytes);
-  if (sample.dtype == OutputDType::kFp8) {  // handed on dequantized, as bf16 (hsx.fp8)
-    o.hidden_states = Fp8ToBf16(*o.hidden_states, sample.hidden, pool);
-    if (o.final_norm != nullptr) o.final_norm = Fp8ToBf16(*o.final_norm, sample.hidden, pool);
-  }
+  HandOn(sample, dequantize, pool, &o);
   return o;
 }
 
@@ -155,7 +184,7 @@ grpc::ByteBuffer ToByteBuffer(const std::string& bytes) {
 // without a server: what the shared malformed-stream table feeds
 // (tests/python/test_stream_table.py), through the same Consume and Judge.
 Outcome Replay(const std::vector<std::string>& messages, int end_code, const std::string& end_message,
-               const py::dict& expect) {
+               const py::dict& expect, bool dequantize) {
   StreamAssembler assembler(MakeExpectation(expect), StreamAssembler::Mode::kAssemble);
   py::gil_scoped_release release;
   absl::Status error;
@@ -163,7 +192,7 @@ Outcome Replay(const std::vector<std::string>& messages, int end_code, const std
     error = assembler.Consume(ToByteBuffer(bytes));
     if (!error.ok()) break;
   }
-  return Judge(assembler, error, grpc::Status(static_cast<grpc::StatusCode>(end_code), end_message));
+  return Judge(assembler, error, grpc::Status(static_cast<grpc::StatusCode>(end_code), end_message), dequantize);
 }
 
 // gRPC's receive buffers are malloc'ed and freed per read, and many are over
@@ -237,13 +266,15 @@ class Channel {
   }
 
   // Runs one Extract call (`request`: a serialized ExtractRequest, sent as
-  // it is) and verifies its stream against `expect`.
-  Outcome Extract(const py::bytes& request_bytes, const py::dict& expect, double timeout, const std::string& token) {
+  // it is) and verifies its stream against `expect`; an fp8 sample is
+  // dequantized to bf16 when `dequantize`.
+  Outcome Extract(const py::bytes& request_bytes, const py::dict& expect, double timeout, const std::string& token,
+                  bool dequantize) {
     const grpc::ByteBuffer request = ToByteBuffer(std::string(request_bytes));
     StreamAssembler assembler(MakeExpectation(expect), StreamAssembler::Mode::kAssemble, pool_);
     py::gil_scoped_release release;
     grpc::ClientContext context;
-    if (!Register(&context, timeout, token)) return Judge(assembler, absl::OkStatus(), Closed());
+    if (!Register(&context, timeout, token)) return Judge(assembler, absl::OkStatus(), Closed(), dequantize);
     std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
         grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method_, &context, request));
     absl::Status error;
@@ -257,7 +288,7 @@ class Channel {
     }
     const grpc::Status status = reader->Finish();
     Unregister(&context);
-    return Judge(assembler, error, status, pool_.get());
+    return Judge(assembler, error, status, dequantize, pool_.get());
   }
 
   // Runs one unary call of `method` (e.g. "/hsx.v1.HiddenStates/GetModelInfo")
@@ -351,15 +382,18 @@ PYBIND11_MODULE(_native, m) {
       .def_readonly("tokens", &Outcome::tokens)
       .def_readonly("hidden", &Outcome::hidden)
       .def_readonly("hidden_states", &Outcome::hidden_states)
-      .def_readonly("final_norm", &Outcome::final_norm);
+      .def_readonly("final_norm", &Outcome::final_norm)
+      .def_readonly("hidden_scales", &Outcome::hidden_scales)
+      .def_readonly("final_scales", &Outcome::final_scales);
   py::class_<Channel>(m, "Channel")
       .def(py::init<const std::string&, bool, const std::string&, const std::string&, const std::string&,
                     const std::vector<std::pair<std::string, py::object>>&>(),
            py::arg("target"), py::arg("tls") = false, py::arg("ca") = "", py::arg("cert") = "", py::arg("key") = "",
            py::arg("options") = std::vector<std::pair<std::string, py::object>>{})
       .def("extract", &Channel::Extract, py::arg("request"), py::arg("expect"), py::arg("timeout"),
-           py::arg("token") = "")
+           py::arg("token") = "", py::arg("dequantize") = true)
       .def("unary", &Channel::Unary, py::arg("method"), py::arg("request"), py::arg("timeout"), py::arg("token") = "")
       .def("close", &Channel::Close);
-  m.def("replay", &hsx::Replay, py::arg("messages"), py::arg("end_code"), py::arg("end_message"), py::arg("expect"));
+  m.def("replay", &hsx::Replay, py::arg("messages"), py::arg("end_code"), py::arg("end_message"), py::arg("expect"),
+        py::arg("dequantize") = true);
 }
