@@ -60,7 +60,7 @@ std::vector<float> Scales() {
   return s;
 }
 
-TEST(CudaCaptureFp8Test, EveryBf16ValueUnderEachScaleGivesTheHostsCode) {
+TEST(CudaCaptureFp8KernelTest, EveryBf16ValueUnderEachScaleGivesTheHostsCode) {
   HSX_SKIP_WITHOUT_CUDA();
   std::vector<uint16_t> values;
   for (uint32_t b = 0; b < 0x10000u; ++b) {
