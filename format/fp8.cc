@@ -1,12 +1,12 @@
-// fp8.cc: e4m3 conversion, the scale rule and the row encoding. The loops
-// are branch-free over uint32_t so that GCC vectorises them (-O3, see
-// format/CMakeLists.txt); they are the portable set of format/fp8_kernels.h,
-// which the encoder uses where the CPU lacks AVX-512.
+// fp8.cc: e4m3 conversion and the row encoding, by the rounding rule of
+// kernels/fp8_e4m3.h (the one definition, which the CUDA capture kernel uses
+// too). The loops are branch-free over uint32_t so that GCC vectorises them
+// (-O3, see format/CMakeLists.txt); they are the portable set of
+// format/fp8_kernels.h, which the encoder uses where the CPU lacks AVX-512.
 #include "format/fp8.h"
 
 #include <algorithm>
 #include <array>
-#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -23,36 +23,8 @@
 namespace hsx {
 namespace {
 
-constexpr uint32_t kMinNormalBits = 0x3c800000u;  // 2^-6, e4m3's smallest normal
-constexpr uint32_t kMaxBits = 0x43e00000u;        // 448
-
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
-
-float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-// FloatToFp8E4m3 on bits, written for the vectoriser: no branches, the
-// three cases selected with masks.
-inline uint8_t ToE4m3(uint32_t u) {
-  const uint32_t sign = (u >> 24) & 0x80u;
-  const uint32_t a = u & 0x7fffffffu;
-  // Normal: rebias the exponent (127 -> 7) and round the mantissa to 3 bits.
-  const uint32_t normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
-  // Subnormal (|x| < 2^-6): multiples of 2^-9; adding 2^23 rounds |x| * 512
-  // to the nearest even integer (0..8; 8 is the smallest normal's bits).
-  const uint32_t sub = Bits(FromBits(a) * 512.0f + 8388608.0f) - 0x4b000000u;
-  const uint32_t is_sub = 0u - static_cast<uint32_t>(a < kMinNormalBits);
-  const uint32_t is_max = 0u - static_cast<uint32_t>(a >= kMaxBits);
-  const uint32_t m = (((sub & is_sub) | (normal & ~is_sub)) & ~is_max) | (0x7eu & is_max);
-  return static_cast<uint8_t>(sign | m);
-}
+uint32_t Bits(float f) { return Fp8FloatBits(f); }
+float FromBits(uint32_t u) { return Fp8BitsFloat(u); }
 
 // The largest |value| of n float32 values (as bits: for finite values the
 // integer order is the float order).
@@ -63,7 +35,7 @@ HSX_FP8_CLONES uint32_t AbsMaxBits(const uint32_t* in, int64_t n) {
 }
 
 HSX_FP8_CLONES void QuantizeRow(const uint32_t* in, int64_t n, float scale, uint8_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = ToE4m3(Bits(FromBits(in[i]) / scale));
+  for (int64_t i = 0; i < n; ++i) out[i] = Fp8Quantize(FromBits(in[i]), scale);
 }
 
 // The same two loops over bf16 rows, widened on the fly.
@@ -74,7 +46,7 @@ HSX_FP8_CLONES uint32_t AbsMaxBf16Bits(const uint16_t* in, int64_t n) {
 }
 
 HSX_FP8_CLONES void QuantizeBf16Row(const uint16_t* in, int64_t n, float scale, uint8_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = ToE4m3(Bits(FromBits(static_cast<uint32_t>(in[i]) << 16) / scale));
+  for (int64_t i = 0; i < n; ++i) out[i] = Fp8Quantize(FromBits(static_cast<uint32_t>(in[i]) << 16), scale);
 }
 
 // e4m3 bytes times `scale`, as bf16. The byte's exponent and mantissa bits
@@ -135,14 +107,9 @@ const Fp8RowKernels& PortableFp8Kernels() {
   return kernels;
 }
 
-uint8_t FloatToFp8E4m3(float value) { return ToE4m3(Bits(value)); }
+uint8_t FloatToFp8E4m3(float value) { return Fp8E4m3OfBits(Bits(value)); }
 
 float Fp8E4m3ToFloat(uint8_t bits) { return Table()[bits]; }
-
-float Fp8RowScale(float amax) {
-  if (!(amax > 0)) return 1.0f;
-  return std::max(amax / kFp8Max, FLT_MIN);
-}
 
 void EncodeFp8Row(const float* values, int64_t hidden, char* out) {
   const auto* bits = reinterpret_cast<const uint32_t*>(values);
@@ -219,6 +186,32 @@ TensorFindings Fp8TensorEncoder::Finish() const {
   result.bad_index = bad_index_;
   result.bad_value = bad_value_;
   return result;
+}
+
+TensorFindings CheckFp8Tensor(const void* rows, int64_t tokens, int64_t hidden, ChecksumKind checksum) {
+  TensorHash hash(checksum);
+  TensorFindings found;
+  const int64_t row_bytes = hidden + kFp8ScaleBytes;
+  for (int64_t t = 0; t < tokens && found.bad_index < 0; ++t) {
+    const uint8_t* row = static_cast<const uint8_t*>(rows) + t * row_bytes;
+    float scale;
+    std::memcpy(&scale, row, sizeof(scale));
+    const int64_t nan_at = CheckFp8Bytes(row + kFp8ScaleBytes, hidden, &found.nonzero);
+    if (!ValidFp8Scale(scale)) {
+      const bool marked = nan_at >= 0 && !std::isfinite(scale);  // the value was not finite
+      found.bad_index = t * hidden + (marked ? nan_at : 0);
+      found.bad_value = scale;
+      found.bad_scale = !marked;
+    } else if (nan_at >= 0) {
+      found.bad_index = t * hidden + nan_at;
+      found.bad_value = Fp8E4m3ToFloat(row[kFp8ScaleBytes + nan_at]);
+    } else {
+      hash.Update(row, static_cast<size_t>(row_bytes));
+    }
+  }
+  found.checksum_kind = hash.kind();
+  found.checksum = hash.Digest();
+  return found;
 }
 
 int64_t CheckFp8Bytes(const void* bytes, int64_t count, bool* nonzero) {

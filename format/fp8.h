@@ -8,7 +8,9 @@
 // e4m3(value / scale), rounded to nearest even (a quotient of 448 or more in
 // magnitude, which rounding of the division can give, saturates to 448). A
 // value is read back as e4m3 * scale (in float32). Every scale is therefore
-// finite and positive, which both decoders require.
+// finite and positive, which both decoders require. The rule itself is
+// defined once, in kernels/fp8_e4m3.h, for this encoder and the CUDA
+// backend's (Backend::CopyToHostFp8).
 //
 // An encoded row is its scale (4 bytes, little-endian float32) followed by
 // its `hidden` e4m3 bytes: RowBytes(kFp8, hidden) = hidden + 4 bytes. The
@@ -24,11 +26,9 @@
 #include "format/tensor_encoding.h"
 #include "format/tensor_hash.h"
 #include "kernels/backend.h"
+#include "kernels/fp8_e4m3.h"  // the rounding rule, kFp8Max, kFp8ScaleBytes, Fp8RowScale
 
 namespace hsx {
-
-inline constexpr float kFp8Max = 448.0f;
-inline constexpr int64_t kFp8ScaleBytes = 4;
 
 // e4m3 bits of `value` (finite), rounded to nearest even; magnitudes of 448
 // or more give +-448.
@@ -36,8 +36,6 @@ uint8_t FloatToFp8E4m3(float value);
 // The value of e4m3 bits (NaN for 0x7f and 0xff).
 float Fp8E4m3ToFloat(uint8_t bits);
 
-// The scale of a row whose largest absolute value is `amax` (finite, >= 0).
-float Fp8RowScale(float amax);
 // What a decoder accepts as a scale: finite and greater than zero.
 inline bool ValidFp8Scale(float scale) { return scale > 0 && scale <= 3.4028234663852886e38f; }
 
@@ -117,6 +115,16 @@ class Fp8TensorEncoder {
   int64_t bad_index_ = -1;
   float bad_value_ = 0;
 };
+
+// The check and hash of `tokens` rows encoded already (RowBytes(kFp8,
+// hidden) bytes each at `rows`, any alignment), read in place: for rows
+// EncodeFp8Tensor wrote, what it returned. A row a backend marked as holding
+// a non-finite value (kernels/fp8_e4m3.h: that value as its scale,
+// kFp8NanByte at it) gives that value and its index, as EncodeFp8Tensor
+// finds them in the rows before encoding; any other invalid scale is a bad
+// scale (bad_scale, at the row's first value), a NaN byte under a valid one
+// a NaN value. Stops at the first (the checksum is then meaningless).
+TensorFindings CheckFp8Tensor(const void* rows, int64_t tokens, int64_t hidden, ChecksumKind checksum);
 
 // The receiver's check of `count` e4m3 bytes: the index of the first NaN
 // (0x7f or 0xff), or -1; ORs into *nonzero whether any is neither +0 nor -0.

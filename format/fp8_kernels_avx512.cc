@@ -1,7 +1,7 @@
 // fp8_kernels_avx512.cc: the AVX-512 row loops of format/fp8_kernels.h.
 // Each step divides 16 values by the scale (vdivps: the quotient is the
 // same float32 as the scalar division's) and rounds the quotient's bits to
-// e4m3 as FloatToFp8E4m3 does (format/fp8.cc, ToE4m3): normal quotients by
+// e4m3 as FloatToFp8E4m3 does (kernels/fp8_e4m3.h, Fp8E4m3OfBits): normal quotients by
 // adding the rounding bias and shifting, subnormal ones (below 2^-6) by a
 // float add that rounds at 2^-9, selected by a mask, and saturation to 448 as
 // a minimum (the normal code only grows with the magnitude). Row tails use

@@ -1,7 +1,8 @@
 // fp8_test.cc: the e4m3 conversion against a brute-force nearest-value search
 // (ties to even), the scale rule (amax / 448, 1 for zeros, at least
 // FLT_MIN), the row layout (scale, then values), the tensor encoder's
-// findings and checksum, the receiver's NaN check, dequantisation and the
+// findings and checksum, the in-place check of encoded rows (a backend's
+// marked rows included), the receiver's NaN check, dequantisation and the
 // split of rows into scales and values.
 #include "format/fp8.h"
 
@@ -199,6 +200,74 @@ TEST(Fp8Test, RowPartsSplitRowsCutAnywhere) {
     EXPECT_EQ(scales, want_scales);
     EXPECT_EQ(values, want_values);
   }
+}
+
+uint32_t BitsOf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+// CheckFp8Tensor over rows encoded already gives what EncodeFp8Tensor gave
+// while encoding them: the checksum, all-zero, and for rows a backend marked
+// (kernels/fp8_e4m3.h: EncodeFp8RowScalar, the CPU backend's and the CUDA
+// kernel's rule) the first non-finite value's index and bits. Scales and
+// bytes no encoder writes are reported as they are.
+TEST(Fp8Test, CheckingEncodedRowsGivesTheEncodersFindings) {
+  const int64_t tokens = 6, hidden = 37;
+  std::vector<float> values(tokens * hidden);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(static_cast<float>(i)) * std::ldexp(1.0f, i % 9);
+  const auto encode_marked = [&](const std::vector<float>& v) {
+    std::string bytes(tokens * (hidden + kFp8ScaleBytes), '\0');
+    for (int64_t t = 0; t < tokens; ++t) {
+      EncodeFp8RowScalar([&](int64_t i) { return BitsOf(v[t * hidden + i]); }, hidden,
+                         reinterpret_cast<uint8_t*>(bytes.data()) + t * (hidden + kFp8ScaleBytes));
+    }
+    return bytes;
+  };
+  for (ChecksumKind kind : {ChecksumKind::kXxh64, ChecksumKind::kXxh3}) {
+    std::string encoded(tokens * (hidden + kFp8ScaleBytes), '\0');
+    const TensorFindings want = EncodeFp8Tensor(values.data(), ElementType::kF32, tokens, hidden, encoded.data(), kind);
+    EXPECT_EQ(encode_marked(values), encoded);  // the scalar rule writes the encoder's bytes
+    const TensorFindings got = CheckFp8Tensor(encoded.data(), tokens, hidden, kind);
+    EXPECT_EQ(got.checksum_kind, kind);
+    EXPECT_EQ(got.checksum, want.checksum);
+    EXPECT_TRUE(got.nonzero);
+    EXPECT_EQ(got.bad_index, -1);
+  }
+  const std::vector<float> zeros(tokens * hidden, -0.0f);
+  EXPECT_FALSE(CheckFp8Tensor(encode_marked(zeros).data(), tokens, hidden, ChecksumKind::kXxh64).nonzero);
+  for (float bad : {INFINITY, -INFINITY, NAN, -NAN}) {
+    std::vector<float> v = values;
+    v[3 * hidden + 30] = bad;
+    v[3 * hidden + 31] = INFINITY;  // a later one in the same row
+    v[4 * hidden + 2] = NAN;        // and in a later row
+    std::string scratch(tokens * (hidden + kFp8ScaleBytes), '\0');
+    const TensorFindings want = EncodeFp8Tensor(v.data(), ElementType::kF32, tokens, hidden, scratch.data(),
+                                                ChecksumKind::kXxh64);
+    const std::string marked = encode_marked(v);
+    EXPECT_EQ(marked.substr(3 * (hidden + 4), 4), std::string(reinterpret_cast<const char*>(&bad), 4));
+    const TensorFindings got = CheckFp8Tensor(marked.data(), tokens, hidden, ChecksumKind::kXxh64);
+    EXPECT_EQ(got.bad_index, want.bad_index) << bad;
+    EXPECT_EQ(BitsOf(got.bad_value), BitsOf(want.bad_value)) << bad;
+    EXPECT_FALSE(got.bad_scale);
+  }
+  std::string encoded(tokens * (hidden + kFp8ScaleBytes), '\0');
+  EncodeFp8Tensor(values.data(), ElementType::kF32, tokens, hidden, encoded.data(), ChecksumKind::kXxh64);
+  for (float scale : {0.0f, -2.0f, INFINITY, NAN}) {  // no NaN byte in the row: a bad scale
+    std::string bytes = encoded;
+    std::memcpy(bytes.data() + 2 * (hidden + 4), &scale, 4);
+    const TensorFindings got = CheckFp8Tensor(bytes.data(), tokens, hidden, ChecksumKind::kXxh64);
+    EXPECT_EQ(got.bad_index, 2 * hidden) << scale;
+    EXPECT_TRUE(got.bad_scale) << scale;
+    EXPECT_EQ(BitsOf(got.bad_value), BitsOf(scale));
+  }
+  std::string nan_byte = encoded;
+  nan_byte[5 * (hidden + 4) + 4 + 9] = static_cast<char>(0xff);
+  const TensorFindings got = CheckFp8Tensor(nan_byte.data(), tokens, hidden, ChecksumKind::kXxh64);
+  EXPECT_EQ(got.bad_index, 5 * hidden + 9);
+  EXPECT_TRUE(std::isnan(got.bad_value));
+  EXPECT_FALSE(got.bad_scale);
 }
 
 TEST(Fp8Test, ReceiverFindsNaNBytes) {

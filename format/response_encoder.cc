@@ -31,6 +31,10 @@ absl::Status AllZero(int id) { return absl::InternalError(absl::StrCat("capture 
 absl::Status Verdict(const SampleTensors& sample) {
   for (const SampleTensor& tensor : sample.tensors) {
     const TensorFindings& found = *tensor.findings;
+    if (found.bad_index >= 0 && found.bad_scale) {
+      return absl::InternalError(absl::StrCat("capture id ", tensor.capture_id, ": row ", found.bad_index / sample.hidden,
+                                              " has fp8 scale ", found.bad_value, " (not finite and positive)"));
+    }
     if (found.bad_index >= 0) {
       return BadValue(tensor.capture_id, found.bad_index, sample.hidden, found.bad_value, sample.dtype);
     }

@@ -21,9 +21,10 @@ bool UseInPlace(const SampleTensors& rows, OutputDType dtype) {
 void CheckInPlace(SampleTensors& rows, ChecksumKind checksum) {
   for (SampleTensor& tensor : rows.tensors) {
     const bool answered = tensor.findings.has_value() && tensor.findings->checksum_kind == checksum;
-    if (!answered) {
-      tensor.findings = CheckTensor(tensor.pieces[0].data(), rows.tokens * rows.hidden, rows.dtype, checksum);
-    }
+    if (answered) continue;
+    tensor.findings = rows.dtype == OutputDType::kFp8
+                          ? CheckFp8Tensor(tensor.pieces[0].data(), rows.tokens, rows.hidden, checksum)
+                          : CheckTensor(tensor.pieces[0].data(), rows.tokens * rows.hidden, rows.dtype, checksum);
   }
 }
 

@@ -4,13 +4,15 @@
 // they are.
 //
 // The rows are used where they are when they are in the output dtype already
-// (bf16 rows sent as bf16, f32 rows as fp32: the conversion would be a copy)
-// and their owner holds nothing else (the engine's per-sample buffer holding
+// (bf16 rows sent as bf16, f32 rows as fp32: the conversion would be a copy;
+// fp8 rows a device encoded, Backend::CopyToHostFp8, sent as fp8) and their
+// owner holds nothing else (the engine's per-sample buffer holding
 // exactly the tensors asked for: keeping it is then the memory bound
 // docs/api.md states). Each tensor is then checked and hashed in place
-// (CheckTensor, one read-only pass), unless it carries findings made with
-// the asked checksum already (the engine's capture check: its findings stand
-// for that pass, and the rows are not read at all). Otherwise every tensor is
+// (CheckTensor, or CheckFp8Tensor for fp8 rows: one read-only pass), unless
+// it carries findings made with the asked checksum already (the engine's
+// capture check: its findings stand for that pass, and the rows are not
+// read at all). Otherwise every tensor is
 // converted, checked and hashed in one pass (EncodeTensor) into one buffer
 // from `allocate`, and the rows are let go.
 #ifndef HSX_FORMAT_SAMPLE_ENCODING_H_

@@ -16,8 +16,8 @@
 //  * Ordering and completion. Ops are enqueued in call order; each sees the
 //    results of every op enqueued before it. An op may return before it has
 //    run (a CUDA backend queues it on one stream; the CPU backend runs it at
-//    once). Results reach host memory only through CopyToHost, and are visible
-//    there once Synchronize() has returned OK.
+//    once). Results reach host memory only through CopyToHost (or
+//    CopyToHostFp8), and are visible there once Synchronize() has returned OK.
 //
 //  * Errors. Ops return nothing: an op that fails (bad sizes, an injected
 //    fault, a device error) records the error, and Synchronize() returns the
@@ -220,8 +220,22 @@ class Backend {
   // Synchronize() returns, or the fence of the next FenceCopies() completes;
   // on CUDA it must lie in a HostBuffer of this backend.
   virtual void CopyToHost(const Matrix& src, void* dst) = 0;
-  // True when CopyToHost has written `dst` by the time it returns (the CPU
-  // backend): the caller may read the rows at once, while they are in cache.
+  // Enqueues src's rows encoded as fp8 rows into host memory at `dst`, as
+  // CopyToHost does (the same rules for `dst`, Synchronize and FenceCopies):
+  // per row kFp8ScaleBytes + src.cols bytes, its float32 scale then one e4m3
+  // byte per value, by the rule of kernels/fp8_e4m3.h, so that every backend
+  // writes the bytes the host encoder (format/fp8.h, EncodeFp8Tensor) writes
+  // for the same finite rows. A row holding a non-finite value is marked,
+  // not encoded (kernels/fp8_e4m3.h): its scale is that value (the first in
+  // the row), so every fp8 reader refuses it, and the value bytes say where
+  // it was (CheckFp8Tensor reports it as the value at that index). Not an
+  // error: the sample it belongs to fails, its batch does not.
+  // Why: a device backend's copies cross PCIe, and fp8 rows are hidden + 4
+  // bytes instead of 2 * hidden; the host then only checks and hashes them.
+  virtual void CopyToHostFp8(const Matrix& src, void* dst) = 0;
+  // True when CopyToHost and CopyToHostFp8 have written `dst` by the time
+  // they return (the CPU backend): the caller may read the rows at once,
+  // while they are in cache.
   virtual bool copies_land_on_return() const { return false; }
   // Enqueues a copy of host rows (packed, dst.cols elements of dst's type per
   // row) into `dst`. `src` must stay valid until the next Synchronize().

@@ -30,6 +30,7 @@ class ForwardingBackend : public Backend {
     return inner_->AllocateHost(bytes);
   }
   void CopyToHost(const Matrix& src, void* dst) override { inner_->CopyToHost(src, dst); }
+  void CopyToHostFp8(const Matrix& src, void* dst) override { inner_->CopyToHostFp8(src, dst); }
   // copies_land_on_return() is not forwarded either: a decorator may change
   // when its copies land (one in tests/unit/engine_test.cc defers them), so
   // its callers read the rows only after the fence.

@@ -1,10 +1,11 @@
 // in_process_extractor.h: hsx-dump --model, the engine in this process: the
 // one Extractor that needs the server's runtime (the remote one does not).
 //
-// The batcher's rows (the activation type: bf16 or f32) become the file's
-// bytes as the server's become its stream's: EncodeSample (one pass to the
-// output dtype, checked and hashed; rows already in it used where they are),
-// never through a float32 copy.
+// The batcher's rows (the activation type: bf16 or f32; for --dtype fp8 on a
+// device, fp8 rows the device encoded) become the file's bytes as the
+// server's become its stream's: EncodeSample (one pass to the output dtype,
+// checked and hashed; rows already in it used where they are), never through
+// a float32 copy.
 #ifndef HSX_CLIENT_DUMP_IN_PROCESS_EXTRACTOR_H_
 #define HSX_CLIENT_DUMP_IN_PROCESS_EXTRACTOR_H_
 

@@ -17,6 +17,7 @@
 #include "kernels/cpu/cpu_staged_batch.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/row_io.h"
+#include "kernels/fp8_e4m3.h"
 #include "kernels/op_checks.h"
 
 namespace hsx {
@@ -242,6 +243,20 @@ void CpuBackend::CopyToHost(const Matrix& src, void* dst) {
   const size_t row_bytes = static_cast<size_t>(src.cols) * ElementSize(src.type);
   for (int64_t r = 0; r < src.rows; ++r) {
     std::memcpy(static_cast<char*>(dst) + r * row_bytes, src.at(r, 0), row_bytes);
+  }
+}
+
+void CpuBackend::CopyToHostFp8(const Matrix& src, void* dst) {
+  const int64_t row_bytes = src.cols + kFp8ScaleBytes;
+  for (int64_t r = 0; r < src.rows; ++r) {
+    uint8_t* out = static_cast<uint8_t*>(dst) + r * row_bytes;
+    if (src.type == ElementType::kBf16) {
+      const auto* in = static_cast<const uint16_t*>(src.at(r, 0));
+      EncodeFp8RowScalar([in](int64_t i) { return uint32_t{in[i]} << 16; }, src.cols, out);
+    } else {
+      const auto* in = static_cast<const float*>(src.at(r, 0));
+      EncodeFp8RowScalar([in](int64_t i) { return Fp8FloatBits(in[i]); }, src.cols, out);
+    }
   }
 }
 

@@ -30,6 +30,8 @@ class CpuBackend : public Backend {
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t rows, int64_t cols, ElementType type) override;
   absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateHost(size_t bytes) override;
   void CopyToHost(const Matrix& src, void* dst) override;
+  // The scalar rule of kernels/fp8_e4m3.h, row by row (EncodeFp8RowScalar).
+  void CopyToHostFp8(const Matrix& src, void* dst) override;
   bool copies_land_on_return() const override { return true; }  // a memcpy
   void CopyFromHost(const void* src, const Matrix& dst) override;
   absl::Status Synchronize() override;

@@ -1,6 +1,6 @@
 // capture_staging.cc: the CudaBackend's captures (cuda_backend.h,
-// "Captures"): CopyToHost through the device staging ring and the copy
-// stream, the ring's life (made at the first overlapped copy, replaced when
+// "Captures"): CopyToHost and CopyToHostFp8 through the device staging ring
+// and the copy stream, the ring's life (made at the first overlapped copy, replaced when
 // its size changes), the capture options, and the waits on both streams
 // (Synchronize, FenceCopies).
 #include <cuda_runtime.h>
@@ -18,6 +18,8 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_backend_internal.h"
 #include "kernels/cuda/cuda_errors.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/fp8_e4m3.h"
 #include "kernels/op_checks.h"
 #include "kernels/staging_ring.h"
 
@@ -28,13 +30,41 @@ void CudaBackend::CopyToHost(const Matrix& src, void* dst) {
   const size_t row = static_cast<size_t>(src.cols) * ElementSize(src.type);
   // A row larger than the ring (only a test's tiny ring) copies in line.
   if (capture_.overlap && static_cast<int64_t>(row) <= capture_.staging_bytes) {
-    return CopyToHostOverlapped(src, static_cast<char*>(dst));
+    return CopyToHostOverlapped(src, static_cast<char*>(dst), false);
   }
   // Pinned targets (HostBuffers) copy asynchronously; pageable ones work too,
   // but the driver may make the call synchronous.
   Cuda(cudaMemcpy2DAsync(dst, row, src.data, static_cast<size_t>(src.ld) * ElementSize(src.type), row,
                          static_cast<size_t>(src.rows), cudaMemcpyDeviceToHost, stream_),
        "CopyToHost", ShapeOf(src));
+}
+
+// The rows are encoded on the device (fp8_rows.cu), so only fp8 rows cross
+// PCIe: with the overlap, into the staging ring in place of the snapshot
+// (the encoding is the snapshot, at about half its bytes); without it, into
+// pool scratch on the compute stream, copied out from there.
+void CudaBackend::CopyToHostFp8(const Matrix& src, void* dst) {
+  if (src.rows == 0 || src.cols == 0) return;
+  if (!Check(src.cols < (int64_t{1} << 31), "CopyToHostFp8", absl::StrCat(ShapeOf(src), ": rows too long"))) return;
+  const int64_t row = src.cols + kFp8ScaleBytes;
+  if (capture_.overlap && row <= capture_.staging_bytes) {
+    return CopyToHostOverlapped(src, static_cast<char*>(dst), true);
+  }
+  const size_t bytes = static_cast<size_t>(src.rows * row);
+  absl::StatusOr<Scratch> encoded = Take(bytes, "CopyToHostFp8");
+  if (!encoded.ok()) return Record(encoded.status());
+  if (Cuda(cuda::LaunchFp8Rows(Dev(src), encoded->get(), stream_), "CopyToHostFp8", ShapeOf(src))) {
+    Cuda(cudaMemcpyAsync(dst, encoded->get(), bytes, cudaMemcpyDeviceToHost, stream_), "CopyToHostFp8",
+         ShapeOf(src));
+  }
+}  // the scratch is freed in stream order, after the copy
+
+bool CudaBackend::Snapshot(const Matrix& rows, char* staged, bool fp8, const std::string& what) {
+  if (fp8) return Cuda(cuda::LaunchFp8Rows(Dev(rows), staged, stream_), "CopyToHostFp8", what);
+  const size_t row = static_cast<size_t>(rows.cols) * ElementSize(rows.type);
+  return Cuda(cudaMemcpy2DAsync(staged, row, rows.data, static_cast<size_t>(rows.ld) * ElementSize(rows.type), row,
+                                static_cast<size_t>(rows.rows), cudaMemcpyDeviceToDevice, stream_),
+              "CopyToHost snapshot", what);
 }
 
 // Why a snapshot rather than copying `src` itself on the copy stream: the
@@ -47,10 +77,10 @@ void CudaBackend::CopyToHost(const Matrix& src, void* dst) {
 // 32k-token Kimi-K2 layer is 470 MB: ~9 ms at ~50 GB/s). The snapshot costs a
 // device-to-device copy at HBM speed (~0.2 ms for the same layer at ~4 TB/s)
 // and leaves the compute stream free.
-void CudaBackend::CopyToHostOverlapped(const Matrix& src, char* dst) {
+void CudaBackend::CopyToHostOverlapped(const Matrix& src, char* dst, bool fp8) {
   if (absl::Status s = EnsureStaging(); !s.ok()) return Record(std::move(s));
-  const size_t row = static_cast<size_t>(src.cols) * ElementSize(src.type);
-  const size_t pitch = static_cast<size_t>(src.ld) * ElementSize(src.type);
+  const size_t row = fp8 ? static_cast<size_t>(src.cols + kFp8ScaleBytes)
+                         : static_cast<size_t>(src.cols) * ElementSize(src.type);
   const int64_t chunk_rows = capture_.staging_bytes / static_cast<int64_t>(row);
   for (int64_t r = 0; r < src.rows; r += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, src.rows - r);
@@ -60,14 +90,12 @@ void CudaBackend::CopyToHostOverlapped(const Matrix& src, char* dst) {
     char* staged = static_cast<char*>(staging_) + slot->offset;
     const std::string what = absl::StrCat(ShapeOf(src), ", rows ", r, "..", r + rows);
     // In order: the compute stream waits until the region's last reader has
-    // finished, snapshots the rows, and signals the copy stream, which copies
-    // the snapshot out and marks the ticket done. A failure is recorded, so
-    // the batch fails and no later copy's bytes are ever read.
+    // finished, snapshots (or encodes) the rows, and signals the copy stream,
+    // which copies the snapshot out and marks the ticket done. A failure is
+    // recorded, so the batch fails and no later copy's bytes are ever read.
     if ((slot->wait_for >= 0 &&
          !Cuda(cudaStreamWaitEvent(stream_, Copied(slot->wait_for), 0), "CopyToHost", "waiting for the ring")) ||
-        !Cuda(cudaMemcpy2DAsync(staged, row, src.at(r, 0), pitch, row, static_cast<size_t>(rows),
-                                cudaMemcpyDeviceToDevice, stream_),
-              "CopyToHost snapshot", what) ||
+        !Snapshot(src.Rows(r, rows), staged, fp8, what) ||
         !Cuda(cudaEventRecord(snapshot_, stream_), "CopyToHost", "recording the snapshot") ||
         !Cuda(cudaStreamWaitEvent(copy_stream_, snapshot_, 0), "CopyToHost", "waiting for the snapshot") ||
         !Cuda(cudaMemcpyAsync(dst + static_cast<size_t>(r) * row, staged, bytes, cudaMemcpyDeviceToHost,

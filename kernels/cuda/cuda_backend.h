@@ -51,7 +51,11 @@
 // (kernels/staging_ring.h), so a copy-out that falls behind slows the compute
 // stream down instead of losing rows. Synchronize() waits for both streams and
 // reports errors from either. With overlap off, CopyToHost copies on the
-// compute stream, in line with every other op.
+// compute stream, in line with every other op. CopyToHostFp8 takes the same
+// path with the encoding in place of the snapshot: a kernel (fp8_rows.cu,
+// one block per row) writes each row's fp8 bytes into the ring, about half
+// the bytes of bf16 rows, and only those cross PCIe; with overlap off it
+// encodes into pool scratch on the compute stream and copies out from there.
 #ifndef HSX_KERNELS_CUDA_CUDA_BACKEND_H_
 #define HSX_KERNELS_CUDA_CUDA_BACKEND_H_
 

@@ -78,6 +78,7 @@ class CudaBackend : public Backend {
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t rows, int64_t cols, ElementType type) override;
   absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateHost(size_t bytes) override;
   void CopyToHost(const Matrix& src, void* dst) override;
+  void CopyToHostFp8(const Matrix& src, void* dst) override;
   void CopyFromHost(const void* src, const Matrix& dst) override;
   absl::Status Synchronize() override;
   absl::StatusOr<std::shared_ptr<CopyFence>> FenceCopies() override;
@@ -188,9 +189,14 @@ class CudaBackend : public Backend {
   // A copy of m (same element type, exact) with a 16-byte aligned row stride.
   absl::StatusOr<Matrix> AlignedCopy(const Matrix& m, bool load, Scratch& storage, const char* op);
 
-  // CopyToHost through the staging ring and the copy stream (cuda_backend.h,
-  // "Captures"), in chunks of whole rows that fit the ring.
-  void CopyToHostOverlapped(const Matrix& src, char* dst);
+  // CopyToHost (or, with `fp8`, CopyToHostFp8) through the staging ring and
+  // the copy stream (cuda_backend.h, "Captures"), in chunks of whole rows
+  // that fit the ring.
+  void CopyToHostOverlapped(const Matrix& src, char* dst, bool fp8);
+  // On the compute stream: `rows` into the ring at `staged`, as they are (a
+  // device-to-device copy) or encoded as fp8 rows. False when it failed
+  // (recorded).
+  bool Snapshot(const Matrix& rows, char* staged, bool fp8, const std::string& what);
   // The copy stream, its events and the ring, made at the first overlapped copy.
   absl::Status EnsureStaging();
   // Waits for the copy stream, then frees the ring (stream-ordered).

@@ -1,9 +1,10 @@
 // ops.h: launchers of the CUDA backend's hand-written kernels (elementwise.cu,
-// attention.cu, moe.cu). Each kernel sits beside the CPU reference it mirrors
-// (kernels/cpu/cpu_backend.cc, kernels/reference/reference_ops.cc) and does
-// the same float32 operations in the same order, so that most ops agree with
-// the CPU backend bit for bit (the .cu files are built with -fmad=false:
-// nothing is contracted into an FMA unless the reference calls fma).
+// attention.cu, moe.cu, fp8_rows.cu, collective.cu). Each kernel sits beside
+// the CPU reference it mirrors (kernels/cpu/cpu_backend.cc,
+// kernels/reference/reference_ops.cc) and does the same float32 operations in
+// the same order, so that most ops agree with the CPU backend bit for bit
+// (the .cu files are built with -fmad=false: nothing is contracted into an
+// FMA unless the reference calls fma).
 //
 // Conventions, for every launcher:
 //  * All pointers are device pointers; `stream` is a cudaStream_t.
@@ -137,6 +138,18 @@ int LaunchGatherRows(DeviceMatrix x, const int32_t* rows, DeviceMatrix out, CUst
 // slot_row >= 0 of y[slot_row] * weight, rounded unless `partial`.
 int LaunchCombine(DeviceMatrix y, const int32_t* slot_row, const float* weights, int64_t top_k, bool round,
                   DeviceMatrix out, CUstream_st* stream);
+
+// ---- fp8_rows.cu -----------------------------------------------------------------
+
+// Each row of `src` (bf16 or f32) encoded as an fp8 row into `dst` (device
+// memory, src.rows * (4 + src.cols) bytes, packed, any alignment) by the
+// rule of kernels/fp8_e4m3.h, a row with a non-finite value marked as it
+// says: the bytes EncodeFp8RowScalar writes. One block per row (the largest
+// |value| reduced in the block, then the quotients); src.cols < 2^31.
+int LaunchFp8Rows(DeviceMatrix src, void* dst, CUstream_st* stream);
+// out[i] = Fp8Quantize(bf16 values[i], scale) for i < count: the device's
+// division and rounding alone, for the tests (every bf16 value under a scale).
+int LaunchFp8Quantize(const uint16_t* values, int64_t count, float scale, uint8_t* out, CUstream_st* stream);
 
 // ---- collective.cu --------------------------------------------------------------
 

@@ -751,7 +751,10 @@ STEPS = [
                " ring hold the source as it was when copied (in-place updates, sub-range copies per sample, tiny"
                " rings that wrap), the tiny model's captures with the overlap on equal those with it off,"
                " bitwise, and through the batcher (last copies fenced, waited for on its delivery thread) each"
-               " sample equals its solo run, bitwise", timeout_s=90, reserve_s=20, gtest_filter="*CudaCapture*"),
+               " sample equals its solo run, bitwise; fp8 captures encoded on the device (CopyToHostFp8) are the"
+               " CPU rule's bytes: every finite bf16 value under 23 scales, rows of 45 and 7168 with inf/NaN"
+               " rows marked, overlap on (ring, wrapping) and off, and through the batcher",
+               timeout_s=90, reserve_s=20, gtest_filter="*CudaCapture*"),
     # compute-sanitizer, one tool a step (each its own process): the per-op conformance suite and
     # the whole-model comparison on small shapes (HSX_TEST_SHAPES=small), 10-100x slower under it.
     SanitizerSuite("memcheck", SANITIZED_TESTS, timeout_s=90, reserve_s=25),

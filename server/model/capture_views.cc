@@ -13,12 +13,16 @@ std::vector<SampleTensors> ViewBySample(Captures captures) {
   std::vector<SampleTensors> samples(captures.num_samples());
   for (int64_t s = 0; s < captures.num_samples(); ++s) {
     SampleTensors& v = samples[s];
-    v.capture_ids = captures.ids;
     v.tokens = captures.cu_seqlens[s + 1] - captures.cu_seqlens[s];
     v.hidden = captures.hidden;
-    v.dtype = DTypeOfRows(captures.type);
-    for (size_t l = 0; l < captures.ids.size(); ++l) v.AddTensor(captures.ids[l], captures.Tensor(s, l));
-    if (captures.has_final_norm) v.AddTensor(-1, captures.Tensor(s, captures.ids.size()));
+    const bool fp8 = captures.IsFp8(s);
+    v.capture_ids = fp8 ? captures.fp8[s]->ids() : captures.ids;
+    v.dtype = fp8 ? OutputDType::kFp8 : DTypeOfRows(captures.type);
+    for (size_t l = 0; l <= captures.ids.size(); ++l) {
+      if (l == captures.ids.size() && !captures.has_final_norm) break;
+      const void* rows = captures.Tensor(s, l);  // null: an fp8 sample does not hold it
+      if (rows != nullptr) v.AddTensor(l < captures.ids.size() ? captures.ids[l] : -1, rows);
+    }
     v.held_bytes = static_cast<int64_t>(captures.SampleBytes(s));
     v.owner = std::shared_ptr<const HostBuffer>(std::move(captures.samples[s]));
   }

@@ -13,8 +13,9 @@
 namespace hsx {
 
 // One sample per sample of the batch, each with every captured tensor of the
-// batch (one piece each, in the activation type) and owning that sample's
-// buffer alone (taken from `captures`).
+// batch (one piece each, in the activation type), or for a sample copied out
+// as fp8 (Captures::fp8) with its own tensors as fp8 rows, and owning that
+// sample's buffer alone (taken from `captures`).
 std::vector<SampleTensors> ViewBySample(Captures captures);
 
 // The sample restricted to `wanted` (ids a subset of the sample's, final

@@ -4,12 +4,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
+#include "format/encoding.h"
+#include "format/fp8.h"
 #include "kernels/bf16.h"
 
 namespace hsx {
@@ -130,17 +133,33 @@ Captures& Captures::operator=(Captures&& other) noexcept {
   cu_seqlens = std::move(other.cu_seqlens);
   samples = std::move(other.samples);
   copies = std::move(other.copies);
+  fp8 = std::move(other.fp8);
   return *this;
 }
 
+size_t Captures::TensorBytes(int64_t s) const {
+  const int64_t row = IsFp8(s) ? RowBytes(OutputDType::kFp8, hidden) : hidden * static_cast<int64_t>(ElementSize(type));
+  return static_cast<size_t>((cu_seqlens[s + 1] - cu_seqlens[s]) * row);
+}
+
 size_t Captures::SampleBytes(int64_t s) const {
-  const size_t tensors = ids.size() + (has_final_norm ? 1 : 0);
-  return tensors * static_cast<size_t>((cu_seqlens[s + 1] - cu_seqlens[s]) * hidden) * ElementSize(type);
+  const size_t tensors = IsFp8(s) ? fp8[s]->ids().size() + (fp8[s]->final_norm() ? 1 : 0)
+                                  : ids.size() + (has_final_norm ? 1 : 0);
+  return tensors * TensorBytes(s);
+}
+
+int64_t Captures::Slot(int64_t s, size_t k) const {
+  if (!IsFp8(s)) return static_cast<int64_t>(k);
+  const std::vector<int>& held = fp8[s]->ids();
+  if (k >= ids.size()) return fp8[s]->final_norm() ? static_cast<int64_t>(held.size()) : -1;
+  const auto it = std::find(held.begin(), held.end(), ids[k]);
+  return it == held.end() ? -1 : it - held.begin();
 }
 
 void* Captures::Tensor(int64_t s, size_t k) const {
-  const size_t tensor_bytes = static_cast<size_t>((cu_seqlens[s + 1] - cu_seqlens[s]) * hidden) * ElementSize(type);
-  return static_cast<char*>(samples[s]->data()) + k * tensor_bytes;
+  const int64_t slot = Slot(s, k);
+  if (slot < 0) return nullptr;
+  return static_cast<char*>(samples[s]->data()) + static_cast<size_t>(slot) * TensorBytes(s);
 }
 
 namespace {
@@ -155,7 +174,14 @@ std::pair<int64_t, int64_t> SampleOfRow(const std::vector<int64_t>& cu_seqlens, 
 
 void Captures::LayerRow(size_t index, int64_t t, float* dst) const {
   const auto [s, row] = SampleOfRow(cu_seqlens, t);
-  DecodeRow(type, static_cast<const char*>(Tensor(s, index)) + row * hidden * ElementSize(type), hidden, dst);
+  const char* tensor = static_cast<const char*>(Tensor(s, index));
+  if (tensor == nullptr) {
+    std::fill(dst, dst + hidden, std::numeric_limits<float>::quiet_NaN());
+  } else if (IsFp8(s)) {
+    DecodeFp8Row(reinterpret_cast<const uint8_t*>(tensor) + row * RowBytes(OutputDType::kFp8, hidden), hidden, dst);
+  } else {
+    DecodeRow(type, tensor + row * hidden * ElementSize(type), hidden, dst);
+  }
 }
 
 void Captures::FinalNormRow(int64_t t, float* dst) const { LayerRow(ids.size(), t, dst); }
@@ -210,6 +236,44 @@ absl::Status Model::CheckBatch(const Batch& batch) const {
   }
   if (batch.cu_seqlens.back() != static_cast<int64_t>(batch.tokens.size())) {
     return absl::InvalidArgumentError("cu_seqlens does not cover the batch's tokens");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Run's fp8 samples: one entry per sample (or none), each a subset of `capture`.
+absl::Status CheckFp8Samples(const Fp8Samples& fp8, const CaptureSpec& capture, int64_t samples) {
+  if (!fp8.empty() && static_cast<int64_t>(fp8.size()) != samples) {
+    return absl::InvalidArgumentError(absl::StrCat("fp8 samples: ", fp8.size(), " entries for ", samples, " samples"));
+  }
+  for (size_t s = 0; s < fp8.size(); ++s) {
+    if (!fp8[s].has_value()) continue;
+    for (int id : fp8[s]->ids()) {
+      if (std::find(capture.ids().begin(), capture.ids().end(), id) == capture.ids().end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("fp8 sample ", s, ": capture id ", id, " is not among the batch's captures"));
+      }
+    }
+    if (fp8[s]->final_norm() && !capture.final_norm()) {
+      return absl::InvalidArgumentError(absl::StrCat("fp8 sample ", s, ": the final norm is not captured"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Model::TakeCaptureBuffers(Captures& result) {
+  // A batch's captures are one buffer per sample: the pool keeps a whole
+  // batch's worth idle, so the next batch allocates nothing (a fresh
+  // pinned buffer on CUDA costs far more than a memcpy).
+  size_t batch_bytes = 0;
+  for (int64_t s = 0; s < result.num_samples(); ++s) batch_bytes += result.SampleBytes(s);
+  host_pool_->RaiseIdleCap(batch_bytes);
+  for (int64_t s = 0; s < result.num_samples(); ++s) {
+    HSX_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> buffer, host_pool_->Get(result.SampleBytes(s)));
+    result.samples.push_back(std::move(buffer));
   }
   return absl::OkStatus();
 }
@@ -320,8 +384,10 @@ void Model::CopyToSink(const Matrix& rows, void* dst, CaptureSink& sink, int64_t
   }
 }
 
-absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& capture, CaptureSink* sink) {
+absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& capture, CaptureSink* sink,
+                                    const Fp8Samples& fp8) {
   HSX_RETURN_IF_ERROR(CheckBatch(batch));
+  HSX_RETURN_IF_ERROR(CheckFp8Samples(fp8, capture, batch.num_samples()));
   scratch_.clear();
   const ModelConfig& c = config_;
   const int64_t tokens = static_cast<int64_t>(batch.tokens.size());
@@ -338,28 +404,24 @@ absl::StatusOr<Captures> Model::Run(const Batch& batch, const CaptureSpec& captu
   result.hidden = hidden;
   result.type = backend_.precision();
   result.cu_seqlens = batch.cu_seqlens;
-  if (captures_here) {
-    // A batch's captures are one buffer per sample: the pool keeps a whole
-    // batch's worth idle, so the next batch allocates nothing (a fresh
-    // pinned buffer on CUDA costs far more than a memcpy).
-    size_t batch_bytes = 0;
-    for (int64_t s = 0; s < result.num_samples(); ++s) batch_bytes += result.SampleBytes(s);
-    host_pool_->RaiseIdleCap(batch_bytes);
-    for (int64_t s = 0; s < result.num_samples(); ++s) {
-      HSX_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> buffer, host_pool_->Get(result.SampleBytes(s)));
-      result.samples.push_back(std::move(buffer));
-    }
-  }
+  // Where copies land on return the sink encodes fp8 as they land; elsewhere
+  // the device does (only the fp8 rows cross the bus).
+  if (!backend_.copies_land_on_return()) result.fp8 = fp8;
+  if (captures_here) HSX_RETURN_IF_ERROR(TakeCaptureBuffers(result));
   // The sink reads the rows as they land: only where they land on return.
   CaptureSink* const told = backend_.copies_land_on_return() ? sink : nullptr;
-  // Copies m's rows of every sample into tensor k of that sample's buffer.
+  // Copies m's rows of every sample into tensor k of that sample's buffer
+  // (encoded, for an fp8 sample that holds it).
   auto copy_out = [&](const Matrix& m, size_t k) {
     for (int64_t s = 0; s < result.num_samples(); ++s) {
       const Matrix rows = m.Rows(batch.cu_seqlens[s], batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]);
-      if (told != nullptr) {
-        CopyToSink(rows, result.Tensor(s, k), *told, s, k);
+      void* dst = result.Tensor(s, k);
+      if (result.IsFp8(s)) {
+        if (dst != nullptr) backend_.CopyToHostFp8(rows, dst);
+      } else if (told != nullptr) {
+        CopyToSink(rows, dst, *told, s, k);
       } else {
-        backend_.CopyToHost(rows, result.Tensor(s, k));
+        backend_.CopyToHost(rows, dst);
       }
     }
   };

@@ -45,6 +45,11 @@ struct Batch {
 // sample only, never its batch. Must be released before the engine that
 // produced it.
 //
+// A sample whose consumer sends fp8 rows may instead hold only the tensors
+// it asked for, already encoded as fp8 rows (Captures::fp8): Model::Run does
+// so where copies cross a bus (Backend::CopyToHostFp8), so that only fp8
+// rows cross it and no host thread encodes them.
+//
 // The copies into the buffers may still run when Model::Run returns (CUDA,
 // Backend::FenceCopies): read the rows only after WaitForCopies() returned
 // OK. The destructor waits for them too, so no buffer goes back to its pool
@@ -65,17 +70,33 @@ struct Captures {
   std::vector<int64_t> cu_seqlens = {0};           // the batch's samples
   std::vector<std::unique_ptr<HostBuffer>> samples;  // per sample, as above
   std::shared_ptr<CopyFence> copies;                 // their end (null: nothing to wait for)
+  // Per sample, or empty for none: set for a sample copied out as fp8 rows.
+  // Its buffer then holds only these tensors (a subset of the batch's: ids
+  // ascending, then the final norm if set), each T_s rows of
+  // RowBytes(kFp8, hidden) bytes as Backend::CopyToHostFp8 writes them.
+  std::vector<std::optional<CaptureSpec>> fp8;
 
   int64_t num_samples() const { return static_cast<int64_t>(cu_seqlens.size()) - 1; }
-  // Tensor k (index into ids, or ids.size() for the final norm) of sample s: [T_s, hidden].
+  bool IsFp8(int64_t s) const { return s < static_cast<int64_t>(fp8.size()) && fp8[s].has_value(); }
+  // Tensor k (index into ids, or ids.size() for the final norm) of sample s:
+  // [T_s, hidden] in `type`, or its fp8 rows; null for a tensor an fp8
+  // sample does not hold.
   void* Tensor(int64_t s, size_t k) const;
   // Row t of the batch (any sample) of captured layer `index`, or of the
-  // final norm, as float32 into dst[hidden].
+  // final norm, as float32 into dst[hidden] (an fp8 row decoded: e4m3 *
+  // scale; NaN for a tensor its sample does not hold).
   void LayerRow(size_t index, int64_t t, float* dst) const;
   void FinalNormRow(int64_t t, float* dst) const;
-  // Bytes of one sample's buffer.
+  // Bytes of one sample's buffer, and of one tensor in it.
   size_t SampleBytes(int64_t s) const;
+  size_t TensorBytes(int64_t s) const;
+  // The index of tensor k (as for Tensor) in sample s's buffer, or -1.
+  int64_t Slot(int64_t s, size_t k) const;
 };
+
+// Per sample of a batch, the capture set of a sample whose consumer sends
+// fp8 rows (a subset of the batch's), unset for the others; or empty: none.
+using Fp8Samples = std::vector<std::optional<CaptureSpec>>;
 
 // Told of the captured rows as they are written to host memory, a piece at
 // a time, while the piece just written is still in cache: the batcher's
@@ -113,7 +134,14 @@ class Model {
   // batch; rank 0 returns the captures (the others return empty ones). An
   // error from the backend or a collective fails the whole batch. `sink`,
   // when set, is told of the rows rank 0 captures (see CaptureSink).
-  absl::StatusOr<Captures> Run(const Batch& batch, const CaptureSpec& capture, CaptureSink* sink = nullptr);
+  // `fp8` (one entry per sample, or empty) names the samples sent as fp8 and
+  // the tensors each wants: on a backend whose copies do not land on return
+  // (CUDA) exactly those are copied out, encoded on the device
+  // (Backend::CopyToHostFp8, Captures::fp8); where they land on return (the
+  // CPU) it changes nothing: the sink encodes them as they land.
+  // InvalidArgument for a wrong count or a tensor the batch does not capture.
+  absl::StatusOr<Captures> Run(const Batch& batch, const CaptureSpec& capture, CaptureSink* sink = nullptr,
+                               const Fp8Samples& fp8 = {});
 
   // The softmax scale: qk_head_dim^-0.5 times YaRN's mscale² (model-spec.md §4.2).
   static float SoftmaxScale(const ModelConfig& config);
@@ -122,6 +150,9 @@ class Model {
 
  private:
   absl::Status CheckBatch(const Batch& batch) const;
+  // Run's capture buffers, one per sample from the pool (rank 0 only), for
+  // `result`'s layout (its fp8 samples included).
+  absl::Status TakeCaptureBuffers(Captures& result);
   absl::Status EnsureRope(int64_t positions);
   absl::Status RunLayer(const LayerWeights& layer, const StagedBatch& batch, const Matrix& h);
   absl::Status RunAttention(const LayerWeights& layer, const Matrix& x, const StagedBatch& batch,

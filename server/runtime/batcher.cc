@@ -167,11 +167,14 @@ void Batcher::RunBatch(std::vector<WorkItem> items) {
   std::vector<const CaptureSpec*> specs;
   std::vector<std::optional<RowCheck>> checks;
   std::vector<int64_t> values;
+  Fp8Samples fp8;  // the samples sent as fp8: a device encodes them (Model::Run)
   for (const WorkItem& item : items) {
     batch.AddSample(item.tokens);
     specs.push_back(&item.capture);
     checks.push_back(item.row_check);
     values.push_back(static_cast<int64_t>(item.tokens.size()) * engine_.config().hidden_size);
+    const bool sent_as_fp8 = item.row_check.has_value() && item.row_check->dtype == OutputDType::kFp8;
+    fp8.push_back(sent_as_fp8 ? std::optional<CaptureSpec>(item.capture) : std::nullopt);
   }
   const CaptureSpec capture = CaptureSpec::Union(specs);
   const size_t tensors = capture.ids().size() + (capture.final_norm() ? 1 : 0);
@@ -185,7 +188,7 @@ void Batcher::RunBatch(std::vector<WorkItem> items) {
   }
   // The copies of the last captures may still run: Deliver waits for them on
   // the delivery thread while the next batch starts here.
-  absl::StatusOr<Captures> captures = engine_.Run(batch, capture, Engine::Copies::kFence, check.get());
+  absl::StatusOr<Captures> captures = engine_.Run(batch, capture, Engine::Copies::kFence, check.get(), fp8);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++batches_;

@@ -61,7 +61,10 @@ struct WorkItem {
   std::function<bool()> abandoned = nullptr;
   // Optional: how `deliver`'s consumer checks and hashes the rows it sends as
   // they are; the batcher's capture check then does it where it can, and
-  // the tensors carry what it found (SampleTensor::findings).
+  // the tensors carry what it found (SampleTensor::findings). A dtype of
+  // kFp8 also tells the engine the sample is sent as fp8: where its copies
+  // do not land on return (CUDA) the device encodes it (Model::Run), and
+  // the sample arrives as fp8 rows of exactly `capture`, without findings.
   std::optional<RowCheck> row_check = std::nullopt;
   // Optional, for a row_check of dtype kFp8: gives the buffer the capture
   // check may encode the sample's rows into (the consumer's pool); the

@@ -8,7 +8,9 @@
 // it has just written (CaptureSink), and the check reads them from cache;
 // the findings then go with the sample's tensors (SampleTensor::findings),
 // and EncodeSample does not read the rows again. Elsewhere nothing is fed,
-// nothing is attached, and the consumer checks the rows itself.
+// nothing is attached, and the consumer checks the rows itself (an fp8
+// sample's rows then arrive encoded already: Model::Run has the device
+// encode them, and AttachFindings leaves them as they are).
 //
 // A consumer that sends fp8 (row_check's dtype kFp8) would encode the rows
 // itself (EncodeSample). Where it gives a buffer to encode into

@@ -190,10 +190,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Checkpoint& checkpo
 int64_t Engine::placed_bytes(int rank) const { return workers_[rank]->state().backend->placed_bytes(); }
 
 absl::StatusOr<Captures> Engine::Run(const Batch& batch, const CaptureSpec& capture, Copies copies,
-                                     CaptureSink* sink) {
+                                     CaptureSink* sink, const Fp8Samples& fp8) {
   if (absl::Status lost = this->lost(); !lost.ok()) return lost;
   absl::Status status = OnEveryRank([&](RankState& s, int rank) {
-    s.result = s.model->Run(batch, capture, rank == 0 ? sink : nullptr);
+    s.result = rank == 0 ? s.model->Run(batch, capture, sink, fp8) : s.model->Run(batch, capture);
     return s.result.status();
   });
   RankState& first = workers_[0]->state();

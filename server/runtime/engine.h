@@ -79,9 +79,11 @@ class Engine {
   // Runs one batch on all ranks. Not thread-safe: one caller (the batcher).
   // The captures must be released before the engine. `sink`, when set, is
   // told of the captured rows as they are written (Model::Run, CaptureSink),
-  // on rank 0's thread, before Run returns.
+  // on rank 0's thread, before Run returns. `fp8` names the samples sent as
+  // fp8 and what each wants (Model::Run: rank 0, the capturing rank, copies
+  // them out encoded where its copies do not land on return).
   absl::StatusOr<Captures> Run(const Batch& batch, const CaptureSpec& capture, Copies copies = Copies::kWait,
-                               CaptureSink* sink = nullptr);
+                               CaptureSink* sink = nullptr, const Fp8Samples& fp8 = {});
   // Waits for the copies of a Run(..., kFence)'s captures; any thread. A copy
   // that failed because its device was lost stops the engine as Run would.
   absl::Status WaitForCopies(const Captures& captures);

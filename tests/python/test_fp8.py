@@ -4,7 +4,9 @@ accepts it; its bytes equal ml_dtypes' e4m3 rounding of the fp32 states under th
 documented scale rule (an implementation other than ours); hsx.Client (both receive
 paths), hsx.OnlineDataset and hsx.read_sample give the same dequantized values, and with
 dequantize=False the same e4m3 values and scales (read_sample's of hsx-dump's file, byte for
-byte); a file with a corrupted scale or payload is refused by hsx-verify and by read_sample."""
+byte); a file with a corrupted scale or payload is refused by hsx-verify and by read_sample;
+the engine's device path (the rows encoded in the capture copy, as on CUDA) sends the same
+bytes."""
 
 import json
 import shutil
@@ -67,6 +69,22 @@ def test_dump_remote_and_local_are_identical_and_verify(run, dumps):
         run("hsx-verify", base / out, "--input", inputs)
     journal = [json.loads(line) for line in (base / "remote" / "manifest.jsonl").read_text().splitlines()]
     assert {e["dtype"] for e in journal} == {"fp8"}
+
+
+def test_a_server_whose_copies_land_later_encodes_on_the_device_path(run, bin_dir, tiny, dumps):
+    """Where the backend's copies do not land on return (CUDA), the engine copies an fp8 sample
+    out encoded (Backend::CopyToHostFp8) and the streaming threads only check and hash it. Here
+    that path runs on the CPU: with the testing flag --inject-device-loss-after-batches (armed
+    far beyond this test) rank 0's backend is a ForwardingBackend, whose copies do not land on
+    return. Its files are byte-identical to the CPU sink path's and verify."""
+    samples, inputs, base = dumps
+    with HsxServer(bin_dir, tiny, "--inject-device-loss-after-batches", "1000000") as srv:
+        run("hsx-dump", "--server", srv.address, "--out", base / "device", "--dtype", "fp8", "--input", inputs,
+            "--capture", CAPTURE, "--final-norm")
+    for i in range(len(samples)):
+        name = f"hs_{i}.safetensors"
+        assert (base / "device" / name).read_bytes() == (base / "remote" / name).read_bytes(), name
+    run("hsx-verify", base / "device", "--input", inputs)
 
 
 def test_file_layout_and_values_match_an_independent_quantizer(dumps):
