@@ -164,6 +164,20 @@ def own_faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def wait_until_idle(interval=0.05, limit=3.0):
+    """Waits until this process uses less than 2% of a core over `interval` (at most `limit`
+    seconds). Importing numpy starts OpenBLAS's thread pool, whose threads spin for a while
+    before they sleep (about 55 ms of CPU on the 2-core development VM, measured with an idle
+    process): the import's cost, not the transfer's, which would otherwise run alongside the
+    first samples and be counted with them. The client does no BLAS work."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        before = own_cpu()
+        time.sleep(interval)
+        if own_cpu() - before < 0.02 * interval:
+            return
+
+
 def socket_sender(port, total):
     payload = memoryview(os.urandom(CHUNK))
     with socket.create_connection(("127.0.0.1", port)) as s:
@@ -227,6 +241,7 @@ def python_client(address, samples_path, dtype, concurrency, warm=False, dequant
     if warm:
         for _ in client.extract_many(samples, **options):
             pass
+    wait_until_idle()
     start, faults = own_cpu(), own_faults()
     total = 0
     for _, sample in client.extract_many(samples, **options):
