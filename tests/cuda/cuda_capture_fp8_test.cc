@@ -44,12 +44,6 @@
 namespace hsx {
 namespace {
 
-float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
 // Scales the encoder can choose (amax / 448, FLT_MIN, 1) and a few more.
 std::vector<float> Scales() {
   std::vector<float> s = {1.0f, FLT_MIN, 3.0f / 448.0f, 0.0123f / 448.0f, 1e30f / 448.0f, FLT_MAX / 448.0f,
@@ -78,7 +72,7 @@ TEST(CudaCaptureFp8KernelTest, EveryBf16ValueUnderEachScaleGivesTheHostsCode) {
     ASSERT_EQ(cudaMemcpy(codes.data(), device_codes, n, cudaMemcpyDeviceToHost), cudaSuccess);
     int wrong = 0;
     for (int64_t i = 0; i < n && wrong < 5; ++i) {
-      const uint8_t want = FloatToFp8E4m3(FromBits(uint32_t{values[i]} << 16) / scale);
+      const uint8_t want = FloatToFp8E4m3(Fp8BitsFloat(uint32_t{values[i]} << 16) / scale);
       if (codes[i] != want) {
         ++wrong;
         ADD_FAILURE() << "bf16 0x" << std::hex << values[i] << " scale " << scale << ": host 0x" << int{want}
