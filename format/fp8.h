@@ -125,6 +125,9 @@ class Fp8TensorEncoder {
 // scale (bad_scale, at the row's first value), a NaN byte under a valid one
 // a NaN value. Stops at the first (the checksum is then meaningless).
 TensorFindings CheckFp8Tensor(const void* rows, int64_t tokens, int64_t hidden, ChecksumKind checksum);
+// The same check without the checksum (a sample file's writer, whose
+// checksums are the file's own).
+TensorFindings CheckFp8Rows(const void* rows, int64_t tokens, int64_t hidden);
 
 // The receiver's check of `count` e4m3 bytes: the index of the first NaN
 // (0x7f or 0xff), or -1; ORs into *nonzero whether any is neither +0 nor -0.

@@ -75,34 +75,15 @@ absl::Status CheckEncodedValues(std::span<const uint8_t> bytes, OutputDType dtyp
 
 namespace {
 
-// The findings of a tensor's fp8 rows (scale, then values, each).
-TensorFindings Fp8FindingsOf(const std::string& bytes, int64_t hidden) {
-  TensorFindings found;
-  const int64_t row_bytes = RowBytes(OutputDType::kFp8, hidden);
-  const int64_t rows = static_cast<int64_t>(bytes.size()) / row_bytes;
-  for (int64_t t = 0; t < rows && found.bad_index < 0; ++t) {
-    const char* row = bytes.data() + t * row_bytes;
-    float scale;
-    std::memcpy(&scale, row, sizeof(scale));
-    if (!ValidFp8Scale(scale)) {
-      found.bad_index = t * hidden;
-      found.bad_value = scale;
-      found.bad_scale = true;
-    } else if (const int64_t i = CheckFp8Bytes(row + kFp8ScaleBytes, hidden, &found.nonzero); i >= 0) {
-      found.bad_index = t * hidden + i;
-      found.bad_value = Fp8E4m3ToFloat(static_cast<uint8_t>(row[kFp8ScaleBytes + i]));
-    }
-  }
-  return found;
-}
-
 // The tensor's findings: its own, or made here from its bytes.
 TensorFindings FindingsOf(const SampleTensors& sample, const SampleTensor& tensor) {
   if (tensor.findings.has_value()) return *tensor.findings;
   const std::string bytes = TensorString(tensor);
   const int64_t size = OutputDTypeSize(sample.dtype);
   TensorFindings found;
-  if (sample.dtype == OutputDType::kFp8) return Fp8FindingsOf(bytes, sample.hidden);
+  if (sample.dtype == OutputDType::kFp8) {
+    return CheckFp8Rows(bytes.data(), static_cast<int64_t>(bytes.size()) / sample.row_bytes(), sample.hidden);
+  }
   found.bad_index = CheckEncoded(bytes.data(), static_cast<int64_t>(bytes.size()) / size, sample.dtype,
                                  &found.nonzero);
   if (found.bad_index >= 0) {

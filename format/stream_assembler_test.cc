@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "format/fp8.h"
 #include "format/layer_convention.h"
 #include "format/response_encoder.h"
 #include "format/sample_file.h"
@@ -356,16 +357,24 @@ const std::vector<std::pair<Edit, std::string>>& ValueCases() {
 
 // Stream(dtype, true) with `edits` made in its chunks' bytes and the
 // trailer's checksums recomputed, as a sender that does not check would send it.
+// In fp8 a value is a byte after its row's scale, and a zeroed row keeps a
+// valid scale (1, as the encoder gives a row of zeros).
 std::vector<v1::ExtractResponse> EditedStream(OutputDType dtype, const Edit& edits) {
   std::vector<v1::ExtractResponse> stream = Stream(dtype, true);
   const int64_t size = OutputDTypeSize(dtype);
+  const int64_t row_bytes = RowBytes(dtype, kHidden);
+  const int64_t first_value = dtype == OutputDType::kFp8 ? kFp8ScaleBytes : 0;
   for (const auto& [tensor, row, column] : edits) {
     for (int c = 0; c < 3; ++c) {  // chunks hold rows 0-1, 2-3, 4
       std::string* data = stream[1 + 3 * tensor + c].mutable_chunk()->mutable_data();
       if (row < 0) {
         std::fill(data->begin(), data->end(), '\0');
+        for (size_t at = 0; first_value > 0 && at < data->size(); at += static_cast<size_t>(row_bytes)) {
+          const float one = 1.0f;
+          data->replace(at, sizeof(one), reinterpret_cast<const char*>(&one), sizeof(one));
+        }
       } else if (row / 2 == c) {
-        data->replace(static_cast<size_t>(((row % 2) * kHidden + column) * size), size, size, '\xff');
+        data->replace(static_cast<size_t>((row % 2) * row_bytes + first_value + column * size), size, size, '\xff');
       }
     }
   }
@@ -383,7 +392,7 @@ const std::vector<std::string> kNames = {"capture id 2", "capture id 3", "captur
 // findings); the errors they lead to must be exactly those of reading the
 // states again.
 TEST(StreamAssemblerTest, ValuesCheckedOnArrivalGiveTheSameErrorsAsACheckAfterwards) {
-  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32}) {
+  for (OutputDType dtype : {OutputDType::kBf16, OutputDType::kFp16, OutputDType::kFp32, OutputDType::kFp8}) {
     for (const auto& [edits, message] : ValueCases()) {
       SCOPED_TRACE(OutputDTypeName(dtype) + ": " + message);
       const std::vector<v1::ExtractResponse> stream = EditedStream(dtype, edits);
