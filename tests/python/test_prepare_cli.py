@@ -225,16 +225,22 @@ def test_shards_partition_the_lines_exactly(model, tmp_path):
 
 
 def _kill_after(cmd, state, line):
-    """Starts cmd, SIGKILLs it a moment after its journal passes `line`; True if it was killed."""
+    """Starts cmd, SIGKILLs it once its journal has passed `line` and its output has grown past
+    what the journal records (lines the rerun must cut away); True if it was killed."""
     child = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    partial = f"{cmd[cmd.index('--output') + 1]}.partial"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and child.poll() is None:
-        if state.exists() and json.loads(state.read_text() or "{}").get("input_line", 0) >= line:
-            time.sleep(0.1)  # let it write past the journal: lines the rerun must cut away
+        try:
+            journal = json.loads(state.read_text() or "{}") if state.exists() else {}
+        except ValueError:  # read while being replaced
+            journal = {}
+        if (journal.get("input_line", 0) >= line and os.path.exists(partial)
+                and os.path.getsize(partial) > journal["output_bytes"]):
             child.send_signal(signal.SIGKILL)
             child.wait()
             return child.returncode == -signal.SIGKILL
-        time.sleep(0.01)
+        time.sleep(0.005)
     child.wait()
     return False
 
