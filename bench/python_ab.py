@@ -16,7 +16,7 @@ byte. Prints median [min-max] per side, B / A, and each side / hsx-dump --discar
 medians), then the same ratios taken within each round (median and range over the rounds).
 
     ~/.cache/hsx/venv/bin/python bench/python_ab.py A_DIR B_DIR [--dtype bf16] [--repeats 8]
-        [--bin-dir build/bin] [--env-b NAME=VALUE ...] [--floor] [--warm]
+        [--bin-dir build/bin] [--env-b NAME=VALUE ...] [--floor] [--warm] [--raw]
 
 --warm times each client's second pass over the samples, in the same process: its native
 receive path's pool then holds blocks, as in a long job, where the first pass also faults in
@@ -71,6 +71,8 @@ def main():
     parser.add_argument("--bin-dir", default=str(REPO / "build" / "bin"), help="hsx-server, hsx-dump, hsx-make-model")
     parser.add_argument("--env-b", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for B's runs only (repeatable)")
+    parser.add_argument("--raw", action="store_true",
+                        help="fp8 handed on as received (dequantize=False), as stream_cost.py's python-raw side")
     parser.add_argument("--floor", action="store_true", help="also run grpcio alone (no deserializer, no checks)")
     parser.add_argument("--warm", action="store_true",
                         help="time each client's second pass over the samples (the first warms its native pool)")
@@ -100,9 +102,9 @@ def main():
             def python(name, script=sc.__file__, role="python"):
                 package = args.b if name == "floor" else getattr(args, name.lower())
                 env = {**os.environ, "PYTHONPATH": str(Path(package).resolve()), **extra.get(name, {})}
-                warm = ["--warm"] if args.warm and role == "python" else []
+                flags = [f for f, on in (("--warm", args.warm), ("--raw", args.raw)) if on and role == "python"]
                 stdout, _ = sc.child([sys.executable, script, "--role", role, "--address", server.address,
-                                      "--samples-path", samples, "--dtype", args.dtype, *warm], env=env)
+                                      "--samples-path", samples, "--dtype", args.dtype, *flags], env=env)
                 nbytes, cpu = stdout.split()[:2]
                 return float(cpu) * 1e9 / int(nbytes)
 

@@ -17,7 +17,9 @@ Per dtype, one hsx-server, then the sides run interleaved, --repeats times, the 
 CPU is the processes' own accounting: the server's /proc/PID/stat utime+stime before and after
 each client run; hsx-dump's rusage from wait4 (its whole life); the Python children's
 getrusage(RUSAGE_SELF) around the transfer alone (so the interpreter's start and imports,
-about 0.3 CPU-s, are left out). The socket side's
+about 0.3 CPU-s, are left out): its first pass over the samples, or with --warm its second, on
+the same client, as in a long job (the first pass also faults in the fresh memory of the pool's
+blocks and gRPC's buffers, once per process). The socket side's
 "server" column is its sender, its "client" column its receiver. The server's CPU is also split by
 thread: "engine" is its threads named hsx-engine* (the rank threads and the CPU backend's pool:
 the model's embedding gather and capture copy, device work on CUDA), "streaming" the rest (the
@@ -28,7 +30,8 @@ and each side's minor page faults per MB streamed, from the same accounting (/pr
 the server, rusage for the clients): a pooled path has next to none.
 
     ~/.cache/hsx/venv/bin/python bench/stream_cost.py [--bin-dir build/bin] [--repeats 3]
-        [--dtypes bf16,fp16,fp32,fp8] [--sides socket,discard,disk,python,python-raw] [--server-flag=--some-flag ...]
+        [--dtypes bf16,fp16,fp32,fp8] [--sides socket,discard,disk,python,python-raw] [--warm]
+        [--server-flag=--some-flag ...]
 """
 
 import argparse
@@ -263,18 +266,19 @@ class Side(typing.NamedTuple):
     client_faults: int
 
 
-def hsx_side(server, cmd):
-    """cmd() -> (bytes, client CPU seconds, client faults); the server's are read around it."""
+def hsx_side(server, cmd, passes=1):
+    """cmd() -> (bytes, client CPU seconds, client faults) of its timed pass; the server's are read
+    around it, over all its `passes` over the samples (each the same bytes), and given per pass."""
     def fn():
         pid = server.proc.pid
         before, engine_before, faults_before = proc_cpu(pid), engine_cpu(pid), proc_faults(pid)
         nbytes, client_cpu, client_faults = cmd()
-        return Side(proc_cpu(pid) - before, client_cpu, nbytes, engine_cpu(pid) - engine_before,
-                    proc_faults(pid) - faults_before, client_faults)
+        return Side((proc_cpu(pid) - before) / passes, client_cpu, nbytes, (engine_cpu(pid) - engine_before) / passes,
+                    (proc_faults(pid) - faults_before) / passes, client_faults)
     return fn
 
 
-def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags, names):
+def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags, names, warm_python=False):
     def dump(discard):
         usage = {}
         nbytes, cpu = run_dump(bin_dir / "hsx-dump", server.address, samples, work / "out", dtype, discard,
@@ -283,7 +287,8 @@ def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags, nam
 
     def python(raw=False):
         stdout, _ = child([sys.executable, __file__, "--role", "python", "--address", server.address,
-                           "--samples-path", samples, "--dtype", dtype, *(["--raw"] if raw else [])])
+                           "--samples-path", samples, "--dtype", dtype, *(["--raw"] if raw else []),
+                           *(["--warm"] if warm_python else [])])
         nbytes, cpu, faults = stdout.split()
         return int(nbytes), float(cpu), int(faults)
 
@@ -291,8 +296,8 @@ def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags, nam
         sides = {
             "discard": hsx_side(server, lambda: dump(True)),
             "disk": hsx_side(server, lambda: dump(False)),
-            "python": hsx_side(server, python),
-            "python-raw": hsx_side(server, lambda: python(raw=True)),
+            "python": hsx_side(server, python, 2 if warm_python else 1),
+            "python-raw": hsx_side(server, lambda: python(raw=True), 2 if warm_python else 1),
         }
         # Warm-up (one pass each) and the byte count the socket pair moves.
         total = None
@@ -357,7 +362,9 @@ def main():
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
     parser.add_argument("--samples-path", help=argparse.SUPPRESS)
-    parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--warm", action="store_true",
+                        help="the python sides time each child's second pass over the samples, on the same "
+                             "client: the steady cost of a long job, without its first samples' fresh memory")
     parser.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "send":
@@ -381,9 +388,11 @@ def main():
         if "python" in names or "python-raw" in names:
             import hsx
             path = "native (hsx._native)" if hsx.Client("127.0.0.1:1").native else "grpcio"
-            print(f"python side: hsx.Client's {path} receive path")
+            print(f"python side: hsx.Client's {path} receive path, "
+                  + ("each child's second pass (--warm)" if args.warm else "each child's first pass"))
         for dtype in args.dtypes.split(","):
-            total, runs, hwm = bench_dtype(bin_dir, work, model, samples, dtype, args.repeats, args.server_flag, names)
+            total, runs, hwm = bench_dtype(bin_dir, work, model, samples, dtype, args.repeats, args.server_flag, names,
+                                           args.warm)
             report(dtype, total, runs, hwm, names)
             sys.stdout.flush()
 

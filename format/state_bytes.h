@@ -15,8 +15,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <ostream>
 #include <span>
 #include <string_view>
@@ -24,12 +26,28 @@
 
 namespace hsx {
 
+// A block's memory, from malloc or aligned_alloc (AllocateBlock), given back
+// with free().
+struct FreeBlock {
+  void operator()(char* block) const { std::free(block); }
+};
+using BlockMemory = std::unique_ptr<char[], FreeBlock>;
+
+// `size` bytes, not initialised, at an address that is a multiple of
+// `alignment` (0: malloc's; else a power of two that divides `size`).
+// Throws std::bad_alloc when there is no memory, as new does.
+inline BlockMemory AllocateBlock(size_t size, size_t alignment = 0) {
+  void* block = alignment == 0 ? std::malloc(size) : std::aligned_alloc(alignment, size);
+  if (block == nullptr && size > 0) throw std::bad_alloc();
+  return BlockMemory(static_cast<char*>(block));
+}
+
 // Where a pooled block goes when its StateBytes lets go of it (see
 // StateBytesPool); called from whichever thread destroys the StateBytes.
 class StateBytesRecycler {
  public:
   virtual ~StateBytesRecycler() = default;
-  virtual void Recycle(std::unique_ptr<char[]> block, size_t capacity) = 0;
+  virtual void Recycle(BlockMemory block, size_t capacity) = 0;
 };
 
 class StateBytes {
@@ -37,11 +55,11 @@ class StateBytes {
   StateBytes() = default;
   // The first `size` bytes of a pooled `block` of `capacity` bytes, which
   // goes back to `recycler` at the end (StateBytesPool::Take makes these).
-  StateBytes(std::unique_ptr<char[]> block, size_t capacity, size_t size, std::shared_ptr<StateBytesRecycler> recycler)
+  StateBytes(BlockMemory block, size_t capacity, size_t size, std::shared_ptr<StateBytesRecycler> recycler)
       : data_(std::move(block)), size_(size), capacity_(capacity), recycler_(std::move(recycler)) {}
   ~StateBytes() { Release(); }
   // `size` bytes, not initialised: the caller writes all of them.
-  explicit StateBytes(size_t size) : data_(std::make_unique_for_overwrite<char[]>(size)), size_(size) {}
+  explicit StateBytes(size_t size) : data_(AllocateBlock(size)), size_(size) {}
   // A copy of `bytes`.
   explicit StateBytes(std::string_view bytes) : StateBytes(bytes.size()) {
     if (size_ > 0) std::memcpy(data_.get(), bytes.data(), size_);
@@ -86,7 +104,7 @@ class StateBytes {
     recycler_.reset();
   }
 
-  std::unique_ptr<char[]> data_;
+  BlockMemory data_;
   size_t size_ = 0;
   size_t capacity_ = 0;                           // of a pooled block
   std::shared_ptr<StateBytesRecycler> recycler_;  // set for a pooled block

@@ -10,16 +10,19 @@
 namespace hsx {
 namespace {
 
-// Asks for transparent huge pages over the 2 MiB-aligned part of a new block,
-// before its first write: one fault per 2 MiB instead of 512 (where THP is
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// A new block of `capacity` bytes (a multiple of kHugePage from kHugePage
+// on, see SizeClass): from kHugePage on, aligned to it and given the advice
+// to use transparent huge pages before its first write (where THP is
 // "madvise" or "always"; elsewhere the advice is ignored).
-void AdviseHugePages(char* block, size_t capacity) {
+BlockMemory NewBlock(size_t capacity) {
+  if (capacity < kHugePage) return AllocateBlock(capacity);
+  BlockMemory block = AllocateBlock(capacity, kHugePage);
 #ifdef MADV_HUGEPAGE
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(block) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(block) + capacity) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  madvise(block.get(), capacity, MADV_HUGEPAGE);
 #endif
+  return block;
 }
 
 }  // namespace
@@ -27,13 +30,14 @@ void AdviseHugePages(char* block, size_t capacity) {
 size_t StateBytesPool::SizeClass(size_t size) {
   if (size < 64) return size;
   const size_t quarter = std::bit_floor(size) / 4;
-  return (size + quarter - 1) / quarter * quarter;
+  const size_t capacity = (size + quarter - 1) / quarter * quarter;
+  return capacity < kHugePage ? capacity : (capacity + kHugePage - 1) / kHugePage * kHugePage;
 }
 
 StateBytes StateBytesPool::Take(size_t size) {
   if (size == 0) return StateBytes();
   size_t capacity = SizeClass(size);
-  std::unique_ptr<char[]> block;
+  BlockMemory block;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto it = idle_.rbegin(); it != idle_.rend(); ++it) {  // the most recently used first: still cached
@@ -46,15 +50,12 @@ StateBytes StateBytesPool::Take(size_t size) {
       }
     }
   }
-  if (block == nullptr) {
-    block = std::make_unique_for_overwrite<char[]>(capacity);
-    AdviseHugePages(block.get(), capacity);
-  }
+  if (block == nullptr) block = NewBlock(capacity);
   return StateBytes(std::move(block), capacity, size, shared_from_this());
 }
 
-void StateBytesPool::Recycle(std::unique_ptr<char[]> block, size_t capacity) {
-  std::vector<std::unique_ptr<char[]>> freed;  // freed after the lock is let go
+void StateBytesPool::Recycle(BlockMemory block, size_t capacity) {
+  std::vector<BlockMemory> freed;  // freed after the lock is let go
   std::lock_guard<std::mutex> lock(mutex_);
   if (capacity > max_idle_bytes_) return;  // block is freed on return
   idle_.emplace_back(capacity, std::move(block));
@@ -67,7 +68,7 @@ void StateBytesPool::Recycle(std::unique_ptr<char[]> block, size_t capacity) {
 }
 
 void StateBytesPool::Clear() {
-  std::deque<std::pair<size_t, std::unique_ptr<char[]>>> freed;
+  std::deque<std::pair<size_t, BlockMemory>> freed;
   std::lock_guard<std::mutex> lock(mutex_);
   freed.swap(idle_);
   idle_bytes_ = 0;

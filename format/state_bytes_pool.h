@@ -8,13 +8,16 @@
 // CPU-ns per byte off the stream (docs/BENCHMARKS.md). A block that comes
 // back stays mapped, and a later sample is written into it.
 //
-// A new block asks for transparent huge pages over its 2 MiB-aligned part
-// (madvise MADV_HUGEPAGE, where the kernel offers THP), so that warming it up
-// costs one fault per 2 MiB rather than 512: 0.08 CPU-ns per byte less in a
-// 64-sample Python client run (docs/BENCHMARKS.md).
+// A new block of 2 MiB or more asks for transparent huge pages (madvise
+// MADV_HUGEPAGE, where the kernel offers THP), so that warming it up costs
+// one fault per 2 MiB rather than 512: 0.08 CPU-ns per byte less in a
+// 64-sample Python client run (docs/BENCHMARKS.md). Such a block starts on a
+// 2 MiB boundary and its capacity is a multiple of 2 MiB, so that huge pages
+// cover all of it, not only its aligned middle (malloc's blocks begin 16
+// bytes into a mapping: a 14 MiB block had 2 MiB of small pages, 512 faults).
 //
 // New blocks are sized in classes (a power of two times 1, 1.25, 1.5 or
-// 1.75). A request takes the most recently returned idle block that holds it
+// 1.75; from 2 MiB on, rounded up to a multiple of 2 MiB). A request takes the most recently returned idle block that holds it
 // and is at most twice its class (samples of varied lengths reuse each
 // other's blocks), or a new block of its class. At most `max_idle_bytes` of idle blocks are
 // kept; beyond that the least recently returned are freed. Thread-safe; a
@@ -44,7 +47,7 @@ class StateBytesPool : public StateBytesRecycler, public std::enable_shared_from
   // `size` bytes (not initialised), in an idle block (see above) or a new one.
   StateBytes Take(size_t size);
 
-  void Recycle(std::unique_ptr<char[]> block, size_t capacity) override;
+  void Recycle(BlockMemory block, size_t capacity) override;
 
   // Frees every idle block (blocks in use come back later as usual).
   void Clear();
@@ -57,7 +60,7 @@ class StateBytesPool : public StateBytesRecycler, public std::enable_shared_from
 
   const size_t max_idle_bytes_;
   mutable std::mutex mutex_;
-  std::deque<std::pair<size_t, std::unique_ptr<char[]>>> idle_;  // (capacity, block), newest last
+  std::deque<std::pair<size_t, BlockMemory>> idle_;  // (capacity, block), newest last
   size_t idle_bytes_ = 0;
 };
 

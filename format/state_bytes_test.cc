@@ -62,6 +62,21 @@ TEST(StateBytesPoolTest, SizeClassesLeaveAtMostAFifthUnused) {
     EXPECT_GE(c, n);
     EXPECT_LE(c - n, c / 5) << n;
   }
+  // From 2 MiB on, whole huge pages: at most 2 MiB more, and from 8 MiB on
+  // (where the classes are multiples of 2 MiB already) still a fifth.
+  constexpr size_t kHuge = size_t{2} << 20;
+  EXPECT_EQ(StateBytesPool::SizeClass(kHuge + 1), 2 * kHuge);
+  EXPECT_EQ(StateBytesPool::SizeClass(14684160), 8 * kHuge);  // 2048 tokens of 7168 e4m3 values
+  for (size_t n = kHuge; n < (size_t{1} << 32); n = n * 3 / 2 + 7) {
+    const size_t c = StateBytesPool::SizeClass(n);
+    EXPECT_GE(c, n);
+    EXPECT_EQ(c % kHuge, 0u) << n;
+    if (n < 4 * kHuge) {
+      EXPECT_LT(c - n, kHuge) << n;
+    } else {
+      EXPECT_LE(c - n, c / 5) << n;
+    }
+  }
 }
 
 TEST(StateBytesPoolTest, AReturnedBlockServesTheNextRequestOfItsClass) {
@@ -153,10 +168,13 @@ TEST(StateBytesPoolTest, ALargeNewBlockAsksForHugePages) {
     GTEST_SKIP() << "this kernel has no transparent huge pages";
   }
   auto pool = StateBytesPool::Create(size_t{64} << 20);
-  StateBytes block = pool->Take(size_t{24} << 20);  // 12 huge pages, at least 11 of them aligned inside
-  const uintptr_t middle = (reinterpret_cast<uintptr_t>(block.data()) + (size_t{12} << 20)) & ~((uintptr_t{2} << 20) - 1);
-  EXPECT_NE(VmFlagsAt(reinterpret_cast<const void*>(middle)).find(" hg"), std::string::npos)
-      << VmFlagsAt(reinterpret_cast<const void*>(middle));
+  // A sample's size, not a multiple of 2 MiB: the whole block, first and last
+  // byte included, is in huge pages, and it starts on a huge page.
+  StateBytes block = pool->Take(14684160);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(block.data()) % (uintptr_t{2} << 20), 0u);
+  for (const char* at : {block.data(), block.data() + (size_t{7} << 20), block.data() + block.size() - 1}) {
+    EXPECT_NE(VmFlagsAt(at).find(" hg"), std::string::npos) << "byte " << at - block.data() << ": " << VmFlagsAt(at);
+  }
   StateBytes small = pool->Take(4096);  // under one huge page: left alone
   EXPECT_EQ(VmFlagsAt(small.data()).find(" hg"), std::string::npos);
 }

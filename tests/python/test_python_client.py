@@ -147,6 +147,51 @@ def test_the_receive_path_is_chosen_as_documented(monkeypatch):
         hsx.Client("127.0.0.1:1", native=True)
 
 
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
+@pytest.mark.parametrize("window", [0, 64 << 10, hsx.client.DEFAULT_STREAM_WINDOW])
+def test_every_stream_window_gives_the_same_samples(server, native, window):
+    """The window only paces the stream: the smallest one (many window updates per sample) and
+    gRPC's automatic one give what the default gives."""
+    samples = rows(6, seed=5, max_len=300, with_mask=False)
+    want = {i: s["hidden_states"] for i, s in hsx.Client(server.address, native=native).extract_many(
+        samples, capture=[0, 8], dtype="fp32")}
+    with hsx.Client(server.address, native=native, stream_window=window) as client:
+        got = {i: s["hidden_states"] for i, s in client.extract_many(samples, capture=[0, 8], dtype="fp32")}
+    assert sorted(got) == sorted(want)
+    for i in want:
+        np.testing.assert_array_equal(got[i], want[i])
+
+
+@pytest.mark.parametrize("native", RECEIVE_PATHS)
+def test_the_stream_window_reaches_the_channel_before_the_callers_options(monkeypatch, native):
+    """Client's stream_window becomes the two channel arguments hsx-dump sets (a fixed window,
+    BDP probing off), on either receive path; options given for the same arguments come later,
+    so they win (gRPC keeps the last of repeated channel arguments)."""
+    seen = {}
+    owner, name = (hsx.client._native, "Channel") if native else (hsx.client.grpc, "insecure_channel")
+    real = getattr(owner, name)
+
+    def recording(target, options, **kwargs):
+        seen["options"] = options
+        return real(target, options=options, **kwargs)
+
+    monkeypatch.setattr(owner, name, recording)
+    hsx.Client("127.0.0.1:1", native=native, options=[("grpc.http2.lookahead_bytes", 1 << 20)])
+    options = [o for o in seen["options"] if o[0].startswith("grpc.http2.")]
+    assert options == [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 4 << 20),
+                       ("grpc.http2.lookahead_bytes", 1 << 20)]
+    seen.clear()
+    hsx.Client("127.0.0.1:1", native=native, stream_window=0)
+    assert not [o for o in seen["options"] if o[0].startswith("grpc.http2.")]
+
+
+@pytest.mark.parametrize("window", [-1, 1, (64 << 10) - 1, (1 << 30) + 1, 1.5, "4MiB", True, None])
+def test_a_stream_window_out_of_range_is_refused_naming_it(window):
+    with pytest.raises(ValueError, match=r"stream_window=.*: expected 0 \(gRPC's automatic window\) or a number "
+                                         r"of bytes from 65536 \(64 KiB\) to 1073741824 \(1 GiB\)"):
+        hsx.Client("127.0.0.1:1", stream_window=window)
+
+
 def test_a_native_module_that_does_not_load_leaves_the_grpcio_path(tmp_path):
     """A broken or foreign hsx/_native*.so (e.g. built against a libgrpc++ this machine lacks):
     the package still imports, Client(native=None) takes grpcio, native=True says why not."""

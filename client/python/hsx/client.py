@@ -106,6 +106,11 @@ def native_sample(outcome: Any, expect: StreamExpectation, loss_mask: Sequence[i
                        loss_mask, use_torch, index, hidden_scales=hidden_scales, final_scales=final_scales)
 
 
+# hsx-dump's --stream-window default and bounds (client/dump/remote_extractor.h).
+DEFAULT_STREAM_WINDOW = 4 << 20
+_MIN_STREAM_WINDOW, _MAX_STREAM_WINDOW = 64 << 10, 1 << 30
+
+
 class Client:
     """A connection to one hsx-server.
 
@@ -116,6 +121,13 @@ class Client:
     retries, backoff: UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED are
          retried with exponential backoff and jitter; a retry restarts the sample.
 
+    stream_window: the HTTP/2 flow-control window of each sample's stream, how far the
+         server may send ahead of what this client has read: 4 MiB by default (hsx-dump's
+         --stream-window), 64 KiB to 1 GiB, or 0 for gRPC's automatic window (BDP probing),
+         whose buffers grow: with it the native path faulted in 2-3 times the fresh pages
+         per pass and cost more CPU per byte (docs/BENCHMARKS.md). 4 MiB per stream allows
+         4 GB/s per stream at a 1 ms round trip. `options` given for the same channel
+         arguments override it.
     native: how streams are received. None (the default): by the native module
          hsx._native where it was built and the environment does not set HSX_NATIVE=0,
          else by grpcio and StreamDecoder; True: the native module or ImportError;
@@ -138,20 +150,20 @@ class Client:
 
     def __init__(self, target: str, token: str | None = None, tls: bool | dict[str, Any] | None = None,
                  timeout: float = 600.0, retries: int = 8, backoff: float = 0.2,
-                 options: Sequence[tuple[str, Any]] | None = None, native: bool | None = None) -> None:
+                 options: Sequence[tuple[str, Any]] | None = None, native: bool | None = None,
+                 stream_window: int = DEFAULT_STREAM_WINDOW) -> None:
+        options = [("grpc.max_receive_message_length", 64 << 20), *_window_options(stream_window), *(options or [])]
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
         self._token = token or ""
         # The native path makes every call (Extract and GetModelInfo) on its own channel: one
         # connection per server, and grpcio's channel is not made at all.
-        self._native = _native_channel(native, target, tls, [("grpc.max_receive_message_length", 64 << 20)] +
-                                       list(options or []))
+        self._native = _native_channel(native, target, tls, options)
         self._channel: grpc.Channel | None = None
         if self._native is None:
             # SingleThreadedUnaryStream (grpcio's experimental.ChannelOptions): each Extract runs on
             # the thread that iterates it instead of handing every message over from grpcio's
             # thread; 0.91-0.95x the client's CPU per byte (bench/python_ab.py, docs/BENCHMARKS.md).
-            channel_options = [("grpc.max_receive_message_length", 64 << 20),
-                               (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)] + list(options or [])
+            channel_options = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1), *options]
             if tls:
                 credentials = grpc.ssl_channel_credentials(**_tls_args(tls))
                 self._channel = grpc.secure_channel(target, credentials, options=channel_options)
@@ -313,6 +325,17 @@ def _fields(item: Sequence[int] | Mapping[str, Any], index: int) -> tuple[Sequen
     if isinstance(item, Mapping):
         return item["input_ids"], str(item.get("id", index)), item.get("loss_mask")
     return item, str(index), None
+
+
+def _window_options(stream_window: int) -> list[tuple[str, int]]:
+    """The channel arguments of Client's stream_window (none for 0, gRPC's automatic window)."""
+    if isinstance(stream_window, bool) or not isinstance(stream_window, int) or not (
+            stream_window == 0 or _MIN_STREAM_WINDOW <= stream_window <= _MAX_STREAM_WINDOW):
+        raise ValueError(f"stream_window={stream_window!r}: expected 0 (gRPC's automatic window) or a number of "
+                         f"bytes from {_MIN_STREAM_WINDOW} (64 KiB) to {_MAX_STREAM_WINDOW} (1 GiB)")
+    if stream_window == 0:
+        return []
+    return [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", stream_window)]
 
 
 def _native_channel(native: bool | None, target: str, tls: bool | dict[str, Any] | None,
