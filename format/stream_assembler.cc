@@ -52,28 +52,31 @@ void StreamAssembler::AllocateSample() {
   const int64_t tokens = sample_.tokens;
   const int64_t layers = static_cast<int64_t>(sample_.capture_ids.size());
   const bool fp8 = sample_.dtype == OutputDType::kFp8;
-  // A row's values (all of it but fp8's scale), which the file's states tensors hold.
-  const int64_t values = fp8 ? sample_.hidden : row_bytes_;
+  // A row's values (all of it but fp8's scale), which the file's states
+  // tensors hold; dequantized fp8, as bf16.
+  const bool dequantized = dequantizing();
+  const int64_t values = dequantized ? sample_.hidden * 2 : fp8 ? sample_.hidden : row_bytes_;
   auto blocks = std::make_shared<AssembledBlocks>();
   blocks->hidden_states = Allocate(tokens * layers * values);
   if (sample_.has_final_norm()) blocks->final_norm = Allocate(tokens * values);
-  if (fp8) {
+  if (fp8 && !dequantized) {
     blocks->hidden_scales = Allocate(tokens * layers * kFp8ScaleBytes);
     if (sample_.has_final_norm()) blocks->final_scales = Allocate(tokens * kFp8ScaleBytes);
   }
   // Row `slot` of a tensor whose rows lie `stride` rows apart from `first`:
   // its scale (fp8), then its values.
+  const bool scaled = fp8 && !dequantized;  // rows with a scale piece
   auto add_rows = [&](std::vector<BytePiece>& pieces, const StateBytes& states, const StateBytes& scales,
                       int64_t first, int64_t stride) {
     const auto* at = reinterpret_cast<const uint8_t*>(states.data());
-    if (!fp8 && stride == 1) {  // the tensor is the whole block
+    if (!scaled && stride == 1) {  // the tensor is the whole block
       pieces.emplace_back(at, states.size());
       return;
     }
-    pieces.reserve(static_cast<size_t>(tokens * (fp8 ? 2 : 1)));
+    pieces.reserve(static_cast<size_t>(tokens * (scaled ? 2 : 1)));
     for (int64_t t = 0; t < tokens; ++t) {
       const int64_t slot = t * stride + first;
-      if (fp8) pieces.emplace_back(reinterpret_cast<const uint8_t*>(scales.data()) + slot * kFp8ScaleBytes,
+      if (scaled) pieces.emplace_back(reinterpret_cast<const uint8_t*>(scales.data()) + slot * kFp8ScaleBytes,
                                    static_cast<size_t>(kFp8ScaleBytes));
       pieces.emplace_back(at + slot * values, static_cast<size_t>(values));
     }
@@ -172,7 +175,7 @@ absl::Status StreamAssembler::OnHeader(const v1::Header& h) {
     tensor.capture_id = id;
     tensor.findings.emplace().checksum_kind = *checksum;
   }
-  if (mode_ == Mode::kAssemble) {
+  if (assembling()) {
     AllocateSample();
   } else if (mode_ == Mode::kKeepReceived) {
     kept_ = std::make_shared<std::vector<std::vector<grpc::Slice>>>();
@@ -233,7 +236,7 @@ absl::Status StreamAssembler::OnChunkData(int32_t capture_id, int64_t first_row,
     const char* bytes = reinterpret_cast<const char*>(piece.data());
     for (size_t done = 0; done < piece.size();) {
       const size_t n = std::min(piece.size() - done, kBlock);
-      if (mode_ == Mode::kAssemble) CopyIntoSample(bytes + done, n, offset);
+      if (assembling()) CopyIntoSample(bytes + done, n, offset);
       HashAndCheck(bytes + done, n);
       done += n;
       offset += static_cast<int64_t>(n);
@@ -287,11 +290,19 @@ void StreamAssembler::CopyFp8IntoSample(const char* bytes, size_t length, int64_
   const int64_t hidden = sample_.hidden;
   char* states = final_norm ? blocks_->final_norm.data() : blocks_->hidden_states.data();
   char* scales = final_norm ? blocks_->final_scales.data() : blocks_->hidden_scales.data();
+  const bool dequantize = dequantizing();
   ForEachFp8RowPart(rows_ * row_bytes_ + offset, bytes, length, hidden,
                     [&](int64_t row, int64_t at, const char* part, size_t n) {
                       const int64_t slot = final_norm ? row : row * layers + static_cast<int64_t>(current_);
-                      if (at < kFp8ScaleBytes) {
-                        std::memcpy(scales + slot * kFp8ScaleBytes + at, part, n);
+                      if (at < kFp8ScaleBytes) {  // the scale comes first: whole before the values
+                        std::memcpy(dequantize ? row_scale_ + at : scales + slot * kFp8ScaleBytes + at, part, n);
+                      } else if (dequantize) {
+                        float scale;
+                        std::memcpy(&scale, row_scale_, sizeof(scale));
+                        DequantizeFp8ToBf16(reinterpret_cast<const uint8_t*>(part), &scale, 1,
+                                            static_cast<int64_t>(n),
+                                            reinterpret_cast<uint16_t*>(states) + slot * hidden +
+                                                (at - kFp8ScaleBytes));
                       } else {
                         CopyBytes(states + slot * hidden + (at - kFp8ScaleBytes), part, n);
                       }

@@ -13,7 +13,7 @@
 // DATA_LOSS status naming what was wrong, and the assembler accepts nothing
 // more after one.
 //
-// Three modes share every one of these checks (each piece of a chunk is
+// Four modes share every one of these checks (each piece of a chunk is
 // hashed and value-checked in place, in the received slices; Take()'s
 // tensors carry the findings) and differ only in where the rows go:
 // kAssemble copies them once, from the received slices, into blocks laid
@@ -24,7 +24,14 @@
 // the values into hidden_states [T, L, H] and the scales into
 // hidden_states_scales [T, L, 1] (the final norm's into [T, H] and [T, 1]),
 // each row's pieces its scale there, then its values (so tensors[0].pieces[0]
-// starts the scales' block and pieces[1] the values'); kKeepReceived copies nothing
+// starts the scales' block and pieces[1] the values'); kAssembleDequantized
+// is kAssemble but for fp8, whose values it dequantizes to bf16 as they
+// arrive (DequantizeFp8ToBf16, bit for bit), while they are in L1, into
+// hidden_states [T, L, H] and the final norm [T, H] in bf16 (ordinary
+// stores: staging them for non-temporal ones measured slower), each
+// tensor's pieces its bf16 rows there, keeping no scales: the Python
+// client's default for fp8, which then writes no e4m3 block to read back
+// (0.87x its CPU per byte, docs/BENCHMARKS.md); kKeepReceived copies nothing
 // and keeps references to the received slices instead (grpc::Slice is
 // reference counted): each tensor's pieces are those slices' bytes, in
 // stream order (WriteSampleFile writes the file from them, hsx-dump's disk
@@ -49,6 +56,7 @@
 #include "format/state_bytes.h"
 #include "hsx/v1/hsx.pb.h"
 #include "format/encoding.h"
+#include "format/fp8.h"
 #include "format/piece_reader.h"
 #include "format/proto_dtype.h"
 #include "format/state_bytes_pool.h"
@@ -77,10 +85,11 @@ struct StreamExpectation {
 
 class StreamAssembler {
  public:
-  enum class Mode { kAssemble, kKeepReceived, kVerifyOnly };
+  enum class Mode { kAssemble, kAssembleDequantized, kKeepReceived, kVerifyOnly };
 
-  // kAssemble writes the sample into blocks from `pool` when one is given
-  // (the Python client's native path), else into new ones.
+  // kAssemble and kAssembleDequantized write the sample into blocks from
+  // `pool` when one is given (the Python client's native path), else into
+  // new ones.
   explicit StreamAssembler(StreamExpectation expect, Mode mode = Mode::kAssemble,
                            std::shared_ptr<StateBytesPool> pool = nullptr);
   ~StreamAssembler();
@@ -127,8 +136,11 @@ class StreamAssembler {
   void AllocateSample();
   // Bytes [offset, offset + length) of the current chunk (kAssemble only).
   void CopyIntoSample(const char* bytes, size_t length, int64_t offset);
-  // The same for fp8: values and scales into their blocks.
+  // The same for fp8: values and scales into their blocks, or the values
+  // dequantized with their row's scale (kAssembleDequantized).
   void CopyFp8IntoSample(const char* bytes, size_t length, int64_t offset);
+  bool assembling() const { return mode_ == Mode::kAssemble || mode_ == Mode::kAssembleDequantized; }
+  bool dequantizing() const { return mode_ == Mode::kAssembleDequantized && sample_.dtype == OutputDType::kFp8; }
   // kAssemble: `n` bytes to `to`, uncached for a large sample.
   void CopyBytes(char* to, const char* from, size_t n) const;
   // The next `length` bytes of the current tensor's values, which may start
@@ -157,6 +169,7 @@ class StreamAssembler {
   int64_t values_ = 0;        // of it checked (whole values; fp8: bytes)
   char carry_[8];             // the first bytes of a value split between two pieces
   size_t carried_ = 0;
+  char row_scale_[kFp8ScaleBytes];  // kAssembleDequantized: the fp8 row being received's scale
   std::optional<TensorHash> hash_;  // of the current tensor's bytes, as the header says
   // kAssemble: the sample is copied with CopyUncached (uncached_copy.h) when
   // its states take at least kUncachedCopyMinBytes: more than a core's L2

@@ -64,7 +64,10 @@ FloatStates MakeStates(bool final_norm, const std::vector<int>& ids = kIds, Shap
   s.tokens = shape.tokens;
   s.hidden = shape.hidden;
   const int64_t layers = static_cast<int64_t>(ids.size());
-  for (int64_t i = 0; i < shape.tokens * layers * shape.hidden; ++i) s.hidden_states.push_back(0.25f * (i % 17) - 1.5f);
+  // Rows of seven magnitudes, so that fp8's scales differ from row to row (in every layer).
+  for (int64_t i = 0; i < shape.tokens * layers * shape.hidden; ++i) {
+    s.hidden_states.push_back((0.25f * (i % 17) - 1.5f) * static_cast<float>(1 + i / shape.hidden % 7));
+  }
   if (final_norm) {
     for (int64_t i = 0; i < shape.tokens * shape.hidden; ++i) s.final_norm.push_back(0.5f * (i % 5) + 0.125f);
   }
@@ -449,6 +452,62 @@ TEST(StreamAssemblerTest, ALargeSampleAssemblesToTheFileBytesFromPiecesCutAnywhe
       EXPECT_TRUE(FinalBytes(got) == FinalBytes(want));
     }
   }
+}
+
+// A tensor's bytes from where its first piece starts: `size` of them.
+std::string BlockBytes(const SampleTensor& tensor, size_t size) { return Bytes(tensor.pieces.front(), size); }
+
+// kAssembleDequantized: an fp8 stream's values are dequantized as they
+// arrive into bf16 blocks, which hold what DequantizeFp8ToBf16 makes of the
+// file's e4m3 values and scales (kAssemble's blocks), bit for bit, however
+// the pieces cut the rows (a scale split across pieces included), with and
+// without a pool; for another dtype the mode is kAssemble.
+TEST(StreamAssemblerTest, DequantizedOnArrivalIsTheDequantizedFile) {
+  auto pool = StateBytesPool::Create(size_t{64} << 20);
+  for (const Shape shape : {Shape{}, Shape{600, 1792}}) {  // the second takes the uncached copy's path
+    for (const bool final_norm : {false, true}) {
+      const std::vector<v1::ExtractResponse> stream = Stream(OutputDType::kFp8, final_norm, kIds,
+                                                             ChecksumKind::kXxh64, shape);
+      const SampleTensors file = EncodeStates(MakeStates(final_norm, kIds, shape), OutputDType::kFp8);
+      const auto [values, scales] = SplitRows(HiddenBytes(file), shape.hidden);
+      std::string want(values.size() * 2, '\0');
+      DequantizeFp8ToBf16(reinterpret_cast<const uint8_t*>(values.data()),
+                          reinterpret_cast<const float*>(scales.data()), static_cast<int64_t>(scales.size() / 4),
+                          shape.hidden, reinterpret_cast<uint16_t*>(want.data()));
+      std::string want_final;
+      if (final_norm) {
+        const auto [final_values, final_scales] = SplitRows(FinalBytes(file), shape.hidden);
+        want_final.resize(final_values.size() * 2);
+        DequantizeFp8ToBf16(reinterpret_cast<const uint8_t*>(final_values.data()),
+                            reinterpret_cast<const float*>(final_scales.data()), shape.tokens, shape.hidden,
+                            reinterpret_cast<uint16_t*>(want_final.data()));
+      }
+      for (const std::vector<size_t>& cuts : std::vector<std::vector<size_t>>{{size_t{1} << 20}, {4093, 7, 1}, {3}}) {
+        for (const bool pooled : {false, true}) {
+          SCOPED_TRACE(std::to_string(shape.tokens) + " tokens, final norm " + std::to_string(final_norm) +
+                       ", cuts of " + std::to_string(cuts[0]) + "..., pooled " + std::to_string(pooled));
+          StreamAssembler a(Expect(OutputDType::kFp8, final_norm, kIds, ChecksumKind::kXxh64, shape),
+                            StreamAssembler::Mode::kAssembleDequantized, pooled ? pool : nullptr);
+          for (const grpc::ByteBuffer& message : Sliced(stream, cuts)) ASSERT_TRUE(a.Consume(message).ok());
+          ASSERT_TRUE(a.complete());
+          const SampleTensors got = a.Take();
+          ASSERT_TRUE(CheckSampleValues(got).ok());
+          EXPECT_EQ(got.tensors.front().pieces.size(), static_cast<size_t>(shape.tokens));  // bf16 rows, no scales
+          EXPECT_TRUE(BlockBytes(got.tensors.front(), want.size()) == want);  // not EXPECT_EQ: megabytes
+          if (final_norm) {
+            EXPECT_TRUE(BlockBytes(got.tensors.back(), want_final.size()) == want_final);
+          }
+        }
+      }
+    }
+  }
+  const std::vector<v1::ExtractResponse> bf16 = Stream(OutputDType::kBf16, true);
+  StreamAssembler a(Expect(OutputDType::kBf16, true), StreamAssembler::Mode::kAssembleDequantized);
+  ASSERT_TRUE(Feed(a, bf16).ok());
+  const SampleTensors got = a.Take();
+  const SampleTensors want = EncodeStates(MakeStates(true), OutputDType::kBf16);
+  EXPECT_EQ(HiddenBytes(got), HiddenBytes(want));
+  EXPECT_EQ(FinalBytes(got), FinalBytes(want));
 }
 
 // What one mode concludes about a stream: the first error, else the value

@@ -4,12 +4,12 @@
 // and dropping a stream that way alone costs 1.41 CPU-ns per byte, 2.3 times
 // all of hsx-dump --discard (bench/python_ab.py --floor, docs/BENCHMARKS.md).
 // This module runs an Extract call with gRPC's C++ client and hsx's
-// StreamAssembler (the checks hsx-dump runs; kAssemble mode: each chunk is
-// checked, hashed and copied into the [T, L, H] sample 16 KiB at a time, fp8
-// rows split into values and scales as they arrive, the file's layout) with
-// the GIL released, and hands the tensors to Python as writable buffers that
-// numpy wraps without a copy: fp8 dequantized to bf16, or (dequantize=False)
-// the e4m3 values and float32 scales as assembled. Requests, retries,
+// StreamAssembler (the checks hsx-dump runs; each chunk is checked, hashed
+// and copied into the [T, L, H] sample 16 KiB at a time: fp8 rows dequantized
+// to bf16 as they arrive (kAssembleDequantized), or with dequantize=False
+// split into e4m3 values and float32 scales, the file's layout (kAssemble))
+// with the GIL released, and hands the tensors to Python as writable buffers
+// that numpy wraps without a copy. Requests, retries,
 // concurrency and the Sample stay in hsx/client.py, which uses its own
 // decoder when this module is not built (client/README.md, "Two receive
 // paths").
@@ -84,20 +84,6 @@ Outcome DataLoss(std::string message) {
   return o;
 }
 
-// fp8 values (`hidden` e4m3 bytes a row) and their scales (a float32 a row)
-// as a block of bf16 values, from `pool` when there is one (pages already
-// mapped, as the assembled samples' blocks).
-std::shared_ptr<TensorBytes> Fp8ToBf16(const TensorBytes& values, const TensorBytes& scales, int64_t hidden,
-                                       StateBytesPool* pool) {
-  const int64_t count = static_cast<int64_t>(values.size) / hidden;
-  const size_t size = static_cast<size_t>(count * hidden) * sizeof(uint16_t);
-  auto block = std::make_shared<StateBytes>(pool != nullptr ? pool->Take(size) : StateBytes(size));
-  char* data = block->data();
-  DequantizeFp8ToBf16(reinterpret_cast<const uint8_t*>(values.data), reinterpret_cast<const float*>(scales.data),
-                      count, hidden, reinterpret_cast<uint16_t*>(data));
-  return std::make_shared<TensorBytes>(TensorBytes{std::move(block), data, size});
-}
-
 // The block of `bytes` bytes that `piece` (one of the sample's pieces, or
 // none) starts, which the sample owns.
 std::shared_ptr<TensorBytes> Block(const SampleTensors& sample, const BytePiece* piece, int64_t bytes) {
@@ -105,14 +91,16 @@ std::shared_ptr<TensorBytes> Block(const SampleTensors& sample, const BytePiece*
   return std::make_shared<TensorBytes>(TensorBytes{sample.owner, data, static_cast<size_t>(bytes)});
 }
 
-// A verified sample's tensors as kAssemble laid them out (stream_assembler.h):
-// layer 0's first row starts the [T, L, H] block, the final norm's its
-// block; fp8 rows' first piece is the scale, the second the values. fp8 is
-// dequantized to bf16 when asked.
-void HandOn(const SampleTensors& sample, bool dequantize, StateBytesPool* pool, Outcome* o) {
-  const bool fp8 = sample.dtype == OutputDType::kFp8;
+// A verified sample's tensors as the assembler laid them out
+// (stream_assembler.h): layer 0's first row starts the [T, L, H] block, the
+// final norm's its block; fp8 rows as received have two pieces, the scale
+// first, then the values; fp8 dequantized on arrival (kAssembleDequantized)
+// is bf16 rows.
+void HandOn(const SampleTensors& sample, bool dequantized, Outcome* o) {
+  const bool raw_fp8 = sample.dtype == OutputDType::kFp8 && !dequantized;
   const int64_t layers = static_cast<int64_t>(sample.capture_ids.size());
-  const int64_t values = sample.tokens * (fp8 ? sample.hidden : sample.row_bytes());
+  const int64_t row = sample.dtype != OutputDType::kFp8 ? sample.row_bytes() : sample.hidden * (raw_fp8 ? 1 : 2);
+  const int64_t values = sample.tokens * row;
   const int64_t scales = sample.tokens * kFp8ScaleBytes;
   // Piece k of the first layer's or the final norm's first row (none without one).
   auto piece = [&sample, layers](bool final_norm, size_t k) -> const BytePiece* {
@@ -120,22 +108,22 @@ void HandOn(const SampleTensors& sample, bool dequantize, StateBytesPool* pool, 
     const SampleTensor& tensor = final_norm ? sample.tensors.back() : sample.tensors.front();
     return tensor.pieces.size() > k ? &tensor.pieces[k] : nullptr;
   };
-  o->hidden_states = Block(sample, piece(false, fp8 ? 1 : 0), layers * values);
-  if (sample.has_final_norm()) o->final_norm = Block(sample, piece(true, fp8 ? 1 : 0), values);
-  if (!fp8) return;
+  o->hidden_states = Block(sample, piece(false, raw_fp8 ? 1 : 0), layers * values);
+  if (sample.has_final_norm()) o->final_norm = Block(sample, piece(true, raw_fp8 ? 1 : 0), values);
+  if (!raw_fp8) return;
   o->hidden_scales = Block(sample, piece(false, 0), layers * scales);
   if (sample.has_final_norm()) o->final_scales = Block(sample, piece(true, 0), scales);
-  if (!dequantize) return;
-  o->hidden_states = Fp8ToBf16(*o->hidden_states, *o->hidden_scales, sample.hidden, pool);
-  if (o->final_norm != nullptr) o->final_norm = Fp8ToBf16(*o->final_norm, *o->final_scales, sample.hidden, pool);
-  o->hidden_scales = o->final_scales = nullptr;
+}
+
+// The assembler's mode for an Extract whose fp8 is (or is not) to be dequantized.
+StreamAssembler::Mode AssemblyMode(bool dequantize) {
+  return dequantize ? StreamAssembler::Mode::kAssembleDequantized : StreamAssembler::Mode::kAssemble;
 }
 
 // The verdict on a stream that ended (as remote_extractor.cc's Attempt::OnDone
 // judges one): the assembler's error first (it cancelled the call), then the
 // call's status, then completeness, then the values.
-Outcome Judge(StreamAssembler& assembler, const absl::Status& error, const grpc::Status& status, bool dequantize,
-              StateBytesPool* pool = nullptr) {
+Outcome Judge(StreamAssembler& assembler, const absl::Status& error, const grpc::Status& status, bool dequantize) {
   if (!error.ok()) return DataLoss(std::string(error.message()));
   if (!status.ok()) {
     Outcome o;
@@ -151,7 +139,7 @@ Outcome Judge(StreamAssembler& assembler, const absl::Status& error, const grpc:
   o.capture_ids = sample.capture_ids;
   o.tokens = sample.tokens;
   o.hidden = sample.hidden;
-  HandOn(sample, dequantize, pool, &o);
+  HandOn(sample, dequantize, &o);
   return o;
 }
 
@@ -185,7 +173,7 @@ grpc::ByteBuffer ToByteBuffer(const std::string& bytes) {
 // (tests/python/test_stream_table.py), through the same Consume and Judge.
 Outcome Replay(const std::vector<std::string>& messages, int end_code, const std::string& end_message,
                const py::dict& expect, bool dequantize) {
-  StreamAssembler assembler(MakeExpectation(expect), StreamAssembler::Mode::kAssemble);
+  StreamAssembler assembler(MakeExpectation(expect), AssemblyMode(dequantize));
   py::gil_scoped_release release;
   absl::Status error;
   for (const std::string& bytes : messages) {
@@ -271,7 +259,7 @@ class Channel {
   Outcome Extract(const py::bytes& request_bytes, const py::dict& expect, double timeout, const std::string& token,
                   bool dequantize) {
     const grpc::ByteBuffer request = ToByteBuffer(std::string(request_bytes));
-    StreamAssembler assembler(MakeExpectation(expect), StreamAssembler::Mode::kAssemble, pool_);
+    StreamAssembler assembler(MakeExpectation(expect), AssemblyMode(dequantize), pool_);
     py::gil_scoped_release release;
     grpc::ClientContext context;
     if (!Register(&context, timeout, token)) return Judge(assembler, absl::OkStatus(), Closed(), dequantize);
@@ -288,7 +276,7 @@ class Channel {
     }
     const grpc::Status status = reader->Finish();
     Unregister(&context);
-    return Judge(assembler, error, status, dequantize, pool_.get());
+    return Judge(assembler, error, status, dequantize);
   }
 
   // Runs one unary call of `method` (e.g. "/hsx.v1.HiddenStates/GetModelInfo")
