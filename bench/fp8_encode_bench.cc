@@ -5,7 +5,9 @@
 // |value|, then the quantisation); "tensor" is EncodeFp8Tensor as the server
 // runs it (checks and the xxh3 checksum of the encoded bytes included);
 // "dequantize" is the receiving side's DequantizeFp8ToBf16 loop (the Python
-// client's native path) over the encoded rows.
+// client's native path) over the encoded rows; "dequantize, uncached" the
+// same with non-temporal stores where the loop has them (the portable loop
+// has none: its line is the cached loop again).
 //
 // Not a test. Interleaved repeats; prints CPU-ns per value (median and
 // range) and each AVX-512 median over the portable one from the same run.
@@ -23,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "format/fp8.h"
 #include "format/fp8_kernels.h"
+#include "format/uncached_copy.h"
 
 ABSL_FLAG(int64_t, tokens, 512, "rows per pass");
 ABSL_FLAG(int64_t, hidden, 7168, "values per row");
@@ -112,15 +115,19 @@ int main(int argc, char** argv) {
                      }, {}, {}});
   }
   std::vector<uint16_t> bf16_out(tokens * hidden);
-  cases.push_back({"dequantize", [&](const Fp8RowKernels& k) {
-                     const int64_t row_bytes = hidden + hsx::kFp8ScaleBytes;
-                     for (int64_t t = 0; t < tokens; ++t) {
-                       const auto* row = reinterpret_cast<const uint8_t*>(out.data() + t * row_bytes);
-                       float scale;
-                       std::memcpy(&scale, row, sizeof(scale));
-                       k.dequantize_bf16(row + hsx::kFp8ScaleBytes, hidden, scale, bf16_out.data() + t * hidden);
-                     }
-                   }, {}, {}});
+  for (const bool uncached : {false, true}) {
+    cases.push_back({uncached ? "dequantize, uncached" : "dequantize", [&, uncached](const Fp8RowKernels& k) {
+                       const int64_t row_bytes = hidden + hsx::kFp8ScaleBytes;
+                       for (int64_t t = 0; t < tokens; ++t) {
+                         const auto* row = reinterpret_cast<const uint8_t*>(out.data() + t * row_bytes);
+                         float scale;
+                         std::memcpy(&scale, row, sizeof(scale));
+                         k.dequantize_bf16(row + hsx::kFp8ScaleBytes, hidden, scale, bf16_out.data() + t * hidden,
+                                           uncached);
+                       }
+                       hsx::FenceUncachedCopies();
+                     }, {}, {}});
+  }
   const double values = static_cast<double>(tokens * hidden);
   for (int r = 0; r < repeats; ++r) {
     for (Case& c : cases) {
@@ -136,7 +143,7 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     const auto [plo, phi] = std::minmax_element(c.portable.begin(), c.portable.end());
     const auto [alo, ahi] = std::minmax_element(c.avx512.begin(), c.avx512.end());
-    std::printf("%-12s portable %.3f [%.3f-%.3f]  avx512 %.3f [%.3f-%.3f]  avx512/portable %.2f\n", c.name.c_str(),
+    std::printf("%-20s portable %.3f [%.3f-%.3f]  avx512 %.3f [%.3f-%.3f]  avx512/portable %.2f\n", c.name.c_str(),
                 Median(c.portable), *plo, *phi, Median(c.avx512), *alo, *ahi, Median(c.avx512) / Median(c.portable));
   }
   return 0;

@@ -52,7 +52,7 @@ HSX_FP8_CLONES void QuantizeBf16Row(const uint16_t* in, int64_t n, float scale, 
 // e4m3 bytes times `scale`, as bf16. The byte's exponent and mantissa bits
 // shifted into float32's (<< 20) read as 2^(e - 127) (1 + m / 8), or for
 // e = 0 as the subnormal m 2^-129; either times 2^120 is the e4m3 value.
-HSX_FP8_CLONES void DequantizeRow(const uint8_t* in, int64_t n, float scale, uint16_t* out) {
+HSX_FP8_CLONES void DequantizeRow(const uint8_t* in, int64_t n, float scale, uint16_t* out, bool /*uncached*/) {
   const float factor = 0x1p120f;
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t b = in[i];
@@ -123,9 +123,12 @@ void DecodeFp8Row(const uint8_t* row, int64_t hidden, float* out) {
   for (int64_t i = 0; i < hidden; ++i) out[i] = table[row[kFp8ScaleBytes + i]] * scale;
 }
 
-void DequantizeFp8ToBf16(const uint8_t* values, const float* scales, int64_t count, int64_t hidden, uint16_t* out) {
+void DequantizeFp8ToBf16(const uint8_t* values, const float* scales, int64_t count, int64_t hidden, uint16_t* out,
+                         bool uncached) {
   const Fp8RowKernels& kernels = BestFp8Kernels();
-  for (int64_t r = 0; r < count; ++r) kernels.dequantize_bf16(values + r * hidden, hidden, scales[r], out + r * hidden);
+  for (int64_t r = 0; r < count; ++r) {
+    kernels.dequantize_bf16(values + r * hidden, hidden, scales[r], out + r * hidden, uncached);
+  }
 }
 
 TensorFindings EncodeFp8Tensor(const void* src, ElementType type, int64_t tokens, int64_t hidden, char* dst,

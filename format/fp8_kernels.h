@@ -30,8 +30,11 @@ struct Fp8RowKernels {
   void (*quantize_f32)(const uint32_t* in, int64_t n, float scale, uint8_t* out);
   void (*quantize_bf16)(const uint16_t* in, int64_t n, float scale, uint8_t* out);
   // The receiving side: out[i] = bf16 of e4m3 in[i] times scale (what
-  // DequantizeFp8ToBf16 does for each row).
-  void (*dequantize_bf16)(const uint8_t* in, int64_t n, float scale, uint16_t* out);
+  // DequantizeFp8ToBf16 does for each row). `uncached`: a hint to write
+  // `out` with non-temporal stores (the AVX-512 loop does, from its first
+  // 64-byte boundary on), which the caller must fence (FenceUncachedCopies,
+  // format/uncached_copy.h) before another thread reads `out`.
+  void (*dequantize_bf16)(const uint8_t* in, int64_t n, float scale, uint16_t* out, bool uncached);
 };
 
 const Fp8RowKernels& PortableFp8Kernels();

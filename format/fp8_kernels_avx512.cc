@@ -8,7 +8,9 @@
 // masked loads and stores.
 #include "format/fp8_kernels.h"
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 
 #include "format/fp8.h"
 
@@ -150,17 +152,30 @@ HSX_AVX512 inline __m512i Bf16Values(__m512i codes, const __m512i table[4]) {
   return _mm512_ternarylogic_epi32(magnitude, _mm512_slli_epi16(codes, 8), _mm512_set1_epi16(-0x8000), 0xf8);
 }
 
-HSX_AVX512 void DequantizeBf16(const uint8_t* in, int64_t n, float scale, uint16_t* out) {
+HSX_AVX512 void DequantizeBf16(const uint8_t* in, int64_t n, float scale, uint16_t* out, bool uncached) {
   static constexpr std::array<uint8_t, 128> kCodes = [] {
     std::array<uint8_t, 128> codes{};
     for (int c = 0; c < 128; ++c) codes[c] = static_cast<uint8_t>(c);
     return codes;
   }();
   alignas(64) uint16_t magnitudes[128];
-  PortableFp8Kernels().dequantize_bf16(kCodes.data(), 128, scale, magnitudes);
+  PortableFp8Kernels().dequantize_bf16(kCodes.data(), 128, scale, magnitudes, false);
   __m512i table[4];
   for (int k = 0; k < 4; ++k) table[k] = _mm512_load_si512(magnitudes + 32 * k);
   int64_t i = 0;
+  if (uncached) {  // streaming stores need a 64-byte boundary: the values before it are stored as usual
+    const int64_t head = std::min<int64_t>(n, static_cast<int64_t>((-reinterpret_cast<uintptr_t>(out) & 63) / 2));
+    if (head > 0) {
+      const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << head) - 1u);
+      const __m512i codes = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, in));
+      _mm512_mask_storeu_epi16(out, m, Bf16Values(codes, table));
+      i = head;
+    }
+    for (; i + 32 <= n; i += 32) {
+      const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i), Bf16Values(codes, table));
+    }
+  }
   for (; i + 32 <= n; i += 32) {
     const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
     _mm512_storeu_si512(out + i, Bf16Values(codes, table));

@@ -7,9 +7,11 @@
 // portable loops. Skipped where the CPU lacks AVX-512.
 #include "format/fp8_kernels.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "format/fp8.h"
+#include "format/uncached_copy.h"
 
 namespace hsx {
 namespace {
@@ -145,12 +148,23 @@ TEST(Fp8KernelsTest, DequantizationGivesThePortableValues) {
   // small, large and subnormal-making; guard values after the row.
   std::vector<uint8_t> codes(300);
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i * 37 + i / 256);
+  // Uncached, also into every alignment (the streaming stores start at the
+  // first 64-byte boundary).
   for (float scale : {1.0f, 0.0123f, 3.7e5f, 1e-37f, FLT_MIN, 7.6e34f}) {
     for (int64_t n = 0; n <= 300; n += (n < 70 ? 1 : 23)) {
-      std::vector<uint16_t> fast(n + 32, 0xcccc), slow(n + 32, 0xcccc);
-      k.dequantize_bf16(codes.data(), n, scale, fast.data());
-      PortableFp8Kernels().dequantize_bf16(codes.data(), n, scale, slow.data());
-      ASSERT_TRUE(fast == slow) << "scale " << scale << " n " << n;
+      std::vector<uint16_t> slow(n + 32, 0xcccc);
+      PortableFp8Kernels().dequantize_bf16(codes.data(), n, scale, slow.data(), false);
+      for (const bool uncached : {false, true}) {
+        for (size_t shift = 0; shift < (uncached ? 32u : 1u); ++shift) {
+          alignas(64) uint16_t fast[300 + 64];
+          std::fill(std::begin(fast), std::end(fast), 0xcccc);
+          k.dequantize_bf16(codes.data(), n, scale, fast + shift, uncached);
+          FenceUncachedCopies();
+          ASSERT_TRUE(std::equal(slow.begin(), slow.end(), fast + shift))
+              << "scale " << scale << " n " << n << " uncached " << uncached << " shift " << shift;
+          ASSERT_TRUE(std::all_of(fast, fast + shift, [](uint16_t v) { return v == 0xcccc; }));
+        }
+      }
     }
   }
 }

@@ -302,7 +302,8 @@ void StreamAssembler::CopyFp8IntoSample(const char* bytes, size_t length, int64_
                         DequantizeFp8ToBf16(reinterpret_cast<const uint8_t*>(part), &scale, 1,
                                             static_cast<int64_t>(n),
                                             reinterpret_cast<uint16_t*>(states) + slot * hidden +
-                                                (at - kFp8ScaleBytes));
+                                                (at - kFp8ScaleBytes),
+                                            uncached_);
                       } else {
                         CopyBytes(states + slot * hidden + (at - kFp8ScaleBytes), part, n);
                       }
