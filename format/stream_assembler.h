@@ -27,8 +27,8 @@
 // starts the scales' block and pieces[1] the values'); kAssembleDequantized
 // is kAssemble but for fp8, whose values it dequantizes to bf16 as they
 // arrive (DequantizeFp8ToBf16, bit for bit), while they are in L1, into
-// hidden_states [T, L, H] and the final norm [T, H] in bf16 (ordinary
-// stores: staging them for non-temporal ones measured slower), each
+// hidden_states [T, L, H] and the final norm [T, H] in bf16 (a sample of
+// 2 MiB or more with the dequantizing loop's own non-temporal stores), each
 // tensor's pieces its bf16 rows there, keeping no scales: the Python
 // client's default for fp8, which then writes no e4m3 block to read back
 // (0.87x its CPU per byte, docs/BENCHMARKS.md); kKeepReceived copies nothing

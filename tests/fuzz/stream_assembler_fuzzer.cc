@@ -295,6 +295,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   hsx::StreamAssembler assembler(s.expect);
   hsx::StreamAssembler verifier(s.expect, hsx::StreamAssembler::Mode::kVerifyOnly);
   hsx::StreamAssembler keeper(s.expect, hsx::StreamAssembler::Mode::kKeepReceived);
+  // No fp8 here (the shadow's dtypes): this mode is then kAssemble, from other cuts.
+  hsx::StreamAssembler dequantizer(s.expect, hsx::StreamAssembler::Mode::kAssembleDequantized);
   const size_t cut = 1 + in.ConsumeIntegralInRange<size_t>(0, 12);
   while (in.remaining_bytes() > 0) {
     const uint8_t op = in.ConsumeIntegral<uint8_t>();
@@ -307,14 +309,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(status.ok() == valid);
     Check(verifier.Consume(Sliced(message, cut)) == status);
     Check(keeper.Consume(Sliced(message, cut + 1)) == status);
+    Check(dequantizer.Consume(Sliced(message, cut + 2)) == status);
     if (!status.ok()) return 0;
     Advance(s, message, sent);
   }
   if (!assembler.complete()) return 0;
-  Check(verifier.complete() && keeper.complete());
+  Check(verifier.complete() && keeper.complete() && dequantizer.complete());
   const hsx::SampleTensors sample = assembler.Take();
   CheckVerified(verifier.Take(), sample);
   CheckKept(s, keeper.Take(), sample);
   CheckAssembled(s, sample);
+  CheckAssembled(s, dequantizer.Take());
   return 0;
 }
