@@ -17,9 +17,10 @@
 // bytes into a mapping: a 14 MiB block had 2 MiB of small pages, 512 faults).
 //
 // New blocks are sized in classes (a power of two times 1, 1.25, 1.5 or
-// 1.75; from 2 MiB on, rounded up to a multiple of 2 MiB). A request takes the most recently returned idle block that holds it
-// and is at most twice its class (samples of varied lengths reuse each
-// other's blocks), or a new block of its class. At most `max_idle_bytes` of idle blocks are
+// 1.75; from 2 MiB on, rounded up to a multiple of 2 MiB). A request takes
+// the most recently returned idle block that holds it and is at most twice
+// its class (samples of varied lengths reuse each other's blocks), or a new
+// block of its class. At most `max_idle_bytes` of idle blocks are
 // kept; beyond that the least recently returned are freed. Thread-safe; a
 // StateBytes keeps its pool alive, so the two may die in any order.
 #ifndef HSX_FORMAT_STATE_BYTES_POOL_H_
