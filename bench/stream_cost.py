@@ -292,12 +292,13 @@ def bench_dtype(bin_dir, work, model, samples, dtype, repeats, server_flags, nam
         nbytes, cpu, faults = stdout.split()
         return int(nbytes), float(cpu), int(faults)
 
+    python_passes = 2 if warm_python else 1  # the server serves the untimed pass too
     with HsxServer(bin_dir, model, "--capture", "0", "--max-batch-tokens", "8192", *server_flags) as server:
         sides = {
             "discard": hsx_side(server, lambda: dump(True)),
             "disk": hsx_side(server, lambda: dump(False)),
-            "python": hsx_side(server, python, 2 if warm_python else 1),
-            "python-raw": hsx_side(server, lambda: python(raw=True), 2 if warm_python else 1),
+            "python": hsx_side(server, python, python_passes),
+            "python-raw": hsx_side(server, lambda: python(raw=True), python_passes),
         }
         # Warm-up (one pass each) and the byte count the socket pair moves.
         total = None

@@ -171,14 +171,14 @@ HSX_AVX512 void DequantizeBf16(const uint8_t* in, int64_t n, float scale, uint16
       _mm512_mask_storeu_epi16(out, m, Bf16Values(codes, table));
       i = head;
     }
-    for (; i + 32 <= n; i += 32) {
-      const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i), Bf16Values(codes, table));
-    }
   }
   for (; i + 32 <= n; i += 32) {
     const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
-    _mm512_storeu_si512(out + i, Bf16Values(codes, table));
+    if (uncached) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i), Bf16Values(codes, table));
+    } else {
+      _mm512_storeu_si512(out + i, Bf16Values(codes, table));
+    }
   }
   if (i < n) {
     const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << (n - i)) - 1u);

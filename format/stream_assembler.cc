@@ -55,17 +55,17 @@ void StreamAssembler::AllocateSample() {
   // A row's values (all of it but fp8's scale), which the file's states
   // tensors hold; dequantized fp8, as bf16.
   const bool dequantized = dequantizing();
+  const bool scaled = fp8 && !dequantized;  // rows with a scale piece
   const int64_t values = dequantized ? sample_.hidden * 2 : fp8 ? sample_.hidden : row_bytes_;
   auto blocks = std::make_shared<AssembledBlocks>();
   blocks->hidden_states = Allocate(tokens * layers * values);
   if (sample_.has_final_norm()) blocks->final_norm = Allocate(tokens * values);
-  if (fp8 && !dequantized) {
+  if (scaled) {
     blocks->hidden_scales = Allocate(tokens * layers * kFp8ScaleBytes);
     if (sample_.has_final_norm()) blocks->final_scales = Allocate(tokens * kFp8ScaleBytes);
   }
   // Row `slot` of a tensor whose rows lie `stride` rows apart from `first`:
   // its scale (fp8), then its values.
-  const bool scaled = fp8 && !dequantized;  // rows with a scale piece
   auto add_rows = [&](std::vector<BytePiece>& pieces, const StateBytes& states, const StateBytes& scales,
                       int64_t first, int64_t stride) {
     const auto* at = reinterpret_cast<const uint8_t*>(states.data());
