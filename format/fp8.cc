@@ -34,6 +34,14 @@ HSX_FP8_CLONES uint32_t AbsMaxBits(const uint32_t* in, int64_t n) {
   return largest;
 }
 
+// The largest e4m3 magnitude code (sign cleared) of n codes: 0x7f when one
+// is NaN. The receivers' check of every streamed byte, hence the clones.
+HSX_FP8_CLONES uint8_t LargestFp8Magnitude(const uint8_t* in, int64_t n) {
+  uint8_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) largest = std::max<uint8_t>(largest, in[i] & 0x7fu);
+  return largest;
+}
+
 HSX_FP8_CLONES void QuantizeRow(const uint32_t* in, int64_t n, float scale, uint8_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = Fp8Quantize(FromBits(in[i]), scale);
 }
@@ -233,8 +241,7 @@ TensorFindings CheckFp8Rows(const void* rows, int64_t tokens, int64_t hidden) {
 
 int64_t CheckFp8Bytes(const void* bytes, int64_t count, bool* nonzero) {
   const auto* in = static_cast<const uint8_t*>(bytes);
-  uint8_t largest = 0;
-  for (int64_t i = 0; i < count; ++i) largest = std::max<uint8_t>(largest, in[i] & 0x7fu);
+  const uint8_t largest = LargestFp8Magnitude(in, count);
   *nonzero = *nonzero || largest != 0;
   if (largest != 0x7fu) return -1;
   for (int64_t i = 0; i < count; ++i) {

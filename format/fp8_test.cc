@@ -285,5 +285,21 @@ TEST(Fp8Test, ReceiverFindsNaNBytes) {
   EXPECT_TRUE(nonzero);
 }
 
+// Every position of a vector step and of the tail (the check's loop has
+// AVX-512 and AVX2 clones), in counts around a step's 64 bytes.
+TEST(Fp8Test, ReceiverFindsANaNOrANonzeroByteAnywhere) {
+  for (const int64_t count : {1, 63, 64, 65, 200}) {
+    for (int64_t at = 0; at < count; ++at) {
+      std::vector<uint8_t> bytes(count, 0x80);  // -0
+      bytes[at] = 0x01;
+      bool nonzero = false;
+      EXPECT_EQ(CheckFp8Bytes(bytes.data(), count, &nonzero), -1) << count << " " << at;
+      EXPECT_TRUE(nonzero) << count << " " << at;
+      bytes[at] = (at % 2 == 0) ? 0x7f : 0xff;
+      EXPECT_EQ(CheckFp8Bytes(bytes.data(), count, &nonzero), at) << count << " " << at;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hsx
