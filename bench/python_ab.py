@@ -16,11 +16,15 @@ byte. Prints median [min-max] per side, B / A, and each side / hsx-dump --discar
 medians), then the same ratios taken within each round (median and range over the rounds).
 
     ~/.cache/hsx/venv/bin/python bench/python_ab.py A_DIR B_DIR [--dtype bf16] [--repeats 8]
-        [--bin-dir build/bin] [--env-b NAME=VALUE ...] [--floor] [--warm] [--raw]
+        [--bin-dir build/bin] [--env-b NAME=VALUE ...] [--floor] [--warm] [--raw | --raw-b] [--fixed-order]
 
 --warm times each client's second pass over the samples, in the same process: its native
 receive path's pool then holds blocks, as in a long job, where the first pass also faults in
 the first samples' fresh memory (stream_cost.py's python side is such a first pass).
+--fixed-order runs each round's sides in one order (A, B, the floor, then hsx-dump) instead of
+rotating it: on a VM whose fresh memory is dear, a client's first pass pays for its place (the
+first client after hsx-dump finds memory the host took back), and a fixed order shows how much.
+Each side's minor page faults per pass are printed beside its CPU (median [min-max]).
 """
 
 import argparse
@@ -38,7 +42,8 @@ from hsx_server import HsxServer  # noqa: E402
 
 
 def grpcio_floor(address, samples_path, dtype):
-    """The --floor side's child (B's hsx package for the request message): prints bytes and CPU seconds."""
+    """The --floor side's child (B's hsx package for the request message): prints bytes, CPU seconds and
+    minor faults of the transfer."""
     import concurrent.futures
     import json
 
@@ -55,10 +60,10 @@ def grpcio_floor(address, samples_path, dtype):
                                          dtype=dtype_value)
         return sum(len(message) for message in extract(request, timeout=600))
 
-    start = sc.own_cpu()
+    start, faults = sc.own_cpu(), sc.own_faults()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         total = sum(pool.map(one, samples))
-    print(total, sc.own_cpu() - start)
+    print(total, sc.own_cpu() - start, sc.own_faults() - faults)
     channel.close()
 
 
@@ -73,9 +78,13 @@ def main():
                         help="an environment variable for B's runs only (repeatable)")
     parser.add_argument("--raw", action="store_true",
                         help="fp8 handed on as received (dequantize=False), as stream_cost.py's python-raw side")
+    parser.add_argument("--raw-b", action="store_true",
+                        help="B alone with dequantize=False (A and B may then be the same package)")
     parser.add_argument("--floor", action="store_true", help="also run grpcio alone (no deserializer, no checks)")
     parser.add_argument("--warm", action="store_true",
                         help="time each client's second pass over the samples (the first warms its native pool)")
+    parser.add_argument("--fixed-order", action="store_true",
+                        help="each round runs A, B (the floor), then hsx-dump, in that order (default: rotating)")
     parser.add_argument("--role", choices=["floor"], help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--samples-path", help=argparse.SUPPRESS)
@@ -102,34 +111,44 @@ def main():
             def python(name, script=sc.__file__, role="python"):
                 package = args.b if name == "floor" else getattr(args, name.lower())
                 env = {**os.environ, "PYTHONPATH": str(Path(package).resolve()), **extra.get(name, {})}
-                flags = [f for f, on in (("--warm", args.warm), ("--raw", args.raw)) if on and role == "python"]
+                raw = args.raw or (args.raw_b and name == "B")
+                flags = [f for f, on in (("--warm", args.warm), ("--raw", raw)) if on and role == "python"]
                 stdout, _ = sc.child([sys.executable, script, "--role", role, "--address", server.address,
                                       "--samples-path", samples, "--dtype", args.dtype, *flags], env=env)
-                nbytes, cpu = stdout.split()[:2]
-                return float(cpu) * 1e9 / int(nbytes)
+                nbytes, cpu, faults = stdout.split()[:3]
+                return float(cpu) * 1e9 / int(nbytes), int(faults)
 
             def dump():
-                nbytes, cpu = sc.run_dump(bin_dir / "hsx-dump", server.address, samples, work / "out", args.dtype, True)
-                return cpu * 1e9 / nbytes
+                usage = {}
+                nbytes, cpu = sc.run_dump(bin_dir / "hsx-dump", server.address, samples, work / "out", args.dtype, True,
+                                          usage_out=usage)
+                return cpu * 1e9 / nbytes, usage["usage"].ru_minflt
 
             sides = {"A": lambda: python("A"), "B": lambda: python("B"), "dump": dump}
             if args.floor:
                 sides["floor"] = lambda: python("floor", __file__, "floor")
-            names = list(sides)
+            names = [n for n in sides if n != "dump"] + ["dump"]
             results = {name: [] for name in names}
+            faults = {name: [] for name in names}
             for r in range(args.repeats + 1):  # round 0 warms up
-                for name in names[r % len(names):] + names[:r % len(names)]:
-                    value = sides[name]()
+                order = names if args.fixed_order else names[r % len(names):] + names[:r % len(names)]
+                for name in order:
+                    value, fault_count = sides[name]()
                     if r > 0:
                         results[name].append(value)
+                        faults[name].append(fault_count)
     med = {name: statistics.median(v) for name, v in results.items()}
-    print(f"python client A/B, {args.dtype}, {args.repeats} interleaved repeats, CPU-ns per byte"
-          + (" (each client's second pass)" if args.warm else "") + ":")
-    print(f"  A    {sc.fmt(results['A'])}  {args.a}")
-    print(f"  B    {sc.fmt(results['B'])}  {args.b} {' '.join(args.env_b)}".rstrip())
-    print(f"  dump {sc.fmt(results['dump'])}  hsx-dump --discard")
+    print(f"python client A/B, {args.dtype}, {args.repeats} interleaved repeats"
+          + (" in a fixed order (A, B, then hsx-dump)" if args.fixed_order else "") + ", CPU-ns per byte"
+          + (" (each client's second pass)" if args.warm else "") + ", and minor page faults per pass:")
+
+    def line(name, label):
+        print(f"  {name:5} {sc.fmt(results[name])}  faults {sc.fmt(faults[name], 0)}  {label}".rstrip())
+    line("A", args.a)
+    line("B", f"{args.b} {' '.join(args.env_b)}{' dequantize=False' if args.raw_b else ''}")
+    line("dump", "hsx-dump --discard")
     if args.floor:
-        print(f"  floor {sc.fmt(results['floor'])}  grpcio alone (no deserializer, no checks)")
+        line("floor", "grpcio alone (no deserializer, no checks)")
     print(f"  B / A {med['B'] / med['A']:.2f}; A / dump {med['A'] / med['dump']:.2f}; "
           f"B / dump {med['B'] / med['dump']:.2f}" + (f"; floor / dump {med['floor'] / med['dump']:.2f}; "
                                                        f"B - floor {med['B'] - med['floor']:.3f}" if args.floor else ""))
