@@ -192,6 +192,27 @@ def test_a_stream_window_out_of_range_is_refused_naming_it(window):
         hsx.Client("127.0.0.1:1", stream_window=window)
 
 
+def test_the_stream_window_default_and_bounds_are_hsx_dumps(bin_dir, tmp_path):
+    """The Python client repeats hsx-dump's window constants (two languages): its default is
+    hsx-dump's --stream-window default, and hsx-dump refuses exactly outside the same bounds (a
+    refused window is an error of its own; an allowed one goes on to the unreachable server)."""
+    import re
+    import subprocess
+
+    dump = str(bin_dir / "hsx-dump")
+    helpfull = subprocess.run([dump, "--helpfull"], capture_output=True, text=True, timeout=60).stdout
+    default = re.search(r"--stream_window \(.*?\); default: \"(\d+)MiB\";", helpfull, re.S)
+    assert default and int(default.group(1)) << 20 == hsx.client.DEFAULT_STREAM_WINDOW
+    low, high = hsx.client._MIN_STREAM_WINDOW, hsx.client._MAX_STREAM_WINDOW
+    for window, refused in ((low - 1, True), (low, False), (high, False), (high + 1, True)):
+        proc = subprocess.run([dump, "--server", "127.0.0.1:1", "--retries", "0", "--input", "/dev/null", "--out",
+                               str(tmp_path / str(window)), f"--stream-window={window}"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0
+        said = "a stream window of" if refused else "server 127.0.0.1:1: GetModelInfo: UNAVAILABLE"
+        assert said in proc.stderr, (window, proc.stderr)
+
+
 def test_a_native_module_that_does_not_load_leaves_the_grpcio_path(tmp_path):
     """A broken or foreign hsx/_native*.so (e.g. built against a libgrpc++ this machine lacks):
     the package still imports, Client(native=None) takes grpcio, native=True says why not."""

@@ -106,7 +106,8 @@ def native_sample(outcome: Any, expect: StreamExpectation, loss_mask: Sequence[i
                        loss_mask, use_torch, index, hidden_scales=hidden_scales, final_scales=final_scales)
 
 
-# hsx-dump's --stream-window default and bounds (client/dump/remote_extractor.h).
+# hsx-dump's --stream-window default and bounds (client/dump/remote_extractor.h; a test of
+# test_python_client.py checks them against hsx-dump's).
 DEFAULT_STREAM_WINDOW = 4 << 20
 _MIN_STREAM_WINDOW, _MAX_STREAM_WINDOW = 64 << 10, 1 << 30
 
