@@ -124,10 +124,10 @@ def test_kimi_mask_is_exactly_the_assistant_turns(tokenizers, template, case):
     assert mask == expected, [tokenizer.convert_ids_to_tokens(t) for t, m in zip(ids, mask) if m]
 
 
-def test_kimi_thinking_tool_chain_with_reasoning_is_reported_not_guessed(models, tmp_path):
+def test_kimi_thinking_tool_chain_with_reasoning_is_written_per_turn_or_reported_never_guessed(models, tmp_path):
     """K2-Thinking keeps a tool-calling turn's reasoning only while no final answer follows, so the
-    prefix rule has no single rendering of that turn: the sample is skipped and listed (an error
-    under --strict), naming the message."""
+    prefix rule has no single rendering of that turn. --rows auto writes it one row per turn and lists
+    why; --rows packed skips it and lists it (an error under --strict), naming the message."""
     chain = {"id": "chain", "messages": [
         {"role": "user", "content": "Weather in Oslo?"},
         {"role": "assistant", "content": "", "reasoning_content": "I should call the tool.",
@@ -136,14 +136,21 @@ def test_kimi_thinking_tool_chain_with_reasoning_is_reported_not_guessed(models,
         {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "-3"},
         {"role": "assistant", "content": "It is -3 C."}]}
     source = write_jsonl(tmp_path / "chats.jsonl", [CASES["multi_turn"], chain])
-    proc = prepare("--model", models["kimi-k2-thinking"], "--input", source, "--output", tmp_path / "out.jsonl")
+    proc = prepare("--model", models["kimi-k2-thinking"], "--input", source, "--output", tmp_path / "auto.jsonl")
+    assert [r["id"] for r in read_jsonl(tmp_path / "auto.jsonl")] == ["multi", "chain#turn1", "chain#turn3"]
+    (entry,) = read_jsonl(tmp_path / "auto.jsonl.report.jsonl")
+    assert (entry["line"], entry["action"], entry["reason"], entry["rows"]) == (2, "per-turn",
+                                                                                "template not prefix-stable", 2)
+    assert "1 written per turn (template not prefix-stable)" in proc.stderr
+    proc = prepare("--model", models["kimi-k2-thinking"], "--input", source, "--output", tmp_path / "out.jsonl",
+                   "--rows", "packed")
     assert [r["id"] for r in read_jsonl(tmp_path / "out.jsonl")] == ["multi"]
     (entry,) = read_jsonl(tmp_path / "out.jsonl.report.jsonl")
     assert entry["line"] == 2 and entry["action"] == "skipped" and entry["reason"] == "template not prefix-stable"
     assert "message 1 (assistant)" in entry["detail"]
     assert "1 skipped (template not prefix-stable)" in proc.stderr
     proc = prepare("--model", models["kimi-k2-thinking"], "--input", source, "--output", tmp_path / "strict.jsonl",
-                   "--strict", expect_ok=False)
+                   "--rows", "packed", "--strict", expect_ok=False)
     assert f"{source}:2: message 1 (assistant)" in proc.stderr
 
 
@@ -161,6 +168,9 @@ class _Slow:
 
     def encode(self, text, add_special_tokens=False):
         return self.fast.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids):
+        return self.fast.decode(ids)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -8,6 +8,9 @@ The package's parts:
            what counts as bad input
   masking  the model's tokenizer and chat template, and the mask rule (prefix rendering: the
            characters each assistant message adds are its span; a token overlapping a span is 1)
+  fidelity what an assistant message holds, and whether a rendered turn still holds it
+  turns    one assistant turn at its generation boundary: its prompt and its completion
+  rows     the rows written for a conversation (--rows auto|packed|per-turn), each checked
   run      the streaming, resumable run: shards, --max-tokens, the report and frequency files
   cli      the command line
 
@@ -16,7 +19,9 @@ The user documentation is docs/prepare.md.
 
 from .chats import Conversation, InputError, canonical_id, parse_line
 from .masking import Masker, NotPrefixStable, PrepareError, SampleError, TemplateRaised, load_tokenizer
+from .rows import ROWS, Outcome, Row, RowMaker, Skip
 from .run import Options, Run, Stats
 
-__all__ = ["Conversation", "InputError", "Masker", "NotPrefixStable", "Options", "PrepareError", "Run",
-           "SampleError", "Stats", "TemplateRaised", "canonical_id", "load_tokenizer", "parse_line"]
+__all__ = ["Conversation", "InputError", "Masker", "NotPrefixStable", "Options", "Outcome", "PrepareError", "ROWS",
+           "Row", "RowMaker", "Run", "SampleError", "Skip", "Stats", "TemplateRaised", "canonical_id",
+           "load_tokenizer", "parse_line"]

@@ -15,12 +15,16 @@ from pathlib import Path
 from ..shard import shard_arg
 from ..model_config import language_config
 from .masking import Masker, PrepareError, load_tokenizer, tokenizer_fingerprint
+from .rows import ROWS, RowMaker
 from .run import ON_LONG, Options, Run, Stats
 
 DESCRIPTION = """\
 Renders chat conversations with a model's own tokenizer and chat template and writes hsx-dump's
 input: one {"input_ids": [...], "loss_mask": [...], "id": ...} per line, the mask 1 on the tokens
-of assistant messages only. Input layouts (per line): ShareGPT {"conversations": [{"from",
+of assistant messages only. Every row is checked to hold what each assistant message holds
+(content, reasoning_content, tool calls); a conversation the template would lose some of is written
+one row per assistant turn at its generation boundary (ids "ID#turnK") or skipped and reported,
+never written as if nothing happened (--rows). Input layouts (per line): ShareGPT {"conversations": [{"from",
 "value"}]}, OpenAI {"messages": [{"role", "content", "tool_calls"?, ...}], "tools"?}, or
 {"prompt", "response", "system"?}. Sample id: the line's "id" (string or integer), else
 "sha256:" + 16 hex digits of the SHA-256 of the line's canonical JSON. Beside OUTPUT:
@@ -64,9 +68,16 @@ def parser() -> argparse.ArgumentParser:
                         "dropped sample is listed in OUTPUT.report.jsonl (default: truncate)")
     p.add_argument("--shard", type=shard_arg, default=(0, 1), metavar="I/N",
                    help="process only input lines whose 1-based number L has (L-1) %% N == I (default 0/1)")
+    p.add_argument("--rows", choices=ROWS, default="auto",
+                   help="auto: one row per conversation where the template is append-only for it and drops "
+                        "nothing the assistant wrote, else one row per assistant turn (each listed in "
+                        "OUTPUT.report.jsonl with why); packed: one row or skipped; per-turn: always one row per "
+                        "assistant turn: the prompt the template gives at inference, then the completion, "
+                        "masked on the completion only, id ID#turnK (default: auto)")
     p.add_argument("--strict", action="store_true",
-                   help="a conversation that would be skipped (no assistant message, a template that renders "
-                        "earlier turns differently once later ones follow) is an error instead")
+                   help="a conversation or turn that would be skipped (no assistant message, a template that "
+                        "drops a field of a message or renders earlier turns differently once later ones follow, "
+                        "where --rows cannot help) is an error instead")
     p.add_argument("--count-all-tokens", action="store_true",
                    help="count every token in OUTPUT.freq.json, not only the assistant (loss-mask 1) tokens")
     p.add_argument("--chat-template", metavar="FILE", type=Path,
@@ -84,7 +95,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def summary(output: Path, stats: Stats, options: Options) -> str:
-    parts = [f"{stats.truncated} truncated", f"{stats.dropped} dropped"]
+    parts = [f"{n} written per turn ({reason})" for reason, n in sorted(stats.per_turn.items())]
+    parts += [f"{stats.truncated} truncated", f"{stats.dropped} dropped"]
     parts += [f"{n} skipped ({reason})" for reason, n in sorted(stats.skipped.items())]
     limit = f" (--max-tokens {options.max_tokens})" if options.max_tokens else ""
     return (f"hsx.prepare: wrote {stats.written} samples, {stats.tokens} tokens ({stats.masked} masked) to {output}; "
@@ -136,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = {"input": os.path.realpath(args.input), "model": os.path.realpath(args.model),
                     "tokenizer": tokenizer_fingerprint(tokenizer), "vocab_size": vocab_size, "max_tokens": args.max_tokens,
                     "on_long": args.on_long, "shard": f"{args.shard[0]}/{args.shard[1]}", "strict": args.strict,
-                    "count_all_tokens": args.count_all_tokens, "template_args": kwargs}
-        stats = Run(options, Masker(tokenizer, kwargs), settings, vocab_size).run()
+                    "count_all_tokens": args.count_all_tokens, "template_args": kwargs, "rows": args.rows}
+        stats = Run(options, RowMaker(Masker(tokenizer, kwargs), args.rows), settings, vocab_size).run()
     except PrepareError as error:
         print(f"hsx.prepare: error: {error}", file=sys.stderr)
         return 1

@@ -133,6 +133,20 @@ def overlap_mask(offsets, spans: list[tuple[int, int]]) -> list[int]:
     return mask.tolist()
 
 
+def overlapping_tokens(offsets, spans) -> list[tuple[int, int]]:
+    """For each span, the [first, last) range of tokens whose characters overlap it ((0, 0) if none)."""
+    import numpy as np
+
+    if not len(offsets):
+        return [(0, 0)] * len(spans)
+    bounds = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    ranges = []
+    for start, end in spans:
+        (inside,) = np.nonzero((bounds[:, 1] > start) & (bounds[:, 0] < end))
+        ranges.append((int(inside[0]), int(inside[-1]) + 1) if len(inside) else (0, 0))
+    return ranges
+
+
 class Masker:
     """Renders conversations with one tokenizer's template and returns (input_ids, loss_mask)."""
 
@@ -154,7 +168,13 @@ class Masker:
 
     def spans(self, messages, tools=None) -> tuple[str, list[tuple[int, int]]]:
         """The whole conversation's text and each assistant message's character span in it."""
-        full = self.render(messages, tools, False)
+        full, turns = self.turn_spans(Renderings(self, messages, tools))
+        return full, [(start, end) for _, start, end in turns]
+
+    def turn_spans(self, renderings) -> tuple[str, list[tuple[int, int, int]]]:
+        """The whole text and (message index, start, end) of each assistant message's span in it."""
+        messages = renderings.messages
+        full = renderings.text(len(messages), False)
         spans = []
         for k, message in enumerate(messages):
             if message["role"] != "assistant":
@@ -162,8 +182,7 @@ class Masker:
             if k == 0:
                 raise NotPrefixStable("message 0 is an assistant message: nothing comes before it to "
                                       "render the turn's header from")
-            before = self.render(messages[:k], tools, True)
-            upto = self.render(messages[:k + 1], tools, False)
+            before, upto = renderings.text(k, True), renderings.text(k + 1, False)
             if not upto.startswith(before):
                 raise NotPrefixStable(f"message {k} (assistant): the template renders the messages before it "
                                       "differently once it is added")
@@ -171,28 +190,45 @@ class Masker:
                 raise NotPrefixStable(f"message {k} (assistant): the template renders it (or what precedes "
                                       "it) differently once later messages follow")
             if len(upto) > len(before):
-                spans.append((len(before), len(upto)))
+                spans.append((k, len(before), len(upto)))
         return full, spans
 
     def encode(self, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
         """Token ids of `text` and the mask: 1 for every token overlapping a span."""
+        ids, mask, _ = self.encode_spans(text, spans)
+        return ids, mask
+
+    def encode_spans(self, text, spans):
+        """Token ids, the mask, and for each span the [first, last) tokens overlapping it."""
         if self.fast:
             encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-            ids = list(encoding["input_ids"])
-            return ids, overlap_mask(encoding["offset_mapping"], spans)
+            ids, offsets = list(encoding["input_ids"]), encoding["offset_mapping"]
+            return ids, overlap_mask(offsets, spans), overlapping_tokens(offsets, spans)
         return self._encode_by_prefixes(text, spans)
 
+    def tokens(self, text: str) -> list[int]:
+        """`text` tokenized as apply_chat_template(..., tokenize=True) does: no added special tokens."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids) -> str:
+        """The text of `ids`, special tokens included, spaces as they are."""
+        try:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        except TypeError:  # a remote-code tokenizer without those keywords
+            return self.tokenizer.decode(list(ids))
+
     def _encode_by_prefixes(self, text, spans):
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        mask = [0] * len(ids)
+        ids = self.tokens(text)
+        mask, ranges = [0] * len(ids), []
         for start, end in spans:
             first, last = self._token_boundary(text, ids, start), self._token_boundary(text, ids, end)
             for token in range(first, last):
                 mask[token] = 1
-        return ids, mask
+            ranges.append((first, last))
+        return ids, mask, ranges
 
     def _token_boundary(self, text, ids, char):
-        prefix = list(self.tokenizer.encode(text[:char], add_special_tokens=False))
+        prefix = self.tokens(text[:char])
         if ids[:len(prefix)] != prefix:
             raise SpanSplitsToken(f"character {char} (an assistant span's boundary) falls inside a token, "
                                   "and this tokenizer gives no character offsets")
@@ -201,3 +237,22 @@ class Masker:
     def __call__(self, conversation) -> tuple[list[int], list[int]]:
         text, spans = self.spans(conversation.messages, conversation.tools)
         return self.encode(text, spans)
+
+
+class Renderings:
+    """One conversation's renderings by one Masker, each made once: the first `end` messages with or
+    without the generation prompt (the packed form and the per-turn form share them)."""
+
+    def __init__(self, masker: Masker, messages, tools):
+        self.masker, self.messages, self.tools = masker, messages, tools
+        self._texts: dict[tuple[int, bool], str] = {}
+
+    def text(self, end: int, add_generation_prompt: bool) -> str:
+        key = (end, add_generation_prompt)
+        if key not in self._texts:
+            self._texts[key] = self.masker.render(self.messages[:end], self.tools, add_generation_prompt)
+        return self._texts[key]
+
+    def render(self, messages, add_generation_prompt: bool) -> str:
+        """Another message list (a variant of this conversation's) with the same tools; not kept."""
+        return self.masker.render(messages, self.tools, add_generation_prompt)

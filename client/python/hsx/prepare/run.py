@@ -34,7 +34,7 @@ from typing import Any
 import xxhash
 
 from .chats import InputError, parse_line
-from .masking import PrepareError, SampleError, TemplateRaised
+from .masking import PrepareError, TemplateRaised
 
 STATE_FORMAT = "hsx-prepare-state/1"
 FREQ_FORMAT = "hsx-token-frequencies/1"
@@ -63,6 +63,7 @@ class Stats:
     dropped: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     lines: int = 0  # input lines of this shard that held a sample
+    per_turn: dict[str, int] = field(default_factory=dict)  # conversations written per turn, by why
 
 
 class Paths:
@@ -96,8 +97,8 @@ def _write_atomic(path: Path, text: str) -> None:
 class Run:
     """One run over one input file (one shard of it), from start or from a journal."""
 
-    def __init__(self, options: Options, masker, settings: dict[str, Any], vocab_size: int):
-        self.o, self.masker, self.vocab_size = options, masker, vocab_size
+    def __init__(self, options: Options, rows, settings: dict[str, Any], vocab_size: int):
+        self.o, self.rows, self.vocab_size = options, rows, vocab_size
         self.settings = settings
         self.paths = Paths(options.output)
         self.stats = Stats()
@@ -115,7 +116,8 @@ class Run:
                 "input_line": self.line, "input_xxh64": self.hasher.hexdigest(), "output_bytes": out_bytes,
                 "report_bytes": report_bytes, "finished": self.finished,
                 "stats": {"written": s.written, "tokens": s.tokens, "masked": s.masked, "truncated": s.truncated,
-                          "dropped": s.dropped, "skipped": s.skipped, "lines": s.lines},
+                          "dropped": s.dropped, "skipped": s.skipped, "lines": s.lines,
+                          "per_turn": s.per_turn},
                 "counts": sorted(self.counts.items())}
 
     def _checkpoint(self, out, report) -> None:
@@ -143,7 +145,7 @@ class Run:
         self.finished = state["finished"]
         st = state["stats"]
         self.stats = Stats(st["written"], st["tokens"], st["masked"], st["truncated"], st["dropped"],
-                           dict(st["skipped"]), st["lines"])
+                           dict(st["skipped"]), st["lines"], dict(st["per_turn"]))
         self.counts = Counter({int(t): n for t, n in state["counts"]})
         self._check_input_prefix(state["input_xxh64"])
         return state["output_bytes"], state["report_bytes"]
@@ -212,17 +214,42 @@ class Run:
         if not conversation.has_assistant():
             return self._skip(report, line, sid, "no assistant turn", "the conversation has no assistant message")
         try:
-            ids, mask = self.masker(conversation)
+            outcome = self.rows(conversation)
         except TemplateRaised as error:
             raise PrepareError(f"{self._where(line)}: the chat template raised: {error}") from None
-        except SampleError as error:
-            return self._skip(report, line, sid, error.reason, str(error))
-        ids, mask = self._fit(report, line, sid, ids, mask)
+        self._refuse_first(line, outcome)
+        if outcome.split is not None:
+            reason = outcome.split.reason
+            self.stats.per_turn[reason] = self.stats.per_turn.get(reason, 0) + 1
+            self._report(report, line, sid, "per-turn", reason, detail=outcome.split.detail,
+                         rows=len(outcome.rows))
+        for skip in outcome.skips:
+            self._skip(report, line, skip.sample_id, skip.reason, skip.detail)
+        for row in outcome.rows:
+            self._write(out, report, line, row)
+        return None
+
+    def _refuse_first(self, line, outcome) -> None:
+        """Raises what would stop the run at this line before any of its rows is written, so that
+        the partial files hold whole lines only (a rerun starts the line again)."""
+        if self.o.strict and outcome.skips:
+            skip = outcome.skips[0]
+            raise PrepareError(f"{self._where(line)}: {skip.detail} (--strict)")
+        limit = self.o.max_tokens
+        if self.o.on_long == "error" and limit is not None:
+            for row in outcome.rows:
+                if len(row.input_ids) > limit:
+                    raise PrepareError(f"{self._where(line)}: {len(row.input_ids)} tokens, over --max-tokens "
+                                       f"{limit} (--on-long error)")
+
+    def _write(self, out, report, line, row) -> None:
+        sid = row.sample_id
+        ids, mask = self._fit(report, line, sid, row.input_ids, row.loss_mask)
         if ids is None:
-            return None
+            return
         if not any(mask):
-            return self._skip(report, line, sid, "no assistant token",
-                              "the assistant messages render to no characters")
+            self._skip(report, line, sid, "no assistant token", "the assistant messages render to no characters")
+            return
         out.write((json.dumps({"input_ids": ids, "loss_mask": mask, "id": sid}, separators=(",", ":"))
                    + "\n").encode("ascii"))
         counted = ids if self.o.count_all_tokens else [t for t, m in zip(ids, mask) if m]
@@ -230,7 +257,6 @@ class Run:
         self.stats.written += 1
         self.stats.tokens += len(ids)
         self.stats.masked += sum(mask)
-        return None
 
     def _fit(self, report, line, sid, ids, mask):
         """--max-tokens: the sample as written, or (None, None) when it is dropped (and reported)."""
