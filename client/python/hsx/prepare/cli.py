@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                     "tokenizer": tokenizer_fingerprint(tokenizer), "vocab_size": vocab_size, "max_tokens": args.max_tokens,
                     "on_long": args.on_long, "shard": f"{args.shard[0]}/{args.shard[1]}", "strict": args.strict,
                     "count_all_tokens": args.count_all_tokens, "template_args": kwargs, "rows": args.rows}
-        stats = Run(options, RowMaker(Masker(tokenizer, kwargs), args.rows), settings, vocab_size).run()
+        stats = Run(options, RowMaker(Masker(tokenizer, kwargs), args.rows).line, settings, vocab_size).run()
     except PrepareError as error:
         print(f"hsx.prepare: error: {error}", file=sys.stderr)
         return 1

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import turns
+from .chats import parse_line
 from .fidelity import drop_reason, missing_fields, preview
 from .masking import Masker, Renderings, SampleError
 
@@ -103,6 +104,14 @@ class RowMaker:
             result.sample_id = f"{sample_id}#turn{k}"
             (outcome.rows if isinstance(result, Row) else outcome.skips).append(result)
         return outcome
+
+    def line(self, text: str) -> Outcome:
+        """One chat JSONL line's rows (raises chats.InputError for a line that is not a conversation)."""
+        conversation = parse_line(text)
+        if not conversation.has_assistant():
+            return Outcome(skips=[Skip(conversation.sample_id, "no assistant turn",
+                                       "the conversation has no assistant message")])
+        return self(conversation)
 
     def __call__(self, conversation: Any) -> Outcome:
         renderings = Renderings(self.masker, conversation.messages, conversation.tools)

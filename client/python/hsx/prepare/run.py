@@ -10,7 +10,8 @@ Owns the files a run writes beside OUTPUT and the rules that keep them whole:
   OUTPUT.prepare-state.json   the resume journal: where the input was read up to, the lengths of
                               both partial files at that point, the frequencies and counts so far
 
-The input is read line by line (constant memory whatever its size). Every
+Each line becomes rows through a source (rows.RowMaker.line for chat conversations). The input is
+read line by line (constant memory whatever its size). Every
 --checkpoint-every samples read, on an error and at the end, both partial files
 are flushed and fsynced and then the journal is replaced atomically (temporary
 file, fsync, rename). A rerun of the same command after a kill reads the
@@ -33,7 +34,7 @@ from typing import Any
 
 import xxhash
 
-from .chats import InputError, parse_line
+from .chats import InputError
 from .masking import PrepareError, TemplateRaised
 
 STATE_FORMAT = "hsx-prepare-state/1"
@@ -97,8 +98,10 @@ def _write_atomic(path: Path, text: str) -> None:
 class Run:
     """One run over one input file (one shard of it), from start or from a journal."""
 
-    def __init__(self, options: Options, rows, settings: dict[str, Any], vocab_size: int):
-        self.o, self.rows, self.vocab_size = options, rows, vocab_size
+    def __init__(self, options: Options, source, settings: dict[str, Any], vocab_size: int):
+        """`source` turns one input line's text into an Outcome (rows.py), raising InputError or
+        TemplateRaised for a line that stops the run (RowMaker.line for chat conversations)."""
+        self.o, self.source, self.vocab_size = options, source, vocab_size
         self.settings = settings
         self.paths = Paths(options.output)
         self.stats = Stats()
@@ -205,23 +208,18 @@ class Run:
 
     def _sample(self, raw: bytes, line: int, out, report) -> None:
         try:
-            conversation = parse_line(raw.decode("utf-8"))
+            outcome = self.source(raw.decode("utf-8"))
         except UnicodeDecodeError as error:
             raise PrepareError(f"{self._where(line)}: not UTF-8 (byte {error.start})") from None
         except InputError as error:
             raise PrepareError(f"{self._where(line)}: {error}") from None
-        sid = conversation.sample_id
-        if not conversation.has_assistant():
-            return self._skip(report, line, sid, "no assistant turn", "the conversation has no assistant message")
-        try:
-            outcome = self.rows(conversation)
         except TemplateRaised as error:
             raise PrepareError(f"{self._where(line)}: the chat template raised: {error}") from None
         self._refuse_first(line, outcome)
         if outcome.split is not None:
-            reason = outcome.split.reason
-            self.stats.per_turn[reason] = self.stats.per_turn.get(reason, 0) + 1
-            self._report(report, line, sid, "per-turn", reason, detail=outcome.split.detail,
+            split = outcome.split
+            self.stats.per_turn[split.reason] = self.stats.per_turn.get(split.reason, 0) + 1
+            self._report(report, line, split.sample_id, "per-turn", split.reason, detail=split.detail,
                          rows=len(outcome.rows))
         for skip in outcome.skips:
             self._skip(report, line, skip.sample_id, skip.reason, skip.detail)
