@@ -47,6 +47,26 @@ class Conversation:
         return any(m["role"] == "assistant" for m in self.messages)
 
 
+MEDIA_KEYS = ("image", "image_url", "input_audio", "audio", "audio_url", "video", "video_url", "file")
+
+
+def media_part(messages: list[dict[str, Any]]) -> str | None:
+    """Where the first image, audio or video part is ("message 2 (role user): content[1] is an
+    image_url part"), or None. hsx extracts the text model's states only (the server ignores the
+    vision tower), so such a part would be extracted as its placeholder token as if it were text."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            keys = [k for k in MEDIA_KEYS if k in part]
+            if kind not in (None, "text") or keys:
+                name = kind if kind not in (None, "text") else keys[0]
+                return f"message {i} (role {message['role']}): content[{j}] is a media part ({name})"
+    return None
+
+
 def canonical_id(obj: Any) -> str:
     """The content-derived sample id: sha256 of the canonical JSON, 16 hex digits."""
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

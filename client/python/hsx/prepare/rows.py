@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import turns
-from .chats import parse_line
+from .chats import media_part, parse_line
 from .fidelity import drop_reason, missing_fields, preview
 from .masking import Masker, Renderings, SampleError
 
@@ -108,6 +108,10 @@ class RowMaker:
     def line(self, text: str) -> Outcome:
         """One chat JSONL line's rows (raises chats.InputError for a line that is not a conversation)."""
         conversation = parse_line(text)
+        media = media_part(conversation.messages)
+        if media is not None:
+            return Outcome(skips=[Skip(conversation.sample_id, "media content",
+                                       f"{media}; hsx extracts text only (drafts are trained on text)")])
         if not conversation.has_assistant():
             return Outcome(skips=[Skip(conversation.sample_id, "no assistant turn",
                                        "the conversation has no assistant message")])
