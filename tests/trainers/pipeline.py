@@ -44,9 +44,9 @@ def run_steps(name, env_vars):
     return proc
 
 
-def add_tokenizer(model_dir, template="kimi-k2-instruct"):
+def add_tokenizer(model_dir, template="kimi-k2-thinking"):
     """Gives the generated checkpoint what a real one ships beside its weights: a tokenizer and
-    its chat template (Kimi-K2-Instruct's by default), so that python -m hsx.prepare --model
+    its chat template (Kimi-K2-Thinking's by default), so that python -m hsx.prepare --model
     MODEL renders conversations into ids the tiny model accepts (the tokenizer's ids < VOCAB)."""
     text = (prepare_helpers.TEMPLATES / f"{template}.jinja").read_text(encoding="utf-8")
     tokenizer = prepare_helpers.build_tokenizer(prepare_helpers.TEMPLATE_SPECIALS[template], text)

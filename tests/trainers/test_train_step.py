@@ -44,12 +44,15 @@ STEP_SCRIPT = Path(__file__).with_name("speculators_cpu_step.py")
 @pytest.fixture
 def tokens(model, tmp_path):
     """(token JSONL, frequency file): docs/trainers.md's prepare block on pipeline.conversations,
-    rendered with the model directory's tokenizer and Kimi-K2-Instruct's chat template."""
+    rendered with the model directory's tokenizer and Kimi-K2-Thinking's chat template: conversations
+    with reasoning are written one row per assistant turn (the template empties finished turns'
+    reasoning), every other one as one row, and nothing is skipped."""
     chats = conversations()
     run_steps("prepare", {"MODEL": model, "CHATS": write_jsonl(tmp_path / "chats.jsonl", chats), "WORK": tmp_path})
     jsonl, freq = tmp_path / "tokens.jsonl", tmp_path / "tokens.jsonl.freq.json"
     lines, report = read_jsonl(jsonl), read_jsonl(tmp_path / "tokens.jsonl.report.jsonl")
-    assert len(lines) == len(chats) and report == [], report  # Kimi-K2-Instruct renders every case prefix-stably
+    assert {entry["action"] for entry in report} <= {"per-turn"}, report
+    assert len(lines) == len(chats) + sum(entry["rows"] - 1 for entry in report) and report
     assert all(len(line["input_ids"]) == len(line["loss_mask"]) and 0 < sum(line["loss_mask"]) < len(line["loss_mask"])
                and max(line["input_ids"]) < VOCAB for line in lines)
     counted = json.loads(freq.read_text())
