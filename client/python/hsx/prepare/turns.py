@@ -56,8 +56,11 @@ def _boundary(renderings: Renderings, k: int) -> str:
     if upto.startswith(before):
         return upto[len(before):]
     context = [_without_reasoning(m) if m["role"] == "assistant" else m for m in renderings.messages[:k]]
-    before = renderings.render(context, True)
-    upto = renderings.render([*context, renderings.messages[k]], False)
+    try:
+        before = renderings.render(context, True)
+        upto = renderings.render([*context, renderings.messages[k]], False)
+    except TemplateRaised:  # the variant only: the real messages rendered above
+        upto, before = "", "-"
     if upto.startswith(before):
         return upto[len(before):]
     raise NotPrefixStable(f"message {k} (assistant): the template renders the messages before it differently "
