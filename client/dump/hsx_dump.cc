@@ -67,8 +67,8 @@ ABSL_FLAG(int64_t, max_failures, 0, "Samples that may fail (after --retries) bef
           "failed sample is written to OUT/quarantine/shard-I-of-N.jsonl with its id and the reason, and the "
           "run goes on; one more fails the run (exit status 1; that sample is not quarantined, a rerun "
           "takes it up), and so does UNAVAILABLE after the retries (no server). With a value above 0, an input "
-          "sample beyond the model's limits (a token id outside the vocabulary, too many tokens) is "
-          "quarantined too instead of refusing the input. 0: the first failure stops the run.");
+          "sample beyond the model's limits (a token id outside the vocabulary, too many tokens, a media "
+          "placeholder) is quarantined too instead of refusing the input. 0: the first failure stops the run.");
 ABSL_FLAG(bool, retry_quarantined, false, "Take up again the samples that earlier runs quarantined (without it "
           "they are skipped, and the run ends with exit status 3 while any is left).");
 ABSL_FLAG(std::string, layout, "flat", "Where sample files go: flat (OUT/hs_{i}.safetensors, one directory: "
@@ -146,6 +146,8 @@ struct Transport {
   int64_t vocab_size = 0;
   hsx::SampleFileInfo info;
   int64_t max_tokens_per_sample = 0;
+  // --model: the token ids refused as media (the server checks for --server).
+  std::vector<hsx::MediaPlaceholder> media_placeholders;
 };
 
 absl::StatusOr<Transport> MakeInProcess(const std::string& model_dir, hsx::EngineFlags flags) {
@@ -166,6 +168,7 @@ absl::StatusOr<Transport> MakeInProcess(const std::string& model_dir, hsx::Engin
   t.info = {hsx::CheckpointName(model_dir), t.num_layers, *revision, hsx::PrecisionName(flags.engine.precision)};
   if (absl::Status s = hsx::ResolveMaxTokensPerSample(config, &flags); !s.ok()) return s;
   t.max_tokens_per_sample = flags.max_tokens_per_sample;
+  t.media_placeholders = hsx::RefusedMediaPlaceholders(config, flags);
   absl::StatusOr<std::unique_ptr<hsx::Engine>> engine = hsx::Engine::Create(*t.checkpoint, flags.engine);
   if (!engine.ok()) return engine.status();
   t.engine = *std::move(engine);
@@ -321,6 +324,7 @@ absl::Status Run() {
   hsx::InputLimits limits;
   limits.vocab_size = transport->vocab_size;
   limits.max_tokens_per_sample = transport->max_tokens_per_sample;
+  limits.media_placeholders = transport->media_placeholders;
   std::string input_xxh64;  // hashed while parsing: a pipe or FIFO is read once
   std::map<int64_t, std::string> out_of_limits;  // quarantined, with --max-failures
   absl::StatusOr<std::vector<hsx::InputSample>> samples = hsx::ReadInputFile(
@@ -371,9 +375,9 @@ int main(int argc, char** argv) {
       "           [--deadline S] [--retries N] [--auth-token-file F] [--tls-ca F] [--tls-cert F --tls-key F]\n"
       "           [--device cpu|cuda] [--tp N] [--threads N] [--max-batch-tokens N]\n\n"
       "The engine flags (--device, --tp, --ranks-per-device, --attention, --precision, --threads,\n"
-      "--max-batch-tokens, --max-tokens-per-sample, --capture, --final-norm) are hsx-server's, with the\n"
-      "same checks; --device, --tp, --ranks-per-device, --attention, --threads and --max-batch-tokens\n"
-      "apply to --model only.\n\n"
+      "--max-batch-tokens, --max-tokens-per-sample, --capture, --final-norm, --allow-media-placeholder)\n"
+      "are hsx-server's, with the same checks; --device, --tp, --ranks-per-device, --attention, --threads,\n"
+      "--max-batch-tokens and --allow-media-placeholder apply to --model only.\n\n"
       "  hsx-dump status DIR [--json]\n"
       "Progress of a dump over all its shards' journals, quarantine and status files: samples done of\n"
       "the input's total, failures (quarantined), retries, the smoothed rate and the ETA.\n\n"

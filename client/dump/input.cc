@@ -83,6 +83,10 @@ absl::StatusOr<InputSample> ParseInputLine(const std::string& text, const InputL
     }
     sample.input_ids.push_back(static_cast<int32_t>(id));
   }
+  if (!limits.ids_any_int32) {
+    const std::string media = FindMediaPlaceholder(sample.input_ids, limits.media_placeholders, "input_ids");
+    if (!media.empty()) return Bad(media);
+  }
   if (line.contains("loss_mask") && !line["loss_mask"].is_null()) {
     const json& mask = line["loss_mask"];
     if (!mask.is_array() || mask.size() != ids.size()) {
@@ -120,7 +124,7 @@ std::string OutOfLimits(const InputSample& sample, const InputLimits& limits) {
       return absl::StrCat("input_ids[", i, "] = ", ids[i], " is outside the vocabulary [0, ", limits.vocab_size, ")");
     }
   }
-  return "";
+  return FindMediaPlaceholder(ids, limits.media_placeholders, "input_ids");
 }
 
 absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path, const InputLimits& limits,

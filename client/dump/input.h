@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "format/input_sample.h"
+#include "format/media_placeholder.h"
 
 namespace hsx {
 
@@ -23,6 +24,10 @@ struct InputLimits {
   int64_t max_tokens_per_sample = 0;  // 0: no limit
   // Ids need only fit int32; the vocabulary is checked later (OutOfLimits).
   bool ids_any_int32 = false;
+  // Ids refused like those outside the vocabulary: the model's media
+  // placeholders (--model; none with --allow-media-placeholder; with --server
+  // the server checks).
+  std::vector<MediaPlaceholder> media_placeholders;
 };
 
 // Reads and validates every line, in one pass (a pipe or FIFO works; it is
@@ -30,9 +35,9 @@ struct InputLimits {
 // longer than MaxInputLineBytes(limits) is refused without reading it whole.
 // `xxh64`, when given, receives the XXH64 of every byte read (hex). Errors
 // name the file and line. With `out_of_limits`, a well-formed sample beyond
-// `limits` (too many tokens, an id outside the vocabulary) is no error: it is
-// returned like the others and listed there (index -> "FILE:LINE: why"), for
-// hsx-dump --max-failures to quarantine.
+// `limits` (too many tokens, an id outside the vocabulary, a media
+// placeholder) is no error: it is returned like the others and listed there
+// (index -> "FILE:LINE: why"), for hsx-dump --max-failures to quarantine.
 absl::StatusOr<std::vector<InputSample>> ReadInputFile(const std::string& path, const InputLimits& limits,
                                                        std::string* xxh64 = nullptr,
                                                        std::map<int64_t, std::string>* out_of_limits = nullptr);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -286,6 +287,26 @@ absl::Status ReadQuantization(const json& root, const json* text_config, const s
   return absl::OkStatus();
 }
 
+// The media placeholders (kMediaPlaceholderFields) of one JSON object: each
+// present, non-null key must hold a token id; an id already read is skipped.
+absl::Status ReadMediaPlaceholders(const json& object, const std::string& where, ModelConfig& config) {
+  for (const char* key : kMediaPlaceholderFields) {
+    if (!object.contains(key) || object[key].is_null()) continue;
+    const json& value = object[key];
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": field '", key,
+                                                     "' must be a token id (an integer in 0..2147483647), got ",
+                                                     value.dump()));
+    }
+    const auto id = static_cast<int32_t>(value.get<int64_t>());
+    std::vector<MediaPlaceholder>& known = config.media_placeholders;
+    if (std::none_of(known.begin(), known.end(), [id](const MediaPlaceholder& p) { return p.id == id; })) {
+      known.push_back({id, key});
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<int> ModelConfig::Eagle3CaptureIds() const {
@@ -317,6 +338,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text, const std:
 
   if (absl::Status s = ReadQuantization(root, text_config != &root ? &t : nullptr, file, where, config); !s.ok()) {
     return s;
+  }
+  // K2.5 keeps its placeholder at the top level; look under text_config too.
+  if (absl::Status s = ReadMediaPlaceholders(root, file, config); !s.ok()) return s;
+  if (text_config != &root) {
+    if (absl::Status s = ReadMediaPlaceholders(t, where, config); !s.ok()) return s;
   }
   if (absl::Status s = CheckConsistency(config, where); !s.ok()) return s;
   if (absl::Status s = CheckNumericRanges(config, where); !s.ok()) return s;
@@ -380,6 +406,7 @@ json ModelConfigToJson(const ModelConfig& c) {
   }
   if (c.layout == CheckpointLayout::kFlat) {
     if (c.quantization) t["quantization_config"] = QuantizationConfigToJson(*c.quantization);
+    for (const MediaPlaceholder& p : c.media_placeholders) t[p.field] = p.id;
     return t;
   }
   // K2.5: a multimodal wrapper whose text model sits under text_config.
@@ -388,6 +415,7 @@ json ModelConfigToJson(const ModelConfig& c) {
                {"tie_word_embeddings", c.tie_word_embeddings},
                {"text_config", t}};
   if (c.quantization) root["quantization_config"] = QuantizationConfigToJson(*c.quantization);
+  for (const MediaPlaceholder& p : c.media_placeholders) root[p.field] = p.id;  // where K2.5 has it
   return root;
 }
 

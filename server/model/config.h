@@ -7,6 +7,11 @@
 // DeepseekV3Config gives a default take that default here too; the structural
 // sizes are required, and a missing or ill-typed one is an error that names
 // the file and the field.
+//
+// A multimodal model (K2.5) also names the token ids that stand for an image,
+// video or audio input (media_placeholders): hsx runs the text model only, so
+// a sample holding one would get states computed as if it were text
+// (format/media_placeholder.h).
 #ifndef HSX_SERVER_MODEL_CONFIG_H_
 #define HSX_SERVER_MODEL_CONFIG_H_
 
@@ -18,6 +23,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "absl/status/statusor.h"
+#include "format/media_placeholder.h"
 #include "server/model/quantization.h"
 
 namespace hsx {
@@ -34,6 +40,11 @@ struct RopeScaling {
   double mscale = 1.0;
   double mscale_all_dim = 0.0;
 };
+
+// The keys read as media placeholders, at the top level of config.json (and,
+// in K2.5's layout, also under text_config). Absent or null: none.
+inline constexpr const char* kMediaPlaceholderFields[] = {
+    "media_placeholder_token_id", "image_token_id", "image_token_index", "video_token_id", "audio_token_id"};
 
 struct ModelConfig {
   CheckpointLayout layout = CheckpointLayout::kFlat;
@@ -73,6 +84,7 @@ struct ModelConfig {
   RopeScaling rope_scaling;
 
   std::optional<QuantizationConfig> quantization;
+  std::vector<MediaPlaceholder> media_placeholders;  // distinct ids; none for a text-only model
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool has_q_lora() const { return q_lora_rank > 0; }

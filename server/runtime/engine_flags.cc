@@ -43,6 +43,14 @@ ABSL_FLAG(std::string, capture, "eagle3",
 ABSL_FLAG(bool, final_norm, false,
           "Also capture the post-final-norm state, the lm_head input (capture id -1; hsx-dump writes it as "
           "final_norm_hidden_states). hsx-server: for requests with empty capture_ids.");
+ABSL_FLAG(bool, allow_media_placeholder, false,
+          "Extract samples that hold the model's media placeholder token (config.json media_placeholder_token_id, "
+          "as Kimi-K2.5 has, or image_token_id, image_token_index, video_token_id, audio_token_id). Off by default: "
+          "hsx runs the text model only, never the vision or audio encoder, so such a sample's states are not what "
+          "the model computes on it (silently wrong training data); it is refused naming the position "
+          "(hsx-server: INVALID_ARGUMENT; hsx-dump: an input error, or quarantined with --max-failures). Allow it "
+          "only for samples where the placeholder id is meant as a plain token. hsx-dump: --model only (a server "
+          "decides with its own flag).");
 
 namespace hsx {
 namespace {
@@ -101,6 +109,7 @@ absl::StatusOr<EngineFlags> EngineFlagsFromCommandLine() {
   if (flags.max_tokens_per_sample < 0) {
     return absl::InvalidArgumentError("--max-tokens-per-sample must be 0 (auto) or more");
   }
+  flags.allow_media_placeholder = absl::GetFlag(FLAGS_allow_media_placeholder);
   return flags;
 }
 
@@ -118,6 +127,11 @@ absl::Status ResolveMaxTokensPerSample(const ModelConfig& config, EngineFlags* f
                                                    config.max_position_embeddings));
   }
   return absl::OkStatus();
+}
+
+std::vector<MediaPlaceholder> RefusedMediaPlaceholders(const ModelConfig& config, const EngineFlags& flags) {
+  if (flags.allow_media_placeholder) return {};
+  return config.media_placeholders;
 }
 
 void ListFlagsInHelp(absl::string_view binary_flag_files) {

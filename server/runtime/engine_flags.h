@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -33,13 +34,14 @@ struct EngineFlags {
   std::string capture = "eagle3";  // --capture, parsed against the model's layer count (CaptureSpec)
   bool final_norm = false;         // --final-norm
   int64_t max_tokens_per_sample = 0;  // --max-tokens-per-sample; 0: the model's limit, once resolved
+  bool allow_media_placeholder = false;  // --allow-media-placeholder
 };
 
 // The engine flags that only an engine in this process uses (a remote client
 // passes the capture set, the precision check and the sample limit on, never
 // these), as Abseil names them.
 inline constexpr absl::string_view kLocalEngineFlagNames[] = {
-    "device", "tp", "ranks_per_device", "attention", "threads", "max_batch_tokens"};
+    "device", "tp", "ranks_per_device", "attention", "threads", "max_batch_tokens", "allow_media_placeholder"};
 
 // Reads the engine flags (defined in engine_flags.cc) and checks them; the
 // error names the flag and what it accepts.
@@ -49,6 +51,10 @@ absl::StatusOr<EngineFlags> EngineFlagsFromCommandLine();
 // max_position_embeddings capped by --max-batch-tokens; a value given must
 // fit both (a sample runs in one batch).
 absl::Status ResolveMaxTokensPerSample(const ModelConfig& config, EngineFlags* flags);
+
+// The media placeholder ids a sample must not hold: the model's
+// (config.media_placeholders), none with --allow-media-placeholder.
+std::vector<MediaPlaceholder> RefusedMediaPlaceholders(const ModelConfig& config, const EngineFlags& flags);
 
 // Makes --help list the engine flags and those defined in the files whose
 // path contains `binary_flag_files` (e.g. "server/service/"). Call before

@@ -41,6 +41,7 @@ RequestLimits LimitsOf(const ServiceOptions& options, const v1::ModelInfo& info)
   limits.num_layers = info.num_layers();
   limits.max_tokens_per_sample = options.engine_flags.max_tokens_per_sample;
   limits.default_capture = options.default_capture;
+  limits.media_placeholders = options.refused_media_placeholders;
   return limits;
 }
 

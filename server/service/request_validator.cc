@@ -1,9 +1,13 @@
 // request_validator.cc: the checks, each with a message naming the field.
 #include "server/service/request_validator.h"
 
+#include <span>
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "format/proto_dtype.h"
+#include "server/service/log.h"
 #include "server/service/service_options.h"
 
 namespace hsx {
@@ -29,6 +33,13 @@ absl::StatusOr<ValidatedRequest> ValidateExtractRequest(const v1::ExtractRequest
       return absl::InvalidArgumentError(absl::StrCat("token_ids[", i, "] = ", id,
                                                      " is outside the vocabulary [0, ", limits.vocab_size, ")"));
     }
+  }
+  const std::span<const int32_t> ids(request.token_ids().data(), static_cast<size_t>(n));
+  if (const std::string media = FindMediaPlaceholder(ids, limits.media_placeholders, "token_ids"); !media.empty()) {
+    // Named by its sample_id too: the fault is in the data, and whoever reads
+    // the message must find that sample to drop or fix it.
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample_id '", TruncateForLog(request.sample_id(), 128), "': ", media));
   }
 
   ValidatedRequest out;

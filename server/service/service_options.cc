@@ -197,6 +197,15 @@ absl::Status ReadLifecycleFlags(ServiceOptions* o) {
   return absl::OkStatus();
 }
 
+// "; media placeholder 163605 refused" (or "allowed"), "" for a text-only model.
+std::string DescribeMediaPlaceholders(const ServiceOptions& o, const ModelConfig& config) {
+  if (config.media_placeholders.empty()) return "";
+  std::vector<int32_t> ids;
+  for (const MediaPlaceholder& p : config.media_placeholders) ids.push_back(p.id);
+  return absl::StrCat("; media placeholder ", absl::StrJoin(ids, ","),
+                      o.refused_media_placeholders.empty() ? " allowed (--allow-media-placeholder)" : " refused");
+}
+
 }  // namespace
 
 absl::StatusOr<ServiceOptions> OptionsFromFlags() {
@@ -220,6 +229,7 @@ absl::Status ResolveModelLimits(const ModelConfig& config, ServiceOptions* o) {
       CaptureSpec::Parse(engine.capture, static_cast<int>(config.num_hidden_layers), engine.final_norm);
   if (!capture.ok()) return absl::InvalidArgumentError(absl::StrCat("--capture: ", capture.status().message()));
   o->default_capture = *std::move(capture);
+  o->refused_media_placeholders = RefusedMediaPlaceholders(config, engine);
 
   if (absl::Status s = ResolveMaxTokensPerSample(config, &o->engine_flags); !s.ok()) return s;
   if (o->max_request_bytes == 0) {
@@ -249,7 +259,7 @@ std::string DescribeOptions(const ServiceOptions& o, const ModelConfig& config) 
       o.auth_token_file.empty() ? "off" : "on", ", drain timeout ", absl::FormatDuration(o.drain_timeout),
       ", stream stall timeout ", absl::FormatDuration(o.stream_stall_timeout), ", max connection age ",
       o.max_connection_age == absl::ZeroDuration() ? std::string("off") : absl::FormatDuration(o.max_connection_age),
-      " (grace ", absl::FormatDuration(o.max_connection_age_grace), ")");
+      " (grace ", absl::FormatDuration(o.max_connection_age_grace), ")", DescribeMediaPlaceholders(o, config));
 }
 
 }  // namespace hsx

@@ -4,7 +4,8 @@
 // Two steps, because some defaults depend on the model: OptionsFromFlags()
 // reads and checks the flags alone (cheap, before anything is loaded), then
 // ResolveModelLimits() fills in what depends on config.json (max tokens per
-// sample, max request bytes, the default capture set) and checks the limits
+// sample, max request bytes, the default capture set, the refused media
+// placeholders) and checks the limits
 // against each other. After both succeed every field is usable as is: sizes
 // are positive, the chunk fits the per-stream buffer, a sample fits a batch.
 #ifndef HSX_SERVER_SERVICE_SERVICE_OPTIONS_H_
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -67,6 +69,9 @@ struct ServiceOptions {
 
   // Filled by ResolveModelLimits: the capture set of a request with no capture_ids.
   CaptureSpec default_capture;
+  // Filled by ResolveModelLimits: the token ids a request must not hold (the
+  // model's media placeholders; none with --allow-media-placeholder).
+  std::vector<MediaPlaceholder> refused_media_placeholders;
 
   bool tls() const { return !tls_cert.empty(); }
 };

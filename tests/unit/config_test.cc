@@ -151,6 +151,63 @@ TEST(Config, IgnoreListMatchesLikeCompressedTensors) {
   EXPECT_FALSE(q.IsQuantized("lm_head"));
 }
 
+TEST(Config, NoMediaPlaceholderKeyMeansNone) {
+  json root = ModelConfigToJson(Tiny());
+  root["image_token_id"] = nullptr;  // HF writes null for "none"
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig(root.dump(), "c.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->media_placeholders.empty());
+}
+
+TEST(Config, MediaPlaceholdersAreReadUnderEveryAcceptedKey) {
+  json root = ModelConfigToJson(Tiny());  // flat
+  int32_t id = 1000;
+  std::vector<MediaPlaceholder> expected;
+  for (const char* key : kMediaPlaceholderFields) {
+    root[key] = id;
+    expected.push_back({id++, key});
+  }
+  root["video_token_id"] = 1000;  // one id under two keys counts once, under the first
+  expected.erase(expected.begin() + 3);
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig(root.dump(), "c.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->media_placeholders, expected);
+  // Written back where a real checkpoint has them, and read again alike.
+  absl::StatusOr<ModelConfig> again = ParseModelConfig(ModelConfigToJson(*parsed).dump(), "c.json");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->media_placeholders, expected);
+}
+
+TEST(Config, NestedMediaPlaceholdersAtTheTopAndInTextConfig) {
+  ModelConfig tiny = Tiny();
+  ApplyLayout(CheckpointLayout::kNestedK25, tiny);
+  json root = ModelConfigToJson(tiny);
+  root["media_placeholder_token_id"] = 1500;
+  root["text_config"]["image_token_id"] = 1501;
+  absl::StatusOr<ModelConfig> parsed = ParseModelConfig(root.dump(), "c.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->media_placeholders,
+            (std::vector<MediaPlaceholder>{{1500, "media_placeholder_token_id"}, {1501, "image_token_id"}}));
+}
+
+TEST(Config, MalformedMediaPlaceholderNamesTheField) {
+  for (const json& bad : {json("163605"), json(-1), json(1.5), json(int64_t{1} << 31), json(true), json::array()}) {
+    json root = ModelConfigToJson(Tiny());
+    root["media_placeholder_token_id"] = bad;
+    absl::StatusOr<ModelConfig> parsed = ParseModelConfig(root.dump(), "dir/config.json");
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_EQ(parsed.status().message(),
+              "dir/config.json: field 'media_placeholder_token_id' must be a token id (an integer in 0..2147483647), "
+              "got " + bad.dump());
+  }
+  ModelConfig tiny = Tiny();
+  ApplyLayout(CheckpointLayout::kNestedK25, tiny);
+  json nested = ModelConfigToJson(tiny);
+  nested["text_config"]["audio_token_id"] = "x";
+  EXPECT_THAT(ParseModelConfig(nested.dump(), "c.json").status().message(),
+              HasSubstr("c.json: text_config: field 'audio_token_id' must be a token id"));
+}
+
 TEST(Config, Eagle3CaptureIds) {
   ModelConfig c = Tiny();
   c.num_hidden_layers = 61;
@@ -206,6 +263,8 @@ TEST(ReleasedConfigs, KimiK25IsReadWithItsOwnEpsAndYarn) {
   EXPECT_EQ(c->quantization->group_size, 32);
   EXPECT_FALSE(c->quantization->IsQuantized("language_model.model.layers.3.self_attn.q_a_proj"));
   EXPECT_TRUE(c->quantization->IsQuantized("language_model.model.layers.3.mlp.experts.7.down_proj"));
+  // Its top-level media_placeholder_token_id: samples holding it are refused (request_validator.h).
+  EXPECT_EQ(c->media_placeholders, (std::vector<MediaPlaceholder>{{163605, "media_placeholder_token_id"}}));
 }
 
 TEST(ReleasedConfigs, KimiK2InstructFp8IsRefusedNamingTheField) {
