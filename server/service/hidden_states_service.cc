@@ -60,7 +60,7 @@ void LogFailure(const char* method, const std::string& sample_id, const std::str
 }  // namespace
 
 HiddenStatesService::HiddenStatesService(const ServiceOptions& options, v1::ModelInfo info, Metrics* metrics,
-                                         const TokenAuth* auth)
+                                         TokenAuth* auth)
     : options_(options), info_(std::move(info)), limits_(LimitsOf(options_, info_)), metrics_(metrics), auth_(auth),
       encoded_pool_(HostBufferPool::HeapAllocator(), kIdleEncodedBytes),
       watchdog_(options_.stream_stall_timeout) {}
@@ -94,10 +94,11 @@ grpc::ServerUnaryReactor* HiddenStatesService::GetModelInfo(grpc::CallbackServer
                                                             v1::ModelInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (auth_ != nullptr) {
-    if (grpc::Status status = auth_->Check(*context); !status.ok()) {
-      metrics_->Error(status.error_code());
-      LogFailure("GetModelInfo", "", context->peer(), 0, status);
-      reactor->Finish(status);
+    if (AuthVerdict verdict = auth_->Check(*context); !verdict.status.ok()) {
+      metrics_->Error(verdict.status.error_code());
+      metrics_->AuthFailure(verdict.rate_limited);
+      if (verdict.log) LogFailure("GetModelInfo", "", context->peer(), 0, verdict.status);
+      reactor->Finish(verdict.status);
       return reactor;
     }
   }
@@ -108,9 +109,9 @@ grpc::ServerUnaryReactor* HiddenStatesService::GetModelInfo(grpc::CallbackServer
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Reject(grpc::CallbackServerContext* context,
                                                                         const v1::ExtractRequest& request,
-                                                                        grpc::Status status) {
+                                                                        grpc::Status status, bool log) {
   metrics_->Error(status.error_code());
-  LogFailure("Extract", request.sample_id(), context->peer(), request.token_ids_size(), status);
+  if (log) LogFailure("Extract", request.sample_id(), context->peer(), request.token_ids_size(), status);
   return new RejectedExtract(std::move(status));
 }
 
@@ -135,13 +136,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* HiddenStatesService::Extract(grpc::C
                         "is the client built from hsx/v1/hsx.proto?");
   };
   if (auth_ != nullptr) {
-    if (grpc::Status status = auth_->Check(*context); !status.ok()) {
-      if (!parsed) {
+    if (AuthVerdict verdict = auth_->Check(*context); !verdict.status.ok()) {
+      metrics_->AuthFailure(verdict.rate_limited);
+      if (!parsed && verdict.log) {
         LogLine(LogLevel::kInfo, absl::StrCat("Extract from ", context->peer(), ": ",
                                               oversized ? absl::StrCat("a request of ", size, " bytes, over the limit")
                                                         : undecodable()));
       }
-      return Reject(context, request, status);
+      return Reject(context, request, verdict.status, verdict.log);
     }
   }
   if (oversized) {

@@ -52,7 +52,7 @@ class HiddenStatesService final
  public:
   // `auth` may be null (no token required); `metrics` and `auth` must outlive
   // the service.
-  HiddenStatesService(const ServiceOptions& options, v1::ModelInfo info, Metrics* metrics, const TokenAuth* auth);
+  HiddenStatesService(const ServiceOptions& options, v1::ModelInfo info, Metrics* metrics, TokenAuth* auth);
 
   // From now on samples go to `batcher` (which must outlive every RPC).
   void SetBatcher(Batcher* batcher);
@@ -75,8 +75,11 @@ class HiddenStatesService final
                                                       const grpc::ByteBuffer* request) override;
 
  private:
+  // Finishes the call with `status`, counted, and logged unless `log` is
+  // false (an authentication failure left out of the log: auth.h).
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Reject(grpc::CallbackServerContext* context,
-                                                     const v1::ExtractRequest& request, grpc::Status status);
+                                                     const v1::ExtractRequest& request, grpc::Status status,
+                                                     bool log = true);
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Accept(grpc::CallbackServerContext* context,
                                                      const v1::ExtractRequest& request);
   // Takes one of --max-concurrent-requests' slots, or says why not
@@ -90,7 +93,7 @@ class HiddenStatesService final
   const v1::ModelInfo info_;
   const RequestLimits limits_;
   Metrics* const metrics_;
-  const TokenAuth* const auth_;
+  TokenAuth* const auth_;
 
   std::atomic<Batcher*> batcher_{nullptr};
   std::atomic<bool> draining_{false};

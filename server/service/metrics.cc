@@ -51,6 +51,29 @@ class Metrics::ScrapeHook : public prometheus::Collectable {
   std::function<BatcherSample()> probe_;
 };
 
+namespace {
+
+// civetweb (under prometheus-cpp's Exposer) gives each connection a worker
+// thread of its own until the connection sends a whole request or times out.
+// With one worker, one silent connection kept every scrape waiting for the
+// default 30 s, and an alert such as hsx_device_lost dark. So: enough workers
+// that kMetricsWorkers - 1 idle or slow connections at once still leave one
+// for the scrape, and a request timeout that drops them soon (it counts from
+// the connection's start, so a client trickling bytes is dropped as well).
+// No keep-alive: a finished scrape's connection frees its worker at once.
+// The limits are stated in docs/api.md ("Metrics") and docs/deploy.md.
+constexpr int kMetricsWorkers = 64;
+constexpr int kMetricsRequestTimeoutMs = 5000;
+
+std::vector<std::string> ExposerOptions(const std::string& address) {
+  return {"listening_ports", address,
+          "num_threads", std::to_string(kMetricsWorkers),
+          "request_timeout_ms", std::to_string(kMetricsRequestTimeoutMs),
+          "enable_keep_alive", "no"};
+}
+
+}  // namespace
+
 Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   using prometheus::BuildCounter;
   using prometheus::BuildGauge;
@@ -75,6 +98,8 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                   .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
                                                                    2.5, 5, 10, 30, 60, 120, 300});
   device_lost_ = &BuildGauge().Name("hsx_device_lost").Help("1 once a device was lost: the server runs no more batches and health is NOT_SERVING until it is restarted; 0 otherwise.").Register(r).Add({});
+  auth_failures_ = &BuildCounter().Name("hsx_auth_failures_total").Help("Calls refused for their bearer token: missing, wrong, or refused unchecked because their client address failed too often.").Register(r).Add({});
+  auth_rate_limited_ = &BuildCounter().Name("hsx_auth_rate_limited_total").Help("Calls refused RESOURCE_EXHAUSTED without checking their token: their client address failed authentication too often.").Register(r).Add({});
   hook_ = std::make_shared<ScrapeHook>(registry_, queue_depth_, fill_);
 }
 
@@ -82,7 +107,7 @@ Metrics::~Metrics() { StopServing(); }
 
 absl::StatusOr<std::string> Metrics::Serve(const std::string& address) {
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
+    exposer_ = std::make_unique<prometheus::Exposer>(ExposerOptions(address));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("--metrics-listen ", address, ": cannot listen: ", e.what()));
   }

@@ -15,6 +15,8 @@
 //   hsx_oversized_requests_total      counter  Extract requests over --max-request-bytes
 //   hsx_extract_latency_seconds       histogram  accept to trailer, per successful Extract
 //   hsx_device_lost                   gauge    1 once a device is lost (health NOT_SERVING for good), else 0
+//   hsx_auth_failures_total           counter  calls refused for their token (missing, wrong, or unchecked: rate-limited)
+//   hsx_auth_rate_limited_total       counter  of those, refused without checking the token (auth_limiter.h)
 //
 // The recording methods are thread-safe and cheap (atomics, plus a short
 // lock for the error family), fit for gRPC reactions and the batcher thread. Gauges read from the batcher are sampled at scrape time
@@ -72,6 +74,10 @@ class Metrics {
   void AddBuffered(double delta) { buffered_->Increment(delta); }
   void AddHeldStates(double delta) { held_states_->Increment(delta); }
   void DeviceLost() { device_lost_->Set(1); }
+  void AuthFailure(bool rate_limited) {
+    auth_failures_->Increment();
+    if (rate_limited) auth_rate_limited_->Increment();
+  }
 
  private:
   class ScrapeHook;
@@ -95,6 +101,8 @@ class Metrics {
   prometheus::Counter* oversized_;
   prometheus::Histogram* latency_;
   prometheus::Gauge* device_lost_;
+  prometheus::Counter* auth_failures_;
+  prometheus::Counter* auth_rate_limited_;
 };
 
 }  // namespace hsx
