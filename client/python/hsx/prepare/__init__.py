@@ -14,6 +14,13 @@ The package's parts:
   run      the streaming, resumable run: shards, --max-tokens, the report and frequency files
   cli      the command line
 
+Regeneration (`python -m hsx.prepare requests|responses`: the target model answers each prompt):
+
+  engines       vLLM's and SGLang's offline formats: the request lines written, the output lines read
+  regenerate    conversations -> requests (one per turn), outputs -> rows of the engine's exact ids
+  regen_cli     the two subcommands
+  sglang_batch  a runner for SGLang's offline engine (run as a file where sglang is installed)
+
 The user documentation is docs/prepare.md.
 """
 

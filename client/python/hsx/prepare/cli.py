@@ -29,7 +29,11 @@ never written as if nothing happened (--rows). Input layouts (per line): ShareGP
 {"prompt", "response", "system"?}. Sample id: the line's "id" (string or integer), else
 "sha256:" + 16 hex digits of the SHA-256 of the line's canonical JSON. Beside OUTPUT:
 OUTPUT.report.jsonl (every skipped, dropped or truncated sample) and OUTPUT.freq.json (token
-frequencies). Resumable: after a kill, rerun the same command. Reference: docs/prepare.md."""
+frequencies). Resumable: after a kill, rerun the same command. Reference: docs/prepare.md.
+
+Regeneration (the target model answers each prompt itself, with vLLM or SGLang):
+  python -m hsx.prepare requests --help     conversations -> the engine's batch requests
+  python -m hsx.prepare responses --help    the engine's outputs -> hsx-dump input"""
 
 
 def _positive(text: str) -> int:
@@ -126,6 +130,11 @@ def verifier_vocab_size(model_dir: str, tokenizer) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("requests", "responses"):
+        from .regen_cli import main as regenerate  # imports this module's helpers
+
+        return regenerate(argv)
     args = parser().parse_args(argv)
     try:
         template = None

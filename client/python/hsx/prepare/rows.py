@@ -46,12 +46,27 @@ class Skip:
 
 
 @dataclass
+class Record:
+    """A line written as it is instead of a row (a request for an engine, regenerate.py); `tokens` is
+    what the summary counts for it."""
+
+    sample_id: str | int
+    line: str
+    tokens: int = 0
+
+
+@dataclass
 class Outcome:
-    """What one conversation gives: rows to write, rows skipped, and why it was not packed (auto)."""
+    """What one conversation gives: rows to write, rows skipped, and why it was not packed (auto).
+
+    `records` are lines written as they are (in place of rows); `kept` are rows written but reported
+    and counted by reason (an engine's truncated generation kept by --on-truncated keep)."""
 
     rows: list[Row] = field(default_factory=list)
     skips: list[Skip] = field(default_factory=list)
     split: Skip | None = None
+    records: list[Record] = field(default_factory=list)
+    kept: list[Skip] = field(default_factory=list)
 
 
 def _dropped(k: int, fields: list[str], rendered: str) -> Skip:

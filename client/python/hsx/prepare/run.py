@@ -65,6 +65,7 @@ class Stats:
     skipped: dict[str, int] = field(default_factory=dict)
     lines: int = 0  # input lines of this shard that held a sample
     per_turn: dict[str, int] = field(default_factory=dict)  # conversations written per turn, by why
+    kept: dict[str, int] = field(default_factory=dict)  # rows written but reported (Outcome.kept), by why
 
 
 class Paths:
@@ -98,10 +99,15 @@ def _write_atomic(path: Path, text: str) -> None:
 class Run:
     """One run over one input file (one shard of it), from start or from a journal."""
 
-    def __init__(self, options: Options, source, settings: dict[str, Any], vocab_size: int):
+    def __init__(self, options: Options, source, settings: dict[str, Any], vocab_size: int | None,
+                 trailer=None, frequencies: bool = True):
         """`source` turns one input line's text into an Outcome (rows.py), raising InputError or
-        TemplateRaised for a line that stops the run (RowMaker.line for chat conversations)."""
+        TemplateRaised for a line that stops the run (RowMaker.line for chat conversations).
+        `trailer()`, when given, returns an Outcome of skips reported after the last line (requests an
+        engine never answered, regenerate.py); `frequencies` False writes no OUTPUT.freq.json (an
+        output of requests, not of rows)."""
         self.o, self.source, self.vocab_size = options, source, vocab_size
+        self.trailer, self.write_frequencies = trailer, frequencies
         self.settings = settings
         self.paths = Paths(options.output)
         self.stats = Stats()
@@ -120,7 +126,7 @@ class Run:
                 "report_bytes": report_bytes, "finished": self.finished,
                 "stats": {"written": s.written, "tokens": s.tokens, "masked": s.masked, "truncated": s.truncated,
                           "dropped": s.dropped, "skipped": s.skipped, "lines": s.lines,
-                          "per_turn": s.per_turn},
+                          "per_turn": s.per_turn, "kept": s.kept},
                 "counts": sorted(self.counts.items())}
 
     def _checkpoint(self, out, report) -> None:
@@ -148,7 +154,7 @@ class Run:
         self.finished = state["finished"]
         st = state["stats"]
         self.stats = Stats(st["written"], st["tokens"], st["masked"], st["truncated"], st["dropped"],
-                           dict(st["skipped"]), st["lines"], dict(st["per_turn"]))
+                           dict(st["skipped"]), st["lines"], dict(st["per_turn"]), dict(st.get("kept", {})))
         self.counts = Counter({int(t): n for t, n in state["counts"]})
         self._check_input_prefix(state["input_xxh64"])
         return state["output_bytes"], state["report_bytes"]
@@ -192,8 +198,8 @@ class Run:
 
     # -- one sample --------------------------------------------------------------------------------
 
-    def _where(self, line: int) -> str:
-        return f"{self.o.input}:{line}"
+    def _where(self, line: int | None) -> str:
+        return f"{self.o.input}:{line}" if line is not None else str(self.o.input)
 
     def _skip(self, report, line, sample_id, reason, detail) -> None:
         if self.o.strict:
@@ -223,8 +229,15 @@ class Run:
                          rows=len(outcome.rows))
         for skip in outcome.skips:
             self._skip(report, line, skip.sample_id, skip.reason, skip.detail)
+        for note in outcome.kept:
+            self.stats.kept[note.reason] = self.stats.kept.get(note.reason, 0) + 1
+            self._report(report, line, note.sample_id, "kept", note.reason, detail=note.detail)
         for row in outcome.rows:
             self._write(out, report, line, row)
+        for record in outcome.records:
+            out.write((record.line + "\n").encode("utf-8"))
+            self.stats.written += 1
+            self.stats.tokens += record.tokens
         return None
 
     def _refuse_first(self, line, outcome) -> None:
@@ -314,6 +327,12 @@ class Run:
                 if since >= self.o.checkpoint_every:
                     self._checkpoint(out, report)
                     since = 0
+        if self.trailer is not None:
+            # Journaled first and not after: a rerun after an error or a kill here cuts the report back
+            # to this point and reports the trailer's lines once.
+            self._checkpoint(out, report)
+            for skip in self.trailer().skips:
+                self._skip(report, None, skip.sample_id, skip.reason, skip.detail)
         if bar is not None:
             bar.close()
         self.finished = True
@@ -326,7 +345,8 @@ class Run:
 
     def _finish(self) -> None:
         p = self.paths
-        _write_atomic(p.freq, json.dumps(self.frequencies(), separators=(",", ":")) + "\n")
+        if self.write_frequencies:
+            _write_atomic(p.freq, json.dumps(self.frequencies(), separators=(",", ":")) + "\n")
         if p.report_partial.exists():
             os.replace(p.report_partial, p.report)
         if p.partial.exists():
