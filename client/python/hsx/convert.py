@@ -34,6 +34,19 @@ not parse, whose file name is not a plain name in DIR, or a second entry for one
 index (other than a redo's "supersedes"), is an error, and so is a journaled
 file of another size. Nothing is written then.
 
+Each file is checked against its journal entry before it is converted, as
+hsx-verify checks it (hsx.journal.file_problems): the metadata's sample_index,
+sample_id, capture_ids, dtype and model, the token ids' and loss mask's XXH64,
+the final norm's presence, and the whole file's XXH64 (--no-digest skips that
+one, a read of every byte). A file that disagrees stops the run with an error
+naming the journal line, the sample's index and id, the file and what differs
+(what it holds); nothing is written for it, what earlier samples wrote stays.
+
+A failed write, fsync or rename (a full disk) stops the run with one line: the
+file, the strerror ("no space left on device"), the samples converted and
+journaled that are kept, and that a rerun of the same command resumes; no
+temporary is left (hsx.atomic).
+
 The auxiliary layers are the captured ids below N (three for EAGLE-3); the
 target is the post-final-norm state when present (required by SpecForge).
 """
@@ -42,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import heapq
 import json
@@ -54,8 +68,9 @@ from typing import Any
 import torch
 import xxhash
 
+from . import atomic
 from .files import read_sample
-from .journal import JournalError, complete_samples
+from .journal import JournalError, complete_samples, file_problems
 from .shard import in_shard, shard_arg
 
 SPECFORGE_GROUP = 2000
@@ -152,28 +167,12 @@ def _progress(total: int, initial: int, enabled: bool):
     return _Bar()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomic(dest: Path, write) -> int:
-    """Writes `dest` through write(file) beside it (.NAME.partial), fsyncs, renames
-    it over `dest` and fsyncs the directory; returns its size. The temporary name
-    is fixed: one process per shard, and each sample belongs to one shard."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    temp = dest.parent / f".{dest.name}.partial"
-    with open(temp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-        size = f.tell()
-    os.replace(temp, dest)
-    _fsync_dir(dest.parent)
-    return size
+    """Writes `dest` through write(file) beside it (.NAME.partial), fsyncs, renames it over
+    `dest` and fsyncs the directory (hsx.atomic); returns its size. The temporary name is
+    fixed: one process per shard, and each sample belongs to one shard. A failed write is
+    atomic.WriteFailed, with the temporary removed."""
+    return atomic.write_atomic(dest, write)
 
 
 class _Out:
@@ -222,9 +221,12 @@ class _Out:
         data = self.journal.read_bytes()
         complete = data[: data.rfind(b"\n") + 1]
         if len(complete) != len(data):
-            with open(self.journal, "r+b") as f:
-                f.truncate(len(complete))
-                os.fsync(f.fileno())
+            try:
+                with open(self.journal, "r+b") as f:
+                    f.truncate(len(complete))
+                    os.fsync(f.fileno())
+            except OSError as error:
+                raise atomic.WriteFailed(self.journal, error) from None
         done, finished, lines = set(), False, complete.decode("utf-8", errors="replace").splitlines()
         for number, line in enumerate(lines, start=1):
             where = f"{self.journal}:{number}"
@@ -293,10 +295,9 @@ class _Out:
 
 
 def _append(journal, entry: dict[str, Any]) -> None:
-    """One journal line, durable before the next step."""
-    journal.write((json.dumps(entry) + "\n").encode())
-    journal.flush()
-    os.fsync(journal.fileno())
+    """One journal line, durable before the next step (written whole, or torn where the write
+    failed: resume() truncates a torn last line)."""
+    atomic.append_line(journal.fileno(), (json.dumps(entry) + "\n").encode(), Path(journal.name))
 
 
 def _digest(samples: list[tuple[int, Path, dict]]) -> str:
@@ -308,28 +309,38 @@ def _digest(samples: list[tuple[int, Path, dict]]) -> str:
     return h.hexdigest()
 
 
-def _read(path: Path):
+def _read(index: int, path: Path, entry: dict, digest: bool):
+    """The sample file, checked against its journal entry first (hsx.journal.file_problems:
+    what hsx-verify checks; the whole file's XXH64 with `digest`)."""
     try:
-        return read_sample(path, torch=True)
+        sample = read_sample(path, torch=True)
+        problems = file_problems(path, entry, sample, digest=digest)
     except (OSError, ValueError, KeyError) as error:
         raise ConvertError(f"{path}: cannot read: {error}") from None
+    if problems:
+        raise ConvertError(f"{entry.where}: sample {index} (id {entry['id']!r}) is journaled as {path}, but that file "
+                           f"disagrees: {'; '.join(problems)}")
+    return sample
 
 
 def _plan(directory, target: str, shard: tuple[int, int]):
     """(run.json's content, the shard journal's header line, this shard's samples):
-    the dump's journal is checked and the shard's first sample converted in memory
-    before anything is written. The header identifies the shard's samples (index,
-    file, size), so each shard may come from its own dump directory (hsx-dump
-    --shard I/N --out DIR-I) or all from one."""
+    the dump's journal is checked and the shard's first sample checked against its
+    entry (all but the digest) and converted in memory before anything is written.
+    The header identifies the shard's samples (index, file, size), so each shard may
+    come from its own dump directory (hsx-dump --shard I/N --out DIR-I) or all from one."""
     if target not in FORMATS:
         raise ConvertError(f"unknown format {target!r}")
     samples = _samples(directory)
     mine = [sample for sample in samples if in_shard(sample[0], shard)]
     if mine:
-        _record(target, mine[0][0], mine[0][1], _read(mine[0][1]))  # the format's needs, checked once
+        try:  # the format's needs, checked once; the digest waits for the loop (one read of the file)
+            _record(target, mine[0][0], mine[0][1], _read(*mine[0], digest=False))
+        except ConvertError as error:
+            raise ConvertError(f"{error}; nothing was written") from None
     run = {"format": "hsx-convert/1", "to": target, "shards": shard[1],
            "layer_ids": samples[0][2]["capture_ids"] if samples else []}
-    return run, {"dump_xxh64": _digest(mine), "samples": len(mine)}, [(index, path) for index, path, _ in mine]
+    return run, {"dump_xxh64": _digest(mine), "samples": len(mine)}, mine
 
 
 class Result(int):
@@ -340,48 +351,101 @@ class Result(int):
     pending: list[int]
 
 
+def _kept(mine: list, done: set[int], shard: tuple[int, int]) -> str:
+    """What OUT keeps of this shard: "samples 0..k converted and journaled are kept"."""
+    of = f" of shard {shard[0]}/{shard[1]}" if shard[1] > 1 else ""
+    indices = [index for index, _, _ in mine if index in done]
+    if not indices:
+        return f"no sample{of} was converted yet"
+    if len(indices) == len(mine):
+        return f"all {len(indices)} samples{of} converted and journaled are kept"
+    span = f"{indices[0]}..{indices[-1]}"
+    if not of and indices == list(range(indices[0], indices[-1] + 1)):
+        return f"samples {span} converted and journaled are kept"
+    return f"{len(indices)} of the {len(mine)} samples{of} (indices {span}) converted and journaled are kept"
+
+
+def _write_failure(failed: atomic.WriteFailed, mine: list, done: set[int], shard: tuple[int, int]) -> str:
+    """The one line for a failed write, fsync or rename in OUT: the file and the strerror,
+    what is kept, and the rerun that resumes."""
+    kept = _kept(mine, done, shard)
+    if failed.path.name in (IDS_FILE, "sample_lengths.json", "data_config.json"):
+        kept += f"; {IDS_FILE}, which marks OUT complete, was not written"
+    room = "free some space and " if failed.error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return f"{failed}; {kept}; {room}rerun the same command: it resumes where this run stopped"
+
+
+class _Refused(ConvertError):
+    """A sample of the loop that cannot be converted (unreadable, not what its journal entry says)."""
+
+
+def _convert_samples(target: str, out: Path, mine: list, done: set[int], journal, bar, digest: bool) -> None:
+    """Converts the samples of `mine` not in `done`, in index order, adding each to `done`
+    once its journal line is written."""
+    for index, path, entry in mine:
+        if index in done:
+            continue
+        try:
+            sample = _read(index, path, entry, digest)
+            name, record = _record(target, index, path, sample)
+        except ConvertError as error:
+            raise _Refused(f"{error}; nothing was written for sample {index}") from None
+        size = _write_atomic(out / name, lambda f: torch.save(record, f))
+        line = {"index": index, "id": sample.metadata.get("sample_id"), "file": name,
+                "tokens": int(record["input_ids"].numel()), "bytes": size}
+        del sample, record  # one sample in memory at a time
+        _append(journal, line)
+        done.add(index)
+        bar.update(1)
+
+
 def convert(directory: str | os.PathLike, target: str, out: str | os.PathLike, shard: tuple[int, int] = (0, 1),
-            progress: bool = False) -> Result:
+            progress: bool = False, digest: bool = True) -> Result:
     """Converts every journaled sample of `directory` whose index % N == I (shard
-    (I, N)) into `out`, one sample at a time, resuming from OUT's own journal;
+    (I, N)) into `out`, one sample at a time, each checked against its journal entry
+    first (with `digest`, the whole file's XXH64 too), resuming from OUT's own journal;
     returns the shard's count. Raises ConvertError on a bad or missing journal, a
-    damaged or unreadable sample file, or an OUT holding anything else (nothing is
-    written when the journal, the first sample or OUT is refused)."""
+    damaged, unreadable or mismatched sample file, an OUT holding anything else
+    (nothing is written when the journal, the first sample or OUT is refused), or a
+    failed write (what was converted stays, and the same call resumes)."""
     out = Path(out)
     run, header, mine = _plan(directory, target, shard)
     state = _Out(out, run, shard)
-    state.claim()
-    with open(state.journal, "ab") as journal:
-        try:
-            fcntl.flock(journal, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConvertError(f"{out}: shard {shard[0]}/{shard[1]} is being converted by another process") from None
-        done, finished, has_header = state.resume(header)
-        if not has_header:
-            _append(journal, header)
-        bar = _progress(len(mine), len(done), progress)
-        try:
-            for index, path in mine:
-                if index in done:
-                    continue
-                sample = _read(path)
-                name, record = _record(target, index, path, sample)
-                size = _write_atomic(out / name, lambda f: torch.save(record, f))
-                line = {"index": index, "id": sample.metadata.get("sample_id"), "file": name,
-                        "tokens": int(record["input_ids"].numel()), "bytes": size}
-                del sample, record  # one sample in memory at a time
-                _append(journal, line)
-                bar.update(1)
-        finally:
-            bar.close()
-        if not finished:
-            _append(journal, {"done": len(mine)})
-    with state.locked():
-        result = Result(len(mine))
-        result.pending = state.all_done()
-        result.complete = not result.pending
-        if result.complete:
-            state.finish(target)
+    done: set[int] = set()
+    try:
+        state.claim()
+        with open(state.journal, "ab") as journal:
+            try:
+                fcntl.flock(journal, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConvertError(f"{out}: shard {shard[0]}/{shard[1]} is being converted by another "
+                                   "process") from None
+            recorded, finished, has_header = state.resume(header)
+            done |= recorded
+            if not has_header:
+                _append(journal, header)
+            bar = _progress(len(mine), len(done), progress)
+            try:
+                _convert_samples(target, out, mine, done, journal, bar, digest)
+            finally:
+                bar.close()
+            if not finished:
+                _append(journal, {"done": len(mine)})
+        with state.locked():
+            result = Result(len(mine))
+            result.pending = state.all_done()
+            result.complete = not result.pending
+            if result.complete:
+                state.finish(target)
+    except _Refused as error:
+        raise ConvertError(f"{error}, and {_kept(mine, done, shard)}; hsx-verify {directory} lists the dump's "
+                           "problems; once they are repaired, the same command resumes (if the dump still lists "
+                           "the same files)") from None
+    except atomic.WriteFailed as failed:
+        raise ConvertError(_write_failure(failed, mine, done, shard)) from None
+    except OSError as error:  # creating .hsx-convert/, its lock or journal
+        failed = atomic.WriteFailed(Path(error.filename or out), error)
+        raise ConvertError(_write_failure(failed, mine, done, shard)) from None
     return result
 
 
@@ -396,9 +460,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="convert only the samples whose index %% N == I (as hsx-dump's --shard); the N "
                              "shards share OUT, and the last to finish writes sample_ids.jsonl")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (tqdm) on stderr")
+    parser.add_argument("--no-digest", action="store_true",
+                        help="do not compare each file's XXH64 with the journal's (a read of every byte); the "
+                             "metadata, token ids and loss mask are checked all the same")
     args = parser.parse_args(argv)
     try:
-        result = convert(args.directory, args.to, args.out, shard=args.shard, progress=not args.no_progress)
+        result = convert(args.directory, args.to, args.out, shard=args.shard, progress=not args.no_progress,
+                         digest=not args.no_digest)
     except (ConvertError, OSError) as error:
         print(f"hsx.convert: error: {error}", file=sys.stderr)
         return 1

@@ -31,14 +31,20 @@ counts, 0 <= token_id < V, and T the sum of the counts (the tokens counted in th
 scope). Several files are summed; they must agree on V and scope. Anything else
 is refused with a message naming the file and the entry, and nothing is written.
 
-Writing is atomic per file: each file is written beside its final name and
-renamed over it (an existing mapping is replaced); for speculators both files
-are written before either is renamed.
+Writing is atomic per file: each file is written beside its final name
+(.NAME.XXXXXXXX.partial), fsynced and renamed over it (an existing mapping is
+replaced); for speculators both files are written before either is renamed. A
+failed write, fsync or rename (a full disk: "no space left on device") is one
+line naming the file, what OUT holds now (nothing new, the previous mapping
+unchanged, or which file was replaced) and that a rerun of the same command
+writes the mapping anew; no temporary is left.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import os
 import sys
@@ -48,6 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from . import atomic
 
 FORMAT_TAG = "hsx-token-frequencies/1"
 SCOPES = ("assistant", "all")
@@ -183,34 +191,16 @@ def select(freq: Frequencies, draft_vocab_size: int) -> Mapping:
     return Mapping(target_ids, target_ids - np.arange(n, dtype=np.int64), t2d, padded, covered)
 
 
-def _staged(final: Path, write: Callable[[Path], None]) -> Path:
-    """Writes through `write` to a temporary file beside `final`; returns its path (not yet renamed)."""
-    fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
-    os.close(fd)
-    try:
-        write(Path(name))
-    except BaseException:
-        os.unlink(name)
-        raise
-    return Path(name)
-
-
-def _commit(staged: list[tuple[Path, Path]]) -> None:
-    for temporary, final in staged:
-        os.replace(temporary, final)
-
-
-def _torch_writer(obj_factory: Callable[[], object]) -> Callable[[Path], None]:
-    def write(path: Path) -> None:
+def _torch_writer(obj_factory: Callable[[], object]) -> Callable[[object], None]:
+    def write(sink) -> None:
         import torch  # only the .pt formats need torch
-        torch.save(obj_factory(), path)
+        torch.save(obj_factory(), sink)  # into a file object: hsx.atomic sees the OSError behind a failure
     return write
 
 
-def _npy_writer(array: np.ndarray) -> Callable[[Path], None]:
-    def write(path: Path) -> None:
-        with open(path, "wb") as sink:
-            np.save(sink, array)
+def _npy_writer(array: np.ndarray) -> Callable[[object], None]:
+    def write(sink) -> None:
+        np.save(sink, array)  # through sink.write, not tofile, whose short write has no errno
     return write
 
 
@@ -231,7 +221,10 @@ def write_mapping(mapping: Mapping, fmt: str, out: str | os.PathLike) -> list[Pa
     if fmt == "speculators":
         if out.exists() and not out.is_dir():
             raise VocabError(f"{out}: exists and is not a directory (speculators' OUT is a directory)")
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise VocabError(f"{out}: {atomic.reason(error)}; no mapping was written") from None
         writers = [_npy_writer(mapping.d2t), _npy_writer(mapping.t2d)]
     else:
         if out.is_dir():
@@ -243,16 +236,57 @@ def write_mapping(mapping: Mapping, fmt: str, out: str | os.PathLike) -> list[Pa
         else:
             writers = [_torch_writer(lambda: _torch_tensor(mapping.d2t))]
     finals = output_files(fmt, out, n)
-    staged: list[tuple[Path, Path]] = []
+    _write_all(writers, finals)
+    return finals
+
+
+def _temporary(final: Path) -> Path:
+    """A new name beside `final` (.NAME.XXXXXXXX.partial), created exclusively."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
+    except OSError as error:
+        raise atomic.WriteFailed(final, error) from None
+    os.close(fd)
+    return Path(name)
+
+
+def _write_all(writers: list[Callable[[object], None]], finals: list[Path]) -> None:
+    """Stages every file (written and fsynced under a temporary name), then renames each
+    over its final name. A failed write, fsync or rename is a VocabError saying what OUT
+    holds now; no temporary is left."""
+    existed = [final.exists() for final in finals]
+    staged: list[Path] = []
+    replaced: list[Path] = []
     try:
         for write, final in zip(writers, finals):
-            staged.append((_staged(final, write), final))
-    except BaseException:
-        for temporary, _ in staged:
-            os.unlink(temporary)
-        raise
-    _commit(staged)
-    return finals
+            staged.append(_temporary(final))
+            atomic.stage(final, write, staged[-1])
+        for temporary, final in zip(staged, finals):
+            atomic.commit(temporary, final)
+            replaced.append(final)
+    except atomic.WriteFailed as failed:
+        if failed.renamed:
+            replaced.append(failed.path)
+        raise VocabError(_write_failure(failed, finals, replaced, existed)) from None
+    finally:
+        for temporary in staged:  # gone when renamed; stage and commit remove theirs on failure
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+
+
+def _write_failure(failed: atomic.WriteFailed, finals: list[Path], replaced: list[Path],
+                   existed: list[bool]) -> str:
+    """The one line for a failed write: the file and the strerror, what OUT holds now, and the rerun."""
+    if replaced:
+        rest = [final for final in finals if final not in replaced]
+        kept = (f"{' and '.join(map(str, replaced))} was replaced but {' and '.join(map(str, rest))} was not: "
+                "the files do not belong together")
+    elif any(existed):
+        kept = f"the previous mapping ({', '.join(str(f) for f, e in zip(finals, existed) if e)}) is unchanged"
+    else:
+        kept = "no mapping was written"
+    room = "free some space and " if failed.error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return f"{failed}; {kept}; {room}rerun the same command: it writes the mapping anew"
 
 
 def _torch_tensor(array: np.ndarray) -> object:
