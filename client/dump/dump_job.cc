@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/dump/dump_dir.h"
+#include "client/dump/fault.h"
 #include "client/dump/run_lease.h"
 
 namespace hsx {
@@ -438,14 +439,15 @@ class DumpRun {
                                            SampleRelativePath(input.index, options_.layout);
     const std::string final_path = final_fs.string();
     const std::string final_dir = final_fs.parent_path().string();
+    // From here on the sample is good: what fails is the file system's (fault.h).
     if (final_dir != std::filesystem::path(options_.out_dir).string()) {  // the nested layout
-      if (absl::Status s = MakeSubdirectory(final_dir); !s.ok()) return s;
+      if (absl::Status s = MakeSubdirectory(final_dir); !s.ok()) return EnvironmentFault(s);
     }
     const std::string staging = absl::StrCat(final_path, ".partial.", run_token_);
     // The file's digest is hashed as it is written: no read-back.
     WrittenDigest written_digest;
     if (absl::Status s = WriteSampleFile(staging, input, sample, options_.info, &written_digest); !s.ok()) {
-      return s;
+      return EnvironmentFault(s);
     }
     const FileDigest digest = ToFileDigest(written_digest);
     JournalEntry entry = MakeJournalEntry(input, sample, options_, digest);
@@ -462,7 +464,7 @@ class DumpRun {
           return CheckJournalEntry(e, journal_->path(), line, samples_, options_);
         });
     if (!committed.ok() || !*committed) ::unlink(staging.c_str());
-    if (!committed.ok()) return committed.status();
+    if (!committed.ok()) return EnvironmentFault(committed.status());
     *written = *committed;
     *bytes = digest.bytes;
     return absl::OkStatus();
@@ -496,16 +498,20 @@ class DumpRun {
     if (status.ok() && written) progress_->Add(1, static_cast<int64_t>(input.input_ids.size()), bytes);
   }
 
-  // A sample failed. Within --max-failures it goes to the shard's quarantine
-  // file and the run goes on; the failure beyond the limit, UNAVAILABLE (no
-  // server, after the retries: nothing wrong with the sample) or a
-  // quarantine that cannot be written fail the run instead and cancel what
-  // is in flight; such a sample is not quarantined, so a rerun takes it up.
-  // Must be called without mutex_ held.
+  // A sample failed. When it is the sample's fault (fault.h), within
+  // --max-failures, it goes to the shard's quarantine file and the run goes
+  // on; the failure beyond the limit, a failure of the environment (a full
+  // disk, busy or unreachable servers, after the retries: nothing wrong with
+  // the sample) or a quarantine that cannot be written fail the run instead
+  // and cancel what is in flight; such a sample is not quarantined, so a
+  // rerun takes it up. Must be called without mutex_ held.
   void Fail(const InputSample& input, const absl::Status& status) {
-    const absl::Status error = status.message().find(absl::StrCat("sample ", input.index, " ")) == 0
-                                   ? status
-                                   : absl::Status(status.code(), absl::StrCat(Where(input), ": ", status.message()));
+    absl::Status error = status.message().find(absl::StrCat("sample ", input.index, " ")) == 0
+                             ? status
+                             : absl::Status(status.code(), absl::StrCat(Where(input), ": ", status.message()));
+    if (IsEnvironmentFault(status)) error = EnvironmentFault(error);  // the new status lost the mark
+    // Not counted as a failed sample: the sample may well be good.
+    if (FaultOf(status) == Fault::kEnvironment) return Stop(EnvironmentStop(error, options_.out_dir));
     const std::string quarantine = ShardQuarantinePath(options_.out_dir, options_.shard);
     int64_t failed = 0;
     {
@@ -513,31 +519,30 @@ class DumpRun {
       failed = ++stats_->failed;
     }
     progress_->AddFailure();
-    absl::Status stop;
-    if (absl::IsUnavailable(status)) {
-      stop = error;
-    } else if (failed > options_.max_failures) {
-      stop = options_.max_failures == 0
-                 ? error
-                 : absl::Status(error.code(), absl::StrCat("more than ", options_.max_failures,
-                                                           " samples failed (--max-failures ", options_.max_failures,
-                                                           "; the others are in ", quarantine, "); the last: ",
-                                                           error.message()));
-    } else if (!options_.discard) {
-      stop = AppendQuarantine(quarantine, {input.index, input.id, static_cast<int64_t>(input.input_ids.size()),
-                                           std::string(absl::StatusCodeToString(status.code())),
-                                           std::string(status.message())});
+    if (failed > options_.max_failures) {
+      return Stop(options_.max_failures == 0
+                      ? error
+                      : absl::Status(error.code(), absl::StrCat("more than ", options_.max_failures,
+                                                                " samples failed (--max-failures ",
+                                                                options_.max_failures, "; the others are in ",
+                                                                quarantine, "); the last: ", error.message())));
     }
-    if (stop.ok()) {
-      if (!options_.discard) {  // --discard keeps no files: the failure is only counted
-        std::lock_guard<std::mutex> lock(mutex_);
-        ++stats_->quarantined;
-      }
-      std::fprintf(stderr, "hsx-dump: %s; %s (%lld of at most %lld)\n", std::string(error.message()).c_str(),
-                   options_.discard ? "going on" : absl::StrCat("quarantined in ", quarantine).c_str(),
-                   static_cast<long long>(failed), static_cast<long long>(options_.max_failures));
-      return;
+    if (!options_.discard) {  // --discard keeps no files: the failure is only counted
+      const absl::Status kept = AppendQuarantine(
+          quarantine, {input.index, input.id, static_cast<int64_t>(input.input_ids.size()),
+                       std::string(absl::StatusCodeToString(status.code())), std::string(status.message())});
+      if (!kept.ok()) return Stop(EnvironmentStop(EnvironmentFault(kept), options_.out_dir));
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_->quarantined;
     }
+    std::fprintf(stderr, "hsx-dump: %s; %s (%lld of at most %lld)\n", std::string(error.message()).c_str(),
+                 options_.discard ? "going on" : absl::StrCat("quarantined in ", quarantine).c_str(),
+                 static_cast<long long>(failed), static_cast<long long>(options_.max_failures));
+  }
+
+  // Fails the run with `stop` (the first such failure is the run's) and
+  // cancels what is in flight. Must be called without mutex_ held.
+  void Stop(const absl::Status& stop) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (failure_.ok()) failure_ = stop;

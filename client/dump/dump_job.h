@@ -3,10 +3,11 @@
 // (dump_dir.h) to skip what is done, keeps up to `concurrency` samples in
 // flight, verifies every sample before writing it atomically, declares it
 // done in its shard's journal, reports progress (and writes the shard's
-// status file), and quarantines a sample that fails (after the transport's
-// retries): it is recorded in the shard's quarantine file and the run goes on,
-// until more than `max_failures` samples failed (UNAVAILABLE, no server,
-// fails the run at once). It never leaves a partial
+// status file), and quarantines a sample that fails by its own fault (after
+// the transport's retries; fault.h): it is recorded in the shard's quarantine
+// file and the run goes on, until more than `max_failures` samples failed. A
+// failure of the environment (a full disk, servers busy or gone) marks no
+// sample and fails the run at once (IsEnvironmentFault). It never leaves a partial
 // file or a journaled file that does not verify.
 #ifndef HSX_CLIENT_DUMP_DUMP_JOB_H_
 #define HSX_CLIENT_DUMP_DUMP_JOB_H_
@@ -52,8 +53,9 @@ struct DumpOptions {
   bool discard = false;
   // --server: the checksum each stream's Trailer carries (--wire-checksum).
   ChecksumKind wire_checksum = ChecksumKind::kXxh64;
-  // Samples that may fail (each is quarantined) before the run stops; the
-  // run fails when more than this many fail. 0: the first failure stops it.
+  // Samples that may fail by their own fault (each is quarantined) before the
+  // run stops; the run fails when more than this many fail. 0: the first
+  // failure stops it. The environment's failures are never counted here.
   int64_t max_failures = 0;
   // Take up the samples quarantined by earlier runs again (by default they
   // are skipped, and the run ends with them still quarantined).

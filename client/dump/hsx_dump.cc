@@ -29,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "client/dump/dump_job.h"
 #include "client/dump/extractor.h"
+#include "client/dump/fault.h"
 #include "client/dump/in_process_extractor.h"
 #include "client/dump/input.h"
 #include "client/dump/dump_status.h"
@@ -63,10 +64,11 @@ ABSL_FLAG(std::string, max_in_flight_bytes, "4GiB", "Bytes of hidden states in f
 ABSL_FLAG(std::string, shard, "0/1", "I/N: process only the samples whose index % N == I (several "
           "processes, on any hosts, may share one --out directory; each shard has its own journal, "
           "quarantine and status file; run all shards of a directory with the same N at once).");
-ABSL_FLAG(int64_t, max_failures, 0, "Samples that may fail (after --retries) before the run stops: each "
-          "failed sample is written to OUT/quarantine/shard-I-of-N.jsonl with its id and the reason, and the "
+ABSL_FLAG(int64_t, max_failures, 0, "Samples that may fail (after --retries) by their own fault before the run "
+          "stops: each is written to OUT/quarantine/shard-I-of-N.jsonl with its id and the reason, and the "
           "run goes on; one more fails the run (exit status 1; that sample is not quarantined, a rerun "
-          "takes it up), and so does UNAVAILABLE after the retries (no server). With a value above 0, an input "
+          "takes it up). A failure of the environment (disk full or an I/O error, servers busy, unreachable "
+          "or too slow after the retries) is never quarantined: it stops the run with exit status 75. With a value above 0, an input "
           "sample beyond the model's limits (a token id outside the vocabulary, too many tokens, a media "
           "placeholder) is quarantined too instead of refusing the input. 0: the first failure stops the run.");
 ABSL_FLAG(bool, retry_quarantined, false, "Take up again the samples that earlier runs quarantined (without it "
@@ -78,7 +80,8 @@ ABSL_FLAG(std::string, layout, "flat", "Where sample files go: flat (OUT/hs_{i}.
 ABSL_FLAG(bool, json, false, "hsx-dump status: print the report as one JSON object.");
 ABSL_FLAG(double, deadline, 600, "--server: seconds one attempt of one sample may take.");
 ABSL_FLAG(int, retries, 8, "--server: retries of a sample after UNAVAILABLE, DEADLINE_EXCEEDED or "
-          "RESOURCE_EXHAUSTED (exponential backoff with jitter); other errors fail the run.");
+          "RESOURCE_EXHAUSTED (exponential backoff with jitter); after them the run stops (exit status 75). "
+          "Other errors fail the sample (see --max-failures).");
 ABSL_FLAG(std::string, auth_token_file, "", "--server: file holding a token sent as "
           "'authorization: Bearer <token>'.");
 ABSL_FLAG(std::string, tls_ca, "", "--server: PEM file of the CA that signed the server's "
@@ -382,8 +385,13 @@ int main(int argc, char** argv) {
       "Progress of a dump over all its shards' journals, quarantine and status files: samples done of\n"
       "the input's total, failures (quarantined), retries, the smoothed rate and the ETA.\n\n"
       "Exit status: 0 when every sample of the shard is done; 3 when the run completed but samples are\n"
-      "quarantined (OUT/quarantine/; rerun with --retry-quarantined to take them up); 1 on an error\n"
-      "(including more than --max-failures failed samples).");
+      "quarantined (OUT/quarantine/; rerun with --retry-quarantined to take them up); 75 when the\n"
+      "environment stopped the run, not a sample: a full disk or an I/O error while writing, or the servers\n"
+      "busy (RESOURCE_EXHAUSTED), unreachable (UNAVAILABLE) or too slow (DEADLINE_EXCEEDED) after the\n"
+      "retries, or refusing the credentials; no sample is quarantined for it, and the same command resumes once\n"
+      "the cause is gone; 1 on any other error (including more than --max-failures failed samples, and\n"
+      "no server answering at the start). Only a sample's own fault is quarantined: refused by the server\n"
+      "as invalid (INVALID_ARGUMENT, OUT_OF_RANGE), states that fail a check (DATA_LOSS), INTERNAL.");
   hsx::ListFlagsInHelp("client/dump/hsx_dump.cc");  // this file's flags and the engine's
   hsx::AcceptDashedFlags(argc, argv);
   const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
@@ -407,6 +415,11 @@ int main(int argc, char** argv) {
                                                "unexpected argument '", args[1], "' (see --help)")));
   }
   const absl::Status status = Run();
+  if (hsx::IsEnvironmentFault(status)) {
+    std::fprintf(stderr, "hsx-dump: %s; exit status %d\n", std::string(status.message()).c_str(),
+                 hsx::kExitEnvironment);
+    return hsx::kExitEnvironment;
+  }
   if (status.ok() && g_quarantined > 0) {
     std::fprintf(stderr, "hsx-dump: %lld samples of this shard are quarantined (%s/quarantine/); exit status %d\n",
                  static_cast<long long>(g_quarantined), absl::GetFlag(FLAGS_out).c_str(), kExitQuarantined);

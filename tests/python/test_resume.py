@@ -88,7 +88,7 @@ def test_kill9_server_midway_then_rerun(run, tools, tiny, kill_input, reference,
         server.proc.send_signal(signal.SIGKILL)
         server.proc.wait()
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 1, stderr
+    assert proc.returncode == 75, stderr  # the environment (no server), not the samples: nothing quarantined
     assert "UNAVAILABLE" in stderr, stderr
     done = snapshot(out)
     assert 40 <= len(done) < N
