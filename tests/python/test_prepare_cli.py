@@ -297,7 +297,7 @@ def test_help_explains_every_flag():
 
     text = parser().format_help()
     flags = [a.option_strings[-1] for a in parser()._actions if a.option_strings]
-    assert len(flags) == 15
+    assert len(flags) == 18
     for action in parser()._actions:
         assert action.help and len(action.help) > 15, action.option_strings
     assert all(flag in text for flag in flags)

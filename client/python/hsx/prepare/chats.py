@@ -9,8 +9,9 @@ them. Nothing here knows about tokenizers.
             (assistant "tool_calls", "reasoning_content", tool "tool_call_id"/"name" kept)
   plain     {"prompt": "...", "response": "...", "system": "..."?}
 
-A line may carry "id" (a string or an integer): it becomes the sample id.
-Without one, the id is "sha256:" + the first 16 hex digits of the SHA-256 of the
+A line may carry "id" (a string or an integer): it becomes the sample id. An integer id must
+be a 64-bit signed integer (what every reader of the ids, hsx-dump first, holds); a larger one
+is refused, never rewritten: the line should carry it as a string. Without one, the id is "sha256:" + the first 16 hex digits of the SHA-256 of the
 line's canonical JSON (keys sorted, no spaces, UTF-8), so the same
 conversation gets the same id wherever it is in the file.
 """
@@ -27,6 +28,9 @@ ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                   "assistant": "assistant", "model": "assistant", "tool": "tool", "function": "tool",
                   "observation": "tool"}
+
+
+INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 class InputError(ValueError):
@@ -79,7 +83,36 @@ def _sample_id(obj: dict[str, Any]) -> str | int:
         return canonical_id(obj)
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise InputError(f'"id" must be a string or an integer, not {type(value).__name__}')
+    if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
+        raise InputError(f'"id" {value} is outside the 64-bit signed integers hsx-dump reads; write it as a string')
     return value
+
+
+def _path(path: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    name = key.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+    return f"{path}.{name}" if path else name
+
+
+def _lone_surrogate(obj: Any) -> None:
+    """Raises InputError naming the first string (or key) holding a lone surrogate: JSON's "\\ud800"
+    escape decodes to one, which is no character and which no tokenizer or UTF-8 writer takes.
+    Iterative: the object may be as deep as the JSON reader allows."""
+    stack = [("", obj)]
+    while stack:
+        path, value = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            for text, where in ((key, path), (item, _path(path, key))):
+                if isinstance(text, str):
+                    try:
+                        text.encode("utf-8")
+                    except UnicodeEncodeError as error:
+                        raise InputError(f"{where or 'the line'}: a lone surrogate (\\u{ord(text[error.start]):04x}), "
+                                         "not a character: not Unicode text") from None
+            if isinstance(item, (dict, list)):
+                stack.append((_path(path, key), item))
 
 
 def _check_message(message: dict[str, Any], index: int) -> dict[str, Any]:
@@ -160,6 +193,11 @@ def parse_line(text: str) -> Conversation:
         obj = json.loads(text)
     except json.JSONDecodeError as error:
         raise InputError(f"not valid JSON ({error.msg} at column {error.colno})") from None
+    except RecursionError:  # Python's reader recurses once per level: about 1,000 levels
+        raise InputError("JSON nested too deeply to read") from None
+    except ValueError as error:  # an integer of over 4,300 digits (sys.int_info.str_digits_check_threshold)
+        raise InputError(f"not valid JSON ({str(error).split(':')[0]})") from None
+    _lone_surrogate(obj)
     if not isinstance(obj, dict):
         raise InputError(f"not a JSON object (a {type(obj).__name__})")
     sample_id = _sample_id(obj)

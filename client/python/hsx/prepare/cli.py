@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..shard import shard_arg
 from ..model_config import language_config
+from . import limits
 from .masking import Masker, PrepareError, load_tokenizer, tokenizer_fingerprint
 from .rows import ROWS, RowMaker
 from .run import ON_LONG, Options, Run, Stats
@@ -43,6 +44,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
     return value
 
 
@@ -91,6 +102,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a tokenizer implemented by Python files in MODEL_DIR (tokenization_*.py, e.g. "
                         "Kimi's tiktoken tokenizer); that code runs in this process")
+    p.add_argument("--max-line-bytes", type=_positive, default=limits.MAX_LINE_BYTES, metavar="N",
+                   help="an input line longer than N bytes (its newline not counted) stops the run with its "
+                        f"FILE:LINE; it is never read whole (default {limits.MAX_LINE_BYTES}, 8 MiB: a "
+                        "256k-token conversation takes at most about 3 MiB)")
+    p.add_argument("--max-turns", type=_positive, default=limits.MAX_TURNS, metavar="N",
+                   help="a conversation of more than N messages is skipped and listed (an error under "
+                        "--strict); rendering costs time quadratic in the messages (default "
+                        f"{limits.MAX_TURNS})")
+    p.add_argument("--max-seconds-per-conversation", type=_seconds, default=limits.MAX_SECONDS, metavar="S",
+                   help="a conversation whose rendering and tokenizing takes longer is stopped, skipped and "
+                        f"listed (an error under --strict) (default {limits.MAX_SECONDS:g})")
     p.add_argument("--checkpoint-every", type=_positive, default=1000, metavar="N",
                    help="write the resume journal every N samples read (lines of this shard; default 1000)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it is off anyway when stderr "
@@ -152,13 +174,16 @@ def main(argv: list[str] | None = None) -> int:
         options = Options(input=Path(args.input), output=Path(args.output), max_tokens=args.max_tokens,
                           on_long=args.on_long, shard=args.shard, strict=args.strict,
                           count_all_tokens=args.count_all_tokens, checkpoint_every=args.checkpoint_every,
-                          progress=not args.no_progress)
+                          progress=not args.no_progress, max_line_bytes=args.max_line_bytes)
         kwargs = dict(args.template_arg)
         settings = {"input": os.path.realpath(args.input), "model": os.path.realpath(args.model),
                     "tokenizer": tokenizer_fingerprint(tokenizer), "vocab_size": vocab_size, "max_tokens": args.max_tokens,
                     "on_long": args.on_long, "shard": f"{args.shard[0]}/{args.shard[1]}", "strict": args.strict,
-                    "count_all_tokens": args.count_all_tokens, "template_args": kwargs, "rows": args.rows}
-        stats = Run(options, RowMaker(Masker(tokenizer, kwargs), args.rows).line, settings, vocab_size).run()
+                    "count_all_tokens": args.count_all_tokens, "template_args": kwargs, "rows": args.rows,
+                    "max_line_bytes": args.max_line_bytes, "max_turns": args.max_turns,
+                    "max_seconds_per_conversation": args.max_seconds_per_conversation}
+        stats = Run(options, RowMaker(Masker(tokenizer, kwargs), args.rows, args.max_turns,
+                                      args.max_seconds_per_conversation).line, settings, vocab_size).run()
     except PrepareError as error:
         print(f"hsx.prepare: error: {error}", file=sys.stderr)
         return 1

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import turns
+from . import limits, turns
 from .chats import media_part, parse_line
 from .fidelity import drop_reason, missing_fields, preview
 from .masking import Masker, Renderings, SampleError
@@ -77,10 +77,13 @@ def _dropped(k: int, fields: list[str], rendered: str) -> Skip:
 class RowMaker:
     """Turns conversations into checked rows with one Masker (tokenizer and template) and one --rows."""
 
-    def __init__(self, masker: Masker, rows: str = "auto"):
+    def __init__(self, masker: Masker, rows: str = "auto", max_turns: int | None = None,
+                 max_seconds: float | None = None):
+        """`max_turns` and `max_seconds` bound one conversation (limits.py); None: no bound."""
         if rows not in ROWS:
             raise ValueError(f"rows must be one of {ROWS}, not {rows!r}")
         self.masker, self.rows = masker, rows
+        self.max_turns, self.max_seconds = max_turns, max_seconds
 
     def packed(self, renderings: Renderings) -> Row | Skip:
         """The one-row form, or why it would lose something."""
@@ -123,6 +126,9 @@ class RowMaker:
     def line(self, text: str) -> Outcome:
         """One chat JSONL line's rows (raises chats.InputError for a line that is not a conversation)."""
         conversation = parse_line(text)
+        sid, count = conversation.sample_id, len(conversation.messages)
+        if self.max_turns is not None and count > self.max_turns:
+            return Outcome(skips=[Skip(sid, "over --max-turns", f"{count} messages, over --max-turns {self.max_turns}")])
         media = media_part(conversation.messages)
         if media is not None:
             return Outcome(skips=[Skip(conversation.sample_id, "media content",
@@ -130,7 +136,12 @@ class RowMaker:
         if not conversation.has_assistant():
             return Outcome(skips=[Skip(conversation.sample_id, "no assistant turn",
                                        "the conversation has no assistant message")])
-        return self(conversation)
+        try:
+            with limits.deadline(self.max_seconds):
+                return self(conversation)
+        except limits.OverTime:
+            return Outcome(skips=[Skip(sid, "over --max-seconds-per-conversation", "not rendered and tokenized "
+                                       f"within --max-seconds-per-conversation {self.max_seconds:g}")])
 
     def __call__(self, conversation: Any) -> Outcome:
         renderings = Renderings(self.masker, conversation.messages, conversation.tools)

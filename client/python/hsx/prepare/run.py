@@ -11,7 +11,8 @@ Owns the files a run writes beside OUTPUT and the rules that keep them whole:
                               both partial files at that point, the frequencies and counts so far
 
 Each line becomes rows through a source (rows.RowMaker.line for chat conversations). The input is
-read line by line (constant memory whatever its size). Every
+read line by line (constant memory whatever its size), each line in pieces: one longer than
+--max-line-bytes stops the run at its FILE:LINE without ever being held whole. Every
 --checkpoint-every samples read, on an error and at the end, both partial files
 are flushed and fsynced and then the journal is replaced atomically (temporary
 file, fsync, rename). A rerun of the same command after a kill reads the
@@ -21,10 +22,16 @@ journaled lengths and goes on from the journaled line: the final files are byte
 for byte those of an uninterrupted run. At the end the frequencies and the
 report are put in place, then OUTPUT (renamed from OUTPUT.partial), then the
 journal is removed: OUTPUT exists only whole.
+
+A write that fails (a full disk: ENOSPC) stops the run with an error naming the file; the journal
+then still describes the last checkpoint, so freeing space and rerunning continues from it. No
+temporary file (NAME.tmp.PID) outlives the run, failed or not.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 from collections import Counter
@@ -53,6 +60,7 @@ class Options:
     count_all_tokens: bool = False
     checkpoint_every: int = 1000
     progress: bool = True
+    max_line_bytes: int | None = None  # None: no limit (limits.MAX_LINE_BYTES is the command line's default)
 
 
 @dataclass
@@ -88,12 +96,34 @@ def _fsync_dir(path: Path) -> None:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = Path(f"{path}.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with _writing(path), open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:  # never left behind, whatever failed (a full disk, an interrupt)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
     _fsync_dir(path)
+
+
+class DiskError(PrepareError):
+    """A write to one of the run's files failed; `path` is that file."""
+
+    def __init__(self, path: Path, error: OSError):
+        what = (error.strerror or str(error)).rstrip(".")
+        super().__init__(f"{path}: {what[:1].lower()}{what[1:]}")
+        self.path, self.errno = path, error.errno
+
+
+@contextlib.contextmanager
+def _writing(path: Path):
+    """Names `path` in an OSError raised inside (a file object's write or fsync names no file)."""
+    try:
+        yield
+    except OSError as error:
+        raise DiskError(path, error) from None
 
 
 class Run:
@@ -130,9 +160,10 @@ class Run:
                 "counts": sorted(self.counts.items())}
 
     def _checkpoint(self, out, report) -> None:
-        for f in (out, report):
-            f.flush()
-            os.fsync(f.fileno())
+        for f, path in ((out, self.paths.partial), (report, self.paths.report_partial)):
+            with _writing(path):
+                f.flush()
+                os.fsync(f.fileno())
         _write_atomic(self.paths.state, json.dumps(self._state(out.tell(), report.tell())))
 
     def _load(self) -> tuple[int, int]:
@@ -182,6 +213,10 @@ class Run:
 
     def _open(self) -> tuple[int, int]:
         p = self.paths
+        for kept in (p.state, p.freq):  # a killed run's temporaries (NAME.tmp.PID): never read, only removed
+            for stale in kept.parent.glob(f"{kept.name}.tmp.*"):
+                if stale.name[len(kept.name) + 5:].isdigit():
+                    stale.unlink(missing_ok=True)
         if p.state.exists():
             out_bytes, report_bytes = self._load()
             if not self.finished:
@@ -210,7 +245,8 @@ class Run:
     @staticmethod
     def _report(report, line, sample_id, action, reason, **more) -> None:
         entry = {"line": line, "id": sample_id, "action": action, "reason": reason, **more}
-        report.write((json.dumps(entry) + "\n").encode("ascii"))
+        with _writing(Path(report.name)):
+            report.write((json.dumps(entry) + "\n").encode("ascii"))
 
     def _sample(self, raw: bytes, line: int, out, report) -> None:
         try:
@@ -235,7 +271,8 @@ class Run:
         for row in outcome.rows:
             self._write(out, report, line, row)
         for record in outcome.records:
-            out.write((record.line + "\n").encode("utf-8"))
+            with _writing(Path(out.name)):
+                out.write((record.line + "\n").encode("utf-8"))
             self.stats.written += 1
             self.stats.tokens += record.tokens
         return None
@@ -261,8 +298,9 @@ class Run:
         if not any(mask):
             self._skip(report, line, sid, "no assistant token", "the assistant messages render to no characters")
             return
-        out.write((json.dumps({"input_ids": ids, "loss_mask": mask, "id": sid}, separators=(",", ":"))
-                   + "\n").encode("ascii"))
+        with _writing(Path(out.name)):
+            out.write((json.dumps({"input_ids": ids, "loss_mask": mask, "id": sid}, separators=(",", ":"))
+                       + "\n").encode("ascii"))
         counted = ids if self.o.count_all_tokens else [t for t, m in zip(ids, mask) if m]
         self.counts.update(counted)
         self.stats.written += 1
@@ -304,26 +342,60 @@ class Run:
         return tqdm(total=total, initial=self.offset, unit="B", unit_scale=True, desc="hsx.prepare",
                     disable=None, dynamic_ncols=True)
 
+    def _read_line(self, source, line: int, mine: bool) -> tuple[bytes | None, int]:
+        """The next line's bytes (newline included; b"" at the end) and its length, or (None, length)
+        for a line of another shard longer than --max-line-bytes (hashed here in pieces). A line of
+        this shard over the limit raises: it is never held whole."""
+        limit = self.o.max_line_bytes
+        raw = source.readline() if limit is None else source.readline(limit + 1)
+        if limit is None or len(raw) <= limit or raw.endswith(b"\n"):
+            return raw, len(raw)
+        if mine:
+            size, ended = self._read_rest(source, lambda piece: None)
+            raise PrepareError(f"{self._where(line)}: {len(raw) + size - ended} bytes, over --max-line-bytes {limit}")
+        self.hasher.update(raw)
+        size, _ = self._read_rest(source, self.hasher.update)
+        return None, len(raw) + size
+
+    @staticmethod
+    def _read_rest(source, update) -> tuple[int, int]:
+        """Reads to the end of the line in pieces, passing each to `update`: (bytes read, 1 if they
+        end with the newline else 0)."""
+        size = 0
+        while True:
+            piece = source.readline(1 << 20)
+            update(piece)
+            size += len(piece)
+            if not piece or piece.endswith(b"\n"):
+                return size, int(piece.endswith(b"\n"))
+
     def _loop(self, out, report) -> None:
         index, count = self.o.shard
         bar = self._progress(os.path.getsize(self.o.input))
         since = 0
         with open(self.o.input, "rb") as source:
             source.seek(self.offset)
-            for raw in source:
+            while True:
                 line = self.line + 1
-                if (line - 1) % count == index and raw.strip():
-                    try:
+                mine = (line - 1) % count == index
+                try:
+                    raw, size = self._read_line(source, line, mine)
+                    if raw == b"":
+                        break
+                    if mine and raw.strip():
                         self._sample(raw, line, out, report)
-                    except (PrepareError, KeyboardInterrupt):
-                        self._checkpoint(out, report)  # everything before this line is kept for a rerun
-                        raise
-                    self.stats.lines += 1
-                    since += 1
-                self.line, self.offset = line, self.offset + len(raw)
-                self.hasher.update(raw)
+                        self.stats.lines += 1
+                        since += 1
+                except DiskError:  # the files' state is unknown: the last checkpoint stands
+                    raise
+                except (PrepareError, KeyboardInterrupt):
+                    self._checkpoint(out, report)  # everything before this line is kept for a rerun
+                    raise
+                self.line, self.offset = line, self.offset + size
+                if raw is not None:
+                    self.hasher.update(raw)
                 if bar is not None:
-                    bar.update(len(raw))
+                    bar.update(size)
                 if since >= self.o.checkpoint_every:
                     self._checkpoint(out, report)
                     since = 0
@@ -356,6 +428,19 @@ class Run:
         _fsync_dir(p.output)
 
     def run(self) -> Stats:
+        """Runs to the end; a failed write (a full disk) becomes a PrepareError naming the file."""
+        try:
+            return self._run()
+        except (OSError, DiskError) as error:
+            if isinstance(error, OSError):  # closing a file whose write failed raises once more
+                context = error.__context__
+                error = context if isinstance(context, DiskError) else DiskError(
+                    Path(error.filename) if error.filename else self.paths.output, error)
+            full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+            raise PrepareError(f"{error} (after {self._where(self.line or None)}); the work up to the last checkpoint is "
+                               f"kept: {'free space and ' if full else ''}rerun the same command to continue") from None
+
+    def _run(self) -> Stats:
         out_bytes, report_bytes = self._open()
         if not self.finished:
             with open(self.paths.partial, "r+b") as out, open(self.paths.report_partial, "r+b") as report:
