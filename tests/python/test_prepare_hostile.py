@@ -7,6 +7,11 @@ FILE:LINE error or a reported skip, never a traceback) and that no temporary fil
   a template that never ends         skipped after --max-seconds-per-conversation
   100,000-deep JSON, a lone surrogate, an integer id hsx-dump cannot read: FILE:LINE errors
   a full disk (a 3 MiB tmpfs)        an error naming the file; a rerun after freeing space resumes
+  a long line of another --shard     read in pieces and hashed: a rerun resumes exactly
+
+Mutations these caught (2026-12-03): no surrogate check (a traceback), readline() unbounded (the
+Rust tokenizer aborts under the ceiling), no temporary-file cleanup, another shard's long line not
+hashed (the rerun refuses the input).
 """
 
 import json
@@ -251,3 +256,26 @@ def test_a_failed_journal_write_leaves_no_temporary_file(tmp_path, monkeypatch):
         run_module._write_atomic(target, "{}")
     assert str(raised.value) == f"{target}: no space left on device"
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_long_line_of_another_shard_is_passed_over_and_a_rerun_resumes_exactly(model, tmp_path):
+    long_line = json.dumps({"id": "long", "prompt": "x" * 5000, "response": "y"})
+    lines = [GOOD, long_line, {**GOOD, "id": "third"}, long_line, "not json"]
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    flags = ("--shard", "0/2", "--max-line-bytes", 1000, "--checkpoint-every", 1)
+    assert error_of(run("--model", model, "--input", source, "--output", out, *flags)).startswith(
+        f"{source}:5: not valid JSON")
+    state = json.loads(Path(f"{out}.prepare-state.json").read_text())
+    assert state["input_line"] == 4  # the long lines of shard 1 were read (in pieces) and hashed
+    lines[-1] = {**GOOD, "id": "fifth"}
+    write_jsonl(source, lines)
+    assert run("--model", model, "--input", source, "--output", out, *flags).code == 0
+    reference = tmp_path / "reference.jsonl"
+    assert run("--model", model, "--input", source, "--output", reference, *flags).code == 0
+    assert out.read_bytes() == reference.read_bytes()
+    assert [r["id"] for r in read_jsonl(out)] == ["good", "third", "fifth"]
+    mine = run("--model", model, "--input", source, "--output", tmp_path / "odd.jsonl", "--shard", "1/2",
+               "--max-line-bytes", 1000)
+    assert error_of(mine) == f"{source}:2: {len(long_line)} bytes, over --max-line-bytes 1000"
+    no_temporaries(tmp_path)
